@@ -1,0 +1,106 @@
+//! The response body type every handler returns.
+//!
+//! A cache hit is the common case, so the enum keeps it unboxed: `Full` holds one shared `Bytes`
+//! (a refcount bump of the stored body, never a copy). Anything streamed (a proxied response not
+//! being stored, a large file) goes through the boxed `Stream` variant.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
+
+/// Error type carried by streamed bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response (or upstream request) body.
+pub enum Body {
+    /// No body at all (HEAD, 304, 204).
+    Empty,
+    /// One chunk of shared bytes, sent once.
+    Full(Option<Bytes>),
+    /// Anything else, streamed.
+    Stream(BoxBody<Bytes, BoxError>),
+}
+
+impl Body {
+    /// An empty body.
+    pub fn empty() -> Self {
+        Body::Empty
+    }
+
+    /// A body of one shared buffer.
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            Body::Empty
+        } else {
+            Body::Full(Some(bytes))
+        }
+    }
+
+    /// A streamed body from any `http_body::Body`.
+    pub fn stream<B>(body: B) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Body::Stream(body.map_err(Into::into).boxed())
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Body::Empty => Poll::Ready(None),
+            Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Body::Stream(s) => Pin::new(s).poll_frame(cx),
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Empty => true,
+            Body::Full(b) => b.is_none(),
+            Body::Stream(s) => s.is_end_stream(),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Empty => SizeHint::with_exact(0),
+            Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::Stream(s) => s.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn full_yields_once_with_exact_hint() {
+        let b = Body::full(Bytes::from_static(b"hello"));
+        assert_eq!(http_body::Body::size_hint(&b).exact(), Some(5));
+        let collected = b.collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"hello");
+    }
+
+    #[tokio::test]
+    async fn empty_full_is_empty() {
+        let b = Body::full(Bytes::new());
+        assert!(http_body::Body::is_end_stream(&b));
+    }
+}

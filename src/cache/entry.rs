@@ -1,0 +1,248 @@
+//! A stored response: immutable once built, shared as `Arc<Entry>` by every hit.
+//!
+//! Everything a hit needs is prepared here at store time: for each stored encoding, the complete
+//! header block to send (Content-Encoding, Content-Length, Vary and a weakened ETag included) and
+//! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
+//! stored headers, compresses, or copies a body.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+
+use super::policy::Freshness;
+use crate::compress::Encoding;
+
+/// Version of the entry layout (bumped when stored metadata changes meaning).
+pub const ENTRY_VERSION: u16 = 1;
+
+/// One encoding of a stored response, ready to write.
+#[derive(Debug)]
+pub struct Variant {
+    /// Complete response header block for this encoding (Age and the cache-status header are
+    /// added per hit).
+    pub head: HeaderMap,
+    pub body: Bytes,
+}
+
+/// A stored response.
+#[derive(Debug)]
+pub struct Entry {
+    pub status: StatusCode,
+    /// End-to-end headers as stored (without Content-Length/Content-Encoding), used to derive
+    /// variants and to refresh on revalidation.
+    pub headers: HeaderMap,
+    variants: [Option<Variant>; 4],
+    /// Stored encodings, smallest body first: a hit sends the first one the client accepts.
+    by_size: Box<[Encoding]>,
+    pub freshness: Freshness,
+    /// Validators, read once at store time.
+    pub etag: Option<HeaderValue>,
+    pub last_modified: Option<SystemTime>,
+    /// May answer requests carrying Authorization (public, s-maxage or must-revalidate; §3.5).
+    pub auth_ok: bool,
+    /// Whether larder negotiates the content coding (adds Vary: Accept-Encoding).
+    pub negotiated: bool,
+    /// Bytes this entry costs in the store.
+    pub weight: u64,
+}
+
+/// Headers an entry never stores: hop-by-hop fields and those larder recomputes.
+const NOT_STORED: [HeaderName; 4] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::AGE,
+    header::TRANSFER_ENCODING,
+];
+
+impl Entry {
+    /// Builds an entry from stored headers and the bodies available per encoding.
+    /// `compressible` adds `Vary: Accept-Encoding` (the body is negotiated by larder).
+    pub fn build(
+        status: StatusCode,
+        mut headers: HeaderMap,
+        bodies: Vec<(Encoding, Bytes)>,
+        freshness: Freshness,
+        negotiated: bool,
+    ) -> Entry {
+        for h in NOT_STORED {
+            headers.remove(h);
+        }
+        if negotiated && !vary_lists(&headers, "accept-encoding") {
+            headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+        }
+        let etag = headers.get(header::ETAG).cloned();
+        let last_modified = headers
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| httpdate::parse_http_date(s).ok());
+
+        let mut weight = 256u64;
+        for (k, v) in headers.iter() {
+            weight += (k.as_str().len() + v.len() + 32) as u64;
+        }
+        let mut variants: [Option<Variant>; 4] = [None, None, None, None];
+        let mut by_size: Vec<(usize, Encoding)> = Vec::with_capacity(bodies.len());
+        for (enc, body) in bodies {
+            let mut head = headers.clone();
+            if let Some(v) = enc.header_value() {
+                head.insert(header::CONTENT_ENCODING, v);
+                // A strong ETag names one representation; an encoded one is a different
+                // representation, so it is sent weakened (as nginx does).
+                if let Some(tag) = &etag {
+                    if !tag.as_bytes().starts_with(b"W/") {
+                        let mut weak = Vec::with_capacity(tag.len() + 2);
+                        weak.extend_from_slice(b"W/");
+                        weak.extend_from_slice(tag.as_bytes());
+                        if let Ok(w) = HeaderValue::from_bytes(&weak) {
+                            head.insert(header::ETAG, w);
+                        }
+                    }
+                }
+            }
+            head.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+            weight += body.len() as u64 + 64;
+            by_size.push((body.len(), enc));
+            variants[enc as usize] = Some(Variant { head, body });
+        }
+        // Smallest first; on a tie prefer identity (no decoding work for the client).
+        by_size.sort_by_key(|(len, e)| (*len, *e != Encoding::Identity));
+        Entry {
+            status,
+            headers,
+            variants,
+            by_size: by_size.into_iter().map(|(_, e)| e).collect(),
+            freshness,
+            etag,
+            last_modified,
+            auth_ok: false,
+            negotiated,
+            weight,
+        }
+    }
+
+    /// The same response with another set of bodies (compressed variants added).
+    pub fn with_bodies(&self, bodies: Vec<(Encoding, Bytes)>) -> Entry {
+        let mut e = Entry::build(
+            self.status,
+            self.headers.clone(),
+            bodies,
+            self.freshness,
+            self.negotiated,
+        );
+        e.auth_ok = self.auth_ok;
+        e
+    }
+
+    /// The same bodies with refreshed headers and freshness (after a 304, RFC 9111 §4.3.4).
+    pub fn refreshed(&self, headers: HeaderMap, freshness: Freshness) -> Entry {
+        let mut e = Entry::build(
+            self.status,
+            headers,
+            self.bodies(),
+            freshness,
+            self.negotiated,
+        );
+        e.auth_ok = self.auth_ok;
+        e
+    }
+
+    /// The stored encodings, smallest body first.
+    #[inline]
+    pub fn by_size(&self) -> &[Encoding] {
+        &self.by_size
+    }
+
+    /// The variant of one encoding, if stored.
+    #[inline]
+    pub fn variant(&self, e: Encoding) -> Option<&Variant> {
+        self.variants[e as usize].as_ref()
+    }
+
+    /// The bodies of every stored encoding (for rebuilding an entry with new metadata).
+    pub fn bodies(&self) -> Vec<(Encoding, Bytes)> {
+        Encoding::ALL
+            .iter()
+            .filter_map(|e| self.variant(*e).map(|v| (*e, v.body.clone())))
+            .collect()
+    }
+
+    /// Whether larder negotiates the encoding of this entry (it holds a compressed variant or
+    /// was stored identity-only pending compression).
+    pub fn has_encoding(&self, e: Encoding) -> bool {
+        self.variants[e as usize].is_some()
+    }
+}
+
+/// Whether the Vary field lists `name` (case-insensitive).
+pub fn vary_lists(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(name))
+}
+
+/// Whether Vary names a field other than Accept-Encoding (larder negotiates that one itself).
+pub fn vary_names_other_than_accept_encoding(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .any(|t| !t.is_empty() && !t.eq_ignore_ascii_case("accept-encoding"))
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    pub(crate) fn fresh() -> Freshness {
+        Freshness {
+            lifetime: Duration::from_secs(60),
+            initial_age: Duration::ZERO,
+            received: Instant::now(),
+            always_revalidate: false,
+            must_revalidate: false,
+            stale_while_revalidate: Duration::ZERO,
+            stale_if_error: Duration::ZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::fresh;
+    use super::*;
+
+    #[test]
+    fn prepares_every_variant() {
+        let mut h = HeaderMap::new();
+        h.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        let e = Entry::build(
+            StatusCode::OK,
+            h,
+            vec![
+                (Encoding::Identity, Bytes::from_static(b"0123456789")),
+                (Encoding::Gzip, Bytes::from_static(b"0123")),
+            ],
+            fresh(),
+            true,
+        );
+        assert_eq!(e.by_size(), &[Encoding::Gzip, Encoding::Identity]);
+        let g = e.variant(Encoding::Gzip).unwrap();
+        assert_eq!(g.head[header::CONTENT_LENGTH], "4");
+        assert_eq!(g.head[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(g.head[header::ETAG], "W/\"v1\"");
+        assert_eq!(g.head[header::VARY], "Accept-Encoding");
+        let i = e.variant(Encoding::Identity).unwrap();
+        assert_eq!(i.head[header::CONTENT_LENGTH], "10");
+        assert_eq!(i.head[header::ETAG], "\"v1\"");
+        assert!(e.variant(Encoding::Br).is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! The cache: a byte-bounded, scan-resistant in-memory store of [`Entry`]s, plus the in-flight
+//! fills that coalesce misses.
+//!
+//! Storage is `quick_cache` (S3-FIFO-like Clock-PRO, weighted by bytes; see docs/design.md for
+//! why). Values are `Arc<Entry>`, so a hit is a hash lookup and a refcount increment. An entry is
+//! never mutated; an update (compressed variants arriving, a revalidation) stores a new entry.
+
+pub mod coalesce;
+pub mod entry;
+pub mod policy;
+
+use std::sync::Arc;
+
+use quick_cache::sync::Cache as QuickCache;
+use quick_cache::Weighter;
+
+pub use coalesce::{FillOutcome, Inflight, Join};
+pub use entry::Entry;
+
+use crate::compress::{Compressor, Encoding};
+use crate::config::{CacheConfig, CompressionConfig};
+
+/// The primary cache key: scheme, host (lowercase, without default port) and path with query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey(Box<str>);
+
+impl CacheKey {
+    pub fn from_parts(scheme: &str, host: &str, path_and_query: &str) -> CacheKey {
+        let mut s = String::with_capacity(scheme.len() + host.len() + path_and_query.len() + 3);
+        s.push_str(scheme);
+        s.push_str("://");
+        for c in host.chars() {
+            s.push(c.to_ascii_lowercase());
+        }
+        s.push_str(path_and_query);
+        CacheKey(s.into_boxed_str())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl Weighter<CacheKey, Arc<Entry>> for ByBytes {
+    fn weight(&self, key: &CacheKey, val: &Arc<Entry>) -> u64 {
+        key.0.len() as u64 + val.weight
+    }
+}
+
+/// The shared response store.
+pub struct Store {
+    entries: QuickCache<CacheKey, Arc<Entry>, ByBytes>,
+    pub inflight: Arc<Inflight>,
+    pub max_object_size: u64,
+}
+
+impl Store {
+    pub fn new(cfg: &CacheConfig) -> Store {
+        let capacity = cfg.max_size.0.max(1);
+        // quick_cache wants an estimate of the item count; assume ~16 KiB per entry.
+        let estimated = (capacity / (16 * 1024)).clamp(64, 1 << 22) as usize;
+        Store {
+            entries: QuickCache::with_weighter(estimated, capacity, ByBytes),
+            inflight: Arc::new(Inflight::default()),
+            max_object_size: cfg.max_object_size.0,
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, key: &CacheKey) -> Option<Arc<Entry>> {
+        self.entries.get(key)
+    }
+
+    pub fn insert(&self, key: CacheKey, entry: Arc<Entry>) {
+        self.entries.insert(key, entry);
+    }
+
+    /// Replaces `old` by `new` if `old` is still the stored entry (a newer fill wins).
+    pub fn upgrade(&self, key: &CacheKey, old: &Arc<Entry>, new: Arc<Entry>) -> bool {
+        match self.entries.peek(key) {
+            Some(cur) if Arc::ptr_eq(&cur, old) => {
+                let _ = self.entries.replace(key.clone(), new, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn remove(&self, key: &CacheKey) -> bool {
+        self.entries.remove(key).is_some()
+    }
+
+    /// Bytes held now.
+    pub fn weight(&self) -> u64 {
+        self.entries.weight()
+    }
+
+    /// Byte bound.
+    pub fn capacity(&self) -> u64 {
+        self.entries.capacity()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Everything the caching handlers share: the store, the compressor and the cache settings.
+pub struct Cache {
+    pub store: Store,
+    pub compressor: Compressor,
+    pub cfg: CacheConfig,
+}
+
+impl Cache {
+    pub fn new(cfg: CacheConfig, compression: CompressionConfig) -> Arc<Cache> {
+        Arc::new(Cache {
+            store: Store::new(&cfg),
+            compressor: Compressor::new(compression),
+            cfg,
+        })
+    }
+
+    /// Computes the compressed variants of a just-stored entry in the background and replaces
+    /// it with an entry holding every encoding (unless a newer fill replaced it meanwhile).
+    pub fn spawn_variants(self: &Arc<Self>, key: CacheKey, entry: Arc<Entry>) {
+        let cache = Arc::clone(self);
+        tokio::spawn(async move {
+            let Some(identity) = entry.variant(Encoding::Identity).map(|v| v.body.clone()) else {
+                return;
+            };
+            let encoded = cache.compressor.encode_all(identity).await;
+            let mut bodies = entry.bodies();
+            for (enc, body) in Encoding::COMPRESSED.iter().zip(encoded) {
+                if let Some(b) = body {
+                    if !entry.has_encoding(*enc) {
+                        bodies.push((*enc, b));
+                    }
+                }
+            }
+            let upgraded = entry.with_bodies(bodies);
+            cache.store.upgrade(&key, &entry, Arc::new(upgraded));
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Encoding;
+    use crate::config::ByteSize;
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+
+    #[test]
+    fn key_lowercases_host_only() {
+        let k = CacheKey::from_parts("http", "Example.COM", "/A?b=C");
+        assert_eq!(k.as_str(), "http://example.com/A?b=C");
+    }
+
+    #[test]
+    fn stays_under_byte_bound() {
+        let cfg = CacheConfig {
+            max_size: ByteSize(1 << 20),
+            ..CacheConfig::default()
+        };
+        let store = Store::new(&cfg);
+        for i in 0..2000 {
+            let e = Entry::build(
+                StatusCode::OK,
+                HeaderMap::new(),
+                vec![(Encoding::Identity, Bytes::from(vec![b'x'; 4096]))],
+                entry::tests_support::fresh(),
+                false,
+            );
+            store.insert(
+                CacheKey::from_parts("http", "h", &format!("/{i}")),
+                Arc::new(e),
+            );
+            assert!(store.weight() <= store.capacity());
+        }
+        assert!(store.len() < 2000 && store.len() > 100, "{}", store.len());
+    }
+}

@@ -1,0 +1,89 @@
+//! The command line: which configuration to run (a file, the embedded default, or one built from
+//! flags), and the `check` subcommand.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config, HandlerConfig, ProxyConfig, StaticConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "larder",
+    version,
+    about = "A web accelerator: caching reverse proxy, static files"
+)]
+pub struct Cli {
+    /// Run from this TOML configuration file.
+    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root"])]
+    pub config: Option<PathBuf>,
+    /// Cache this origin (http://host:port) with no configuration file.
+    #[arg(long, value_name = "URL", conflicts_with = "root")]
+    pub upstream: Option<String>,
+    /// Serve this directory as static files with no configuration file.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Address to listen on with --upstream or --root.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Worker threads (overrides the configuration; 0 = one per core).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a configuration file and exit.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+}
+
+/// Which configuration a command line selects.
+pub enum Source {
+    Embedded,
+    File(PathBuf),
+    Flags,
+}
+
+impl Cli {
+    /// The configuration to run, and where it came from.
+    pub fn config(&self) -> Result<(Config, Source), config::Error> {
+        let (mut cfg, source) = if let Some(path) = &self.config {
+            (Config::load(path)?, Source::File(path.clone()))
+        } else if let Some(up) = &self.upstream {
+            let upstream = up.parse().map_err(|message| config::Error::Semantic {
+                origin: "--upstream".into(),
+                message,
+            })?;
+            (
+                Config::single_route(
+                    self.listen,
+                    HandlerConfig::Proxy(ProxyConfig::new(upstream)),
+                ),
+                Source::Flags,
+            )
+        } else if let Some(root) = &self.root {
+            (
+                Config::single_route(
+                    self.listen,
+                    HandlerConfig::Static(StaticConfig::new_root(root.clone())),
+                ),
+                Source::Flags,
+            )
+        } else {
+            (
+                Config::parse(config::EMBEDDED_DEFAULT, "embedded default")?,
+                Source::Embedded,
+            )
+        };
+        if let Some(w) = self.workers {
+            cfg.server.workers = w;
+        }
+        Ok((cfg, source))
+    }
+}

@@ -1,0 +1,393 @@
+//! Content codings: choosing one per request (RFC 9110 §12.5.3) and producing them at fill time.
+//!
+//! Compression never happens on a hit. A stored body is encoded once into each coding by
+//! [`Compressor::encode_all`] on a bounded pool of blocking threads; a hit only calls
+//! [`AcceptEncoding::parse`] and picks the smallest stored body the client accepts.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::sync::Semaphore;
+
+use crate::config::CompressionConfig;
+
+/// A content coding larder stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    Identity = 0,
+    Gzip = 1,
+    Br = 2,
+    Zstd = 3,
+}
+
+impl Encoding {
+    pub const ALL: [Encoding; 4] = [
+        Encoding::Identity,
+        Encoding::Gzip,
+        Encoding::Br,
+        Encoding::Zstd,
+    ];
+    pub const COMPRESSED: [Encoding; 3] = [Encoding::Gzip, Encoding::Br, Encoding::Zstd];
+
+    /// The Content-Encoding token, or None for identity.
+    pub fn token(self) -> Option<&'static str> {
+        match self {
+            Encoding::Identity => None,
+            Encoding::Gzip => Some("gzip"),
+            Encoding::Br => Some("br"),
+            Encoding::Zstd => Some("zstd"),
+        }
+    }
+
+    pub fn header_value(self) -> Option<HeaderValue> {
+        self.token().map(HeaderValue::from_static)
+    }
+
+    /// Parses a Content-Encoding value; None for codings larder does not handle.
+    pub fn from_content_encoding(v: &str) -> Option<Encoding> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "identity" => Some(Encoding::Identity),
+            "gzip" | "x-gzip" => Some(Encoding::Gzip),
+            "br" => Some(Encoding::Br),
+            "zstd" => Some(Encoding::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// The q-values a request's Accept-Encoding gives each stored coding, in thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptEncoding {
+    q: [u16; 4],
+}
+
+impl AcceptEncoding {
+    /// No Accept-Encoding field: identity only (any coding is allowed by the RFC, but clients
+    /// that send nothing expect plain bytes).
+    pub const IDENTITY_ONLY: AcceptEncoding = AcceptEncoding { q: [1000, 0, 0, 0] };
+
+    /// Parses Accept-Encoding per RFC 9110 §12.5.3: q-values, `*`, `identity;q=0`. Unknown or
+    /// malformed members are ignored.
+    pub fn parse(value: Option<&HeaderValue>) -> AcceptEncoding {
+        let Some(s) = value.and_then(|v| v.to_str().ok()) else {
+            return Self::IDENTITY_ONLY;
+        };
+        let mut q: [Option<u16>; 4] = [None; 4];
+        let mut star: Option<u16> = None;
+        for member in s.split(',') {
+            let mut parts = member.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            if coding.is_empty() {
+                continue;
+            }
+            let mut weight = 1000u16;
+            for p in parts {
+                if let Some((k, v)) = p.split_once('=') {
+                    if k.trim().eq_ignore_ascii_case("q") {
+                        match parse_qvalue(v.trim()) {
+                            Some(w) => weight = w,
+                            None => weight = 0,
+                        }
+                    }
+                }
+            }
+            let slot = if coding == "*" {
+                star = Some(star.map_or(weight, |s| s.max(weight)));
+                continue;
+            } else if coding.eq_ignore_ascii_case("identity") {
+                0
+            } else if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
+                1
+            } else if coding.eq_ignore_ascii_case("br") {
+                2
+            } else if coding.eq_ignore_ascii_case("zstd") {
+                3
+            } else {
+                continue;
+            };
+            q[slot] = Some(q[slot].map_or(weight, |old| old.max(weight)));
+        }
+        let mut out = [0u16; 4];
+        for (i, slot) in q.iter().enumerate() {
+            out[i] = match (slot, star) {
+                (Some(w), _) => *w,
+                (None, Some(s)) => s,
+                // identity is acceptable unless excluded (by itself or by `*;q=0`).
+                (None, None) if i == 0 => 1000,
+                (None, None) => 0,
+            };
+        }
+        AcceptEncoding { q: out }
+    }
+
+    #[inline]
+    pub fn accepts(&self, e: Encoding) -> bool {
+        self.q[e as usize] > 0
+    }
+
+    /// Picks from `by_size` (available codings, smallest body first) the first acceptable one;
+    /// identity if none is.
+    #[inline]
+    pub fn choose(&self, by_size: &[Encoding]) -> Encoding {
+        by_size
+            .iter()
+            .copied()
+            .find(|e| self.accepts(*e))
+            .unwrap_or(Encoding::Identity)
+    }
+}
+
+/// qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] ), in thousandths.
+fn parse_qvalue(s: &str) -> Option<u16> {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut thousandths: u16 = 0;
+    for (i, b) in frac.bytes().enumerate() {
+        thousandths += u16::from(b - b'0') * [100, 10, 1][i];
+    }
+    match int {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// Errors decoding a body the origin sent encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("corrupt {0:?} body: {1}")]
+    Corrupt(Encoding, std::io::Error),
+    #[error("decoded body exceeds {0} bytes")]
+    TooLarge(usize),
+}
+
+/// Compresses stored bodies off the async workers, a bounded number at a time.
+pub struct Compressor {
+    cfg: CompressionConfig,
+    permits: Arc<Semaphore>,
+    types: Vec<TypeMatch>,
+}
+
+enum TypeMatch {
+    Exact(String),
+    Major(String),
+}
+
+impl Compressor {
+    pub fn new(cfg: CompressionConfig) -> Self {
+        let threads = if cfg.threads == 0 {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            cfg.threads
+        };
+        let types = cfg
+            .types
+            .iter()
+            .map(|t| {
+                let t = t.trim().to_ascii_lowercase();
+                match t.strip_suffix("/*") {
+                    Some(major) => TypeMatch::Major(format!("{major}/")),
+                    None => TypeMatch::Exact(t),
+                }
+            })
+            .collect();
+        Compressor {
+            cfg,
+            permits: Arc::new(Semaphore::new(threads)),
+            types,
+        }
+    }
+
+    /// Whether a body of this Content-Type and length gets compressed variants.
+    pub fn wants(&self, content_type: Option<&HeaderValue>, len: usize) -> bool {
+        if !self.cfg.enabled || (len as u64) < self.cfg.min_length.0 {
+            return false;
+        }
+        let Some(ct) = content_type.and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let mime = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        self.types.iter().any(|t| match t {
+            TypeMatch::Exact(e) => *e == mime,
+            TypeMatch::Major(m) => mime.starts_with(m.as_str()),
+        })
+    }
+
+    /// Encodes `identity` into every compressed coding, on the blocking pool. Returns the bodies
+    /// in `Encoding::COMPRESSED` order; a coding that does not make the body smaller is dropped.
+    pub async fn encode_all(&self, identity: Bytes) -> [Option<Bytes>; 3] {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("semaphore never closed");
+        let cfg = self.cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            Encoding::COMPRESSED.map(|e| {
+                let out = encode(&identity, e, &cfg);
+                (out.len() < identity.len()).then_some(out)
+            })
+        })
+        .await
+        .unwrap_or([None, None, None])
+    }
+
+    /// Decodes a body the origin sent with a coding, on the blocking pool, bounded in output.
+    pub async fn decode(
+        &self,
+        body: Bytes,
+        enc: Encoding,
+        limit: usize,
+    ) -> Result<Bytes, DecodeError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("semaphore never closed");
+        tokio::task::spawn_blocking(move || decode(&body, enc, limit))
+            .await
+            .unwrap_or(Err(DecodeError::TooLarge(limit)))
+    }
+}
+
+/// Encodes `data` with one coding at the configured level.
+pub fn encode(data: &[u8], e: Encoding, cfg: &CompressionConfig) -> Bytes {
+    match e {
+        Encoding::Identity => Bytes::copy_from_slice(data),
+        Encoding::Gzip => {
+            let level = flate2::Compression::new(cfg.gzip_level.get() as u32);
+            let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(data.len() / 3), level);
+            enc.write_all(data).expect("write to Vec");
+            Bytes::from(enc.finish().expect("finish to Vec"))
+        }
+        Encoding::Br => {
+            let mut out = Vec::with_capacity(data.len() / 3);
+            let params = brotli::enc::BrotliEncoderParams {
+                quality: cfg.brotli_level.get() as i32,
+                lgwin: 22,
+                size_hint: data.len(),
+                ..Default::default()
+            };
+            brotli::BrotliCompress(&mut &data[..], &mut out, &params).expect("write to Vec");
+            Bytes::from(out)
+        }
+        Encoding::Zstd => Bytes::from(
+            zstd::bulk::compress(data, cfg.zstd_level.get() as i32).expect("zstd in memory"),
+        ),
+    }
+}
+
+/// Decodes `data` from one coding, refusing output larger than `limit`.
+pub fn decode(data: &[u8], e: Encoding, limit: usize) -> Result<Bytes, DecodeError> {
+    let mut out = Vec::with_capacity((data.len() * 4).min(limit));
+    let cap = limit as u64 + 1;
+    let res = match e {
+        Encoding::Identity => return Ok(Bytes::copy_from_slice(data)),
+        Encoding::Gzip => flate2::read::MultiGzDecoder::new(data)
+            .take(cap)
+            .read_to_end(&mut out),
+        Encoding::Br => brotli::Decompressor::new(data, 8192)
+            .take(cap)
+            .read_to_end(&mut out),
+        Encoding::Zstd => {
+            zstd::stream::read::Decoder::new(data).and_then(|d| d.take(cap).read_to_end(&mut out))
+        }
+    };
+    res.map_err(|err| DecodeError::Corrupt(e, err))?;
+    if out.len() > limit {
+        return Err(DecodeError::TooLarge(limit));
+    }
+    Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ae(s: &str) -> AcceptEncoding {
+        AcceptEncoding::parse(Some(&HeaderValue::from_str(s).unwrap()))
+    }
+
+    const BY_SIZE: [Encoding; 4] = [
+        Encoding::Br,
+        Encoding::Zstd,
+        Encoding::Gzip,
+        Encoding::Identity,
+    ];
+
+    #[test]
+    fn negotiation_matrix() {
+        assert_eq!(
+            AcceptEncoding::parse(None).choose(&BY_SIZE),
+            Encoding::Identity
+        );
+        assert_eq!(ae("gzip").choose(&BY_SIZE), Encoding::Gzip);
+        assert_eq!(ae("gzip, br").choose(&BY_SIZE), Encoding::Br);
+        assert_eq!(ae("br;q=0, gzip").choose(&BY_SIZE), Encoding::Gzip);
+        assert_eq!(ae("*").choose(&BY_SIZE), Encoding::Br);
+        assert_eq!(ae("*;q=0, gzip").choose(&BY_SIZE), Encoding::Gzip);
+        assert_eq!(ae("identity").choose(&BY_SIZE), Encoding::Identity);
+        assert_eq!(
+            ae("zstd;q=0.5, identity;q=0").choose(&BY_SIZE),
+            Encoding::Zstd
+        );
+        assert_eq!(ae("GZIP;Q=1.000").choose(&BY_SIZE), Encoding::Gzip);
+        assert_eq!(ae("gzip;q=2").choose(&BY_SIZE), Encoding::Identity);
+        assert_eq!(ae("x-gzip").choose(&BY_SIZE), Encoding::Gzip);
+        assert_eq!(ae(";;,,garbage=;q").choose(&BY_SIZE), Encoding::Identity);
+        assert!(!ae("*;q=0").accepts(Encoding::Identity));
+        assert!(!ae("identity;q=0").accepts(Encoding::Identity));
+    }
+
+    #[test]
+    fn qvalues() {
+        assert_eq!(parse_qvalue("0.5"), Some(500));
+        assert_eq!(parse_qvalue("0.001"), Some(1));
+        assert_eq!(parse_qvalue("1"), Some(1000));
+        assert_eq!(parse_qvalue("1.0001"), None);
+        assert_eq!(parse_qvalue("0.5x"), None);
+    }
+
+    #[test]
+    fn round_trip_every_coding() {
+        let cfg = CompressionConfig::default();
+        let data = "hello larder ".repeat(500);
+        for e in Encoding::ALL {
+            let enc = encode(data.as_bytes(), e, &cfg);
+            let dec = decode(&enc, e, 1 << 20).unwrap();
+            assert_eq!(dec, data.as_bytes(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn decode_limit_and_corruption() {
+        let cfg = CompressionConfig::default();
+        let data = vec![b'a'; 100_000];
+        let gz = encode(&data, Encoding::Gzip, &cfg);
+        assert!(matches!(
+            decode(&gz, Encoding::Gzip, 1000),
+            Err(DecodeError::TooLarge(_))
+        ));
+        assert!(decode(b"not gzip at all", Encoding::Gzip, 1000).is_err());
+    }
+
+    #[test]
+    fn wants_by_type_and_length() {
+        let c = Compressor::new(CompressionConfig::default());
+        let json = HeaderValue::from_static("application/json; charset=utf-8");
+        assert!(c.wants(Some(&json), 1000));
+        assert!(!c.wants(Some(&json), 10));
+        assert!(c.wants(Some(&HeaderValue::from_static("text/html")), 1000));
+        assert!(!c.wants(Some(&HeaderValue::from_static("image/png")), 1000));
+        assert!(!c.wants(None, 1000));
+    }
+}

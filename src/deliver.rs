@@ -1,0 +1,218 @@
+//! Delivery: turning a stored [`Entry`] into a response. This is the hot path of a cache hit:
+//! negotiate the encoding, answer conditionals, clone the prepared header block, add Age and the
+//! cache-status header, hand out the shared body. Nothing here parses stored headers or touches
+//! body bytes.
+
+use std::time::{Instant, SystemTime};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode};
+
+use crate::body::Body;
+use crate::cache::Entry;
+use crate::compress::AcceptEncoding;
+
+/// What the cache-status header says about a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    Hit,
+    Miss,
+    Bypass,
+    Expired,
+    Revalidated,
+    Stale,
+}
+
+impl CacheStatus {
+    pub fn header_value(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            CacheStatus::Hit => "HIT",
+            CacheStatus::Miss => "MISS",
+            CacheStatus::Bypass => "BYPASS",
+            CacheStatus::Expired => "EXPIRED",
+            CacheStatus::Revalidated => "REVALIDATED",
+            CacheStatus::Stale => "STALE",
+        })
+    }
+}
+
+/// Builds the response for `entry` to a request with `method` and `req_headers`.
+#[inline]
+pub fn from_entry(
+    entry: &Entry,
+    method: &Method,
+    req_headers: &HeaderMap,
+    status: CacheStatus,
+    status_header: &HeaderName,
+) -> Response<Body> {
+    let accept = AcceptEncoding::parse(req_headers.get(header::ACCEPT_ENCODING));
+    let enc = accept.choose(entry.by_size());
+    let variant = entry
+        .variant(enc)
+        .or_else(|| entry.by_size().first().and_then(|e| entry.variant(*e)))
+        .expect("an entry has at least one variant");
+
+    let age = HeaderValue::from(entry.freshness.current_age(Instant::now()).as_secs());
+    match evaluate_conditionals(entry, variant.head.get(header::ETAG), method, req_headers) {
+        Conditional::Proceed => {}
+        Conditional::NotModified => {
+            return not_modified(&variant.head, age, status, status_header);
+        }
+        Conditional::PreconditionFailed => {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::PRECONDITION_FAILED;
+            r.headers_mut()
+                .insert(status_header.clone(), status.header_value());
+            return r;
+        }
+    }
+
+    let body = if *method == Method::HEAD {
+        Body::empty()
+    } else {
+        Body::Full(Some(variant.body.clone()))
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = entry.status;
+    let headers = resp.headers_mut();
+    *headers = variant.head.clone();
+    headers.insert(header::AGE, age);
+    headers.insert(status_header.clone(), status.header_value());
+    resp
+}
+
+/// The outcome of a request's preconditions against a stored response (RFC 9110 §13.2.2).
+enum Conditional {
+    Proceed,
+    NotModified,
+    PreconditionFailed,
+}
+
+fn evaluate_conditionals(
+    entry: &Entry,
+    etag: Option<&HeaderValue>,
+    method: &Method,
+    req: &HeaderMap,
+) -> Conditional {
+    if req.is_empty() {
+        return Conditional::Proceed;
+    }
+    // 1. If-Match (strong comparison).
+    if let Some(im) = req.get(header::IF_MATCH) {
+        if !etag_list_matches(im, etag, true) {
+            return Conditional::PreconditionFailed;
+        }
+    } else if let Some(ius) = req.get(header::IF_UNMODIFIED_SINCE) {
+        // 2. If-Unmodified-Since, only without If-Match.
+        if let (Some(since), Some(lm)) = (parse_date(ius), entry.last_modified) {
+            if lm > since {
+                return Conditional::PreconditionFailed;
+            }
+        }
+    }
+    let safe = *method == Method::GET || *method == Method::HEAD;
+    // 3. If-None-Match (weak comparison).
+    if let Some(inm) = req.get(header::IF_NONE_MATCH) {
+        if etag_list_matches(inm, etag, false) {
+            return if safe {
+                Conditional::NotModified
+            } else {
+                Conditional::PreconditionFailed
+            };
+        }
+        return Conditional::Proceed;
+    }
+    // 4. If-Modified-Since, only without If-None-Match, GET/HEAD only.
+    if safe {
+        if let Some(ims) = req.get(header::IF_MODIFIED_SINCE) {
+            if let (Some(since), Some(lm)) = (parse_date(ims), entry.last_modified) {
+                if lm <= since {
+                    return Conditional::NotModified;
+                }
+            }
+        }
+    }
+    Conditional::Proceed
+}
+
+fn parse_date(v: &HeaderValue) -> Option<SystemTime> {
+    httpdate::parse_http_date(v.to_str().ok()?).ok()
+}
+
+/// Whether an If-Match / If-None-Match list matches `etag` (RFC 9110 §8.8.3.2).
+pub fn etag_list_matches(list: &HeaderValue, etag: Option<&HeaderValue>, strong: bool) -> bool {
+    let Ok(list) = list.to_str() else {
+        return false;
+    };
+    if list.trim() == "*" {
+        return etag.is_some();
+    }
+    let Some(etag) = etag.and_then(|e| e.to_str().ok()) else {
+        return false;
+    };
+    let (etag_weak, etag_opaque) = split_etag(etag);
+    if strong && etag_weak {
+        return false;
+    }
+    list.split(',').any(|candidate| {
+        let (weak, opaque) = split_etag(candidate.trim());
+        opaque == etag_opaque && !(strong && weak)
+    })
+}
+
+fn split_etag(tag: &str) -> (bool, &str) {
+    match tag.strip_prefix("W/") {
+        Some(rest) => (true, rest),
+        None => (false, tag),
+    }
+}
+
+/// A 304 carrying the fields RFC 9110 §15.4.5 requires from the 200 it stands for.
+fn not_modified(
+    head: &HeaderMap,
+    age: HeaderValue,
+    status: CacheStatus,
+    status_header: &HeaderName,
+) -> Response<Body> {
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = StatusCode::NOT_MODIFIED;
+    let h = r.headers_mut();
+    for name in [
+        header::CACHE_CONTROL,
+        header::CONTENT_LOCATION,
+        header::DATE,
+        header::ETAG,
+        header::EXPIRES,
+        header::VARY,
+        header::LAST_MODIFIED,
+    ] {
+        for v in head.get_all(&name) {
+            h.append(name.clone(), v.clone());
+        }
+    }
+    h.insert(header::AGE, age);
+    h.insert(status_header.clone(), status.header_value());
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn etag_comparison() {
+        let strong = hv("\"a\"");
+        let weak = hv("W/\"a\"");
+        assert!(etag_list_matches(&hv("\"a\""), Some(&strong), true));
+        assert!(etag_list_matches(&hv("W/\"a\""), Some(&strong), false));
+        assert!(!etag_list_matches(&hv("W/\"a\""), Some(&strong), true));
+        assert!(!etag_list_matches(&hv("\"a\""), Some(&weak), true));
+        assert!(etag_list_matches(&hv("\"b\", \"a\""), Some(&weak), false));
+        assert!(etag_list_matches(&hv("*"), Some(&weak), false));
+        assert!(!etag_list_matches(&hv("*"), None, false));
+    }
+}

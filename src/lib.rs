@@ -1,0 +1,28 @@
+//! larder: a web accelerator. One binary in front of origin servers: a caching reverse proxy that
+//! stores every cacheable text body once per encoding, a static file server, and fixed responses.
+//!
+//! # Layout, along the path a request takes
+//!
+//! - [`server`]: listen → accept → serve a connection with hyper (HTTP/1.1, h2c), limits,
+//!   idle timeout, graceful shutdown.
+//! - [`route`]: pick the handler by host and path prefix.
+//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
+//!   store → deliver.
+//! - [`cache`]: the byte-bounded store of immutable entries ([`cache::entry`]), miss coalescing
+//!   ([`cache::coalesce`]) and the RFC 9111 policy ([`cache::policy`]).
+//! - [`deliver`]: a stored entry to a response; the hot path of a hit.
+//!
+//! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
+//! [`static_files`], [`respond`] (fixed responses), [`body`] (the response body type).
+
+pub mod body;
+pub mod cache;
+pub mod cli;
+pub mod compress;
+pub mod config;
+pub mod deliver;
+pub mod proxy;
+pub mod respond;
+pub mod route;
+pub mod server;
+pub mod static_files;

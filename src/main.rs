@@ -1,0 +1,90 @@
+//! The larder binary: parse the command line, load the configuration, run until a signal.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use larder::cli::{Cli, Command, Source};
+use larder::config::Config;
+use larder::server;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+
+    if let Some(Command::Check { file }) = &cli.command {
+        return match Config::load(file) {
+            Ok(cfg) => {
+                println!(
+                    "{}: ok ({} listener(s), {} route(s))",
+                    file.display(),
+                    cfg.listeners.len(),
+                    cfg.listeners.iter().map(|l| l.routes.len()).sum::<usize>()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+
+    let (cfg, source) = match cli.config() {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match server::raise_nofile_limit() {
+        Some((old, new)) => tracing::info!(old, new, "open-files limit"),
+        None => tracing::warn!("cannot read the open-files limit"),
+    }
+    let rt = match server::runtime(&cfg.server) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let handle = match server::start(cfg).await {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for (addr, router) in handle.addrs.iter().zip(&handle.routers) {
+            for (host, prefix, what) in router.describe() {
+                tracing::info!("http://{addr}  host {host}  {prefix}  → {what}");
+            }
+        }
+        if let Source::Embedded = source {
+            let a = handle.addrs[0];
+            println!("larder is running on its embedded default. Try:");
+            println!("  curl -si http://{a}/data.json | head -20        # x-cache: MISS, then HIT");
+            println!("  curl -si -H 'Accept-Encoding: br' http://{a}/page.html -o /dev/null -D -");
+            println!(
+                "  curl -si -H 'Accept-Encoding: zstd' http://{a}/data.json -o /dev/null -D -"
+            );
+            println!("  curl -s --compressed http://{a}/ ");
+        }
+        server::shutdown_signal().await;
+        tracing::info!("shutting down; finishing in-flight requests");
+        let left = handle.shutdown().await;
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "grace period over; closing remaining connections"
+            );
+        }
+        ExitCode::SUCCESS
+    })
+}

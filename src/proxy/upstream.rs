@@ -1,0 +1,218 @@
+//! Talking to the upstream: the pooled keep-alive client, the request and response header rules
+//! of a proxy (RFC 9110 §7.6: hop-by-hop fields, Via, X-Forwarded-*), and upstream errors as
+//! 502/504 responses.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{request, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::body::Body;
+use crate::config::{ProxyConfig, Upstream};
+
+/// The pooled HTTP/1.1 client to upstreams.
+pub type Client = hyper_util::client::legacy::Client<HttpConnector, Body>;
+
+/// Builds the upstream client of one proxy route.
+pub fn client(cfg: &ProxyConfig) -> Client {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(cfg.connect_timeout.0));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(cfg.pool_max_idle)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("cannot connect to upstream {0}")]
+    Connect(String),
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("upstream failed: {0}")]
+    Upstream(String),
+    #[error("upstream body failed: {0}")]
+    Body(String),
+}
+
+impl FetchError {
+    /// 504 for a timeout, 502 for everything else, with a short text body.
+    pub fn response(&self) -> Response<Body> {
+        let status = match self {
+            FetchError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        text_response(
+            status,
+            &format!("{}: {self}\n", status.canonical_reason().unwrap_or("")),
+        )
+    }
+}
+
+/// A short plain-text response (errors, refusals).
+pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
+    let mut r = Response::new(Body::full(text.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// Sends `req` upstream, waiting at most `timeout` for the response head.
+pub async fn send(
+    client: &Client,
+    req: Request<Body>,
+    timeout: Duration,
+) -> Result<Response<hyper::body::Incoming>, FetchError> {
+    match tokio::time::timeout(timeout, client.request(req)).await {
+        Err(_) => Err(FetchError::Timeout(timeout)),
+        Ok(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
+        Ok(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
+        Ok(Ok(r)) => Ok(r),
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Hop-by-hop fields (RFC 9110 §7.6.1), plus the legacy ones proxies also drop.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes hop-by-hop fields and every field the Connection header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The Via value larder adds (RFC 9110 §7.6.3).
+pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
+
+/// Rewrites a client request into the upstream request: upstream URI, hop-by-hop fields removed,
+/// Via and X-Forwarded-For/-Proto/-Host added. The Host field is kept as the client sent it.
+pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: SocketAddr) {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    parts.uri = Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(path)
+        .build()
+        .expect("scheme, authority and path are valid");
+    parts.version = http::Version::HTTP_11;
+    let h = &mut parts.headers;
+    strip_hop_by_hop(h);
+    match &host {
+        Some(v) => {
+            h.insert(header::HOST, v.clone());
+            h.insert(HeaderName::from_static("x-forwarded-host"), v.clone());
+        }
+        None => {
+            if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
+                h.insert(header::HOST, v);
+            }
+        }
+    }
+    let ip = peer.ip().to_string();
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let value = match h.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(xff, v);
+    }
+    h.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    h.append(header::VIA, VIA);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_connection_listed_fields() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn prepares_forwarding_headers() {
+        let (mut parts, _) = Request::builder()
+            .uri("/a?b=1")
+            .header("host", "example.com")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("connection", "keep-alive")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
+        prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
+        assert_eq!(parts.uri, "http://127.0.0.1:9/a?b=1");
+        assert_eq!(parts.headers["host"], "example.com");
+        assert_eq!(parts.headers["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
+        assert_eq!(parts.headers["x-forwarded-host"], "example.com");
+        assert_eq!(parts.headers["via"], "1.1 larder");
+        assert!(!parts.headers.contains_key("connection"));
+    }
+}

@@ -1,0 +1,206 @@
+//! Routing: which handler serves a request, by host and path prefix.
+//!
+//! Order (documented in docs/config.md): routes with an exact host first, then wildcard hosts
+//! (`*.example.com`, longest suffix first), then routes for any host; within each group the
+//! longest path prefix wins, and among equal prefixes the one configured first. Prefixes match
+//! raw path bytes, as nginx's prefix locations do.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{header, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::body::Body;
+use crate::cache::Cache;
+use crate::config::{HandlerConfig, HostPattern, ListenerConfig};
+use crate::proxy::upstream::text_response;
+use crate::proxy::Proxy;
+use crate::respond::Respond;
+use crate::static_files::StaticFiles;
+
+/// What serves a route's requests.
+pub enum Handler {
+    Proxy(Proxy),
+    Static(StaticFiles),
+    Respond(Respond),
+}
+
+impl Handler {
+    fn build(cfg: &HandlerConfig, prefix: &str, cache: &Arc<Cache>) -> Handler {
+        match cfg {
+            HandlerConfig::Proxy(p) => Handler::Proxy(Proxy::new(p.clone(), Arc::clone(cache))),
+            HandlerConfig::Static(s) => Handler::Static(StaticFiles::new(s.clone(), prefix)),
+            HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
+        }
+    }
+
+    async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        match self {
+            Handler::Proxy(p) => p.handle(req, peer).await,
+            Handler::Static(s) => s.handle(req).await,
+            Handler::Respond(r) => r.handle(&req),
+        }
+    }
+
+    /// A one-line description for the startup log.
+    pub fn describe(&self) -> String {
+        match self {
+            Handler::Proxy(p) => format!("proxy to {}", p.upstream()),
+            Handler::Static(s) => format!("static files from {}", s.source()),
+            Handler::Respond(_) => "fixed response".into(),
+        }
+    }
+}
+
+struct Route {
+    host: HostPattern,
+    prefix: String,
+    handler: Handler,
+}
+
+/// The routes of one listener, in match order.
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+impl Router {
+    pub fn new(listener: &ListenerConfig, cache: &Arc<Cache>) -> Router {
+        let mut routes: Vec<Route> = listener
+            .routes
+            .iter()
+            .map(|r| Route {
+                host: r.host.clone().unwrap_or(HostPattern::Any),
+                prefix: r.path.0.clone(),
+                handler: Handler::build(&r.handler, &r.path.0, cache),
+            })
+            .collect();
+        // Stable sort keeps configuration order among equals.
+        routes.sort_by_key(|r| {
+            let host_rank = match &r.host {
+                HostPattern::Exact(_) => (0, 0),
+                HostPattern::Suffix(s) => (1, usize::MAX - s.len()),
+                HostPattern::Any => (2, 0),
+            };
+            (host_rank, usize::MAX - r.prefix.len())
+        });
+        Router { routes }
+    }
+
+    /// The handler for a host (without port, any case) and path, if a route matches.
+    pub fn find(&self, host: &str, path: &str) -> Option<&Handler> {
+        self.routes
+            .iter()
+            .find(|r| host_matches(&r.host, host) && path.starts_with(r.prefix.as_str()))
+            .map(|r| &r.handler)
+    }
+
+    /// Routes as (host, prefix, handler description), in match order.
+    pub fn describe(&self) -> Vec<(String, String, String)> {
+        self.routes
+            .iter()
+            .map(|r| {
+                let host = match &r.host {
+                    HostPattern::Any => "*".to_string(),
+                    HostPattern::Exact(h) => h.clone(),
+                    HostPattern::Suffix(s) => format!("*{s}"),
+                };
+                (host, r.prefix.clone(), r.handler.describe())
+            })
+            .collect()
+    }
+
+    /// Routes and serves one request.
+    pub async fn dispatch(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let host = request_host(&req);
+        match self.find(host, req.uri().path()) {
+            Some(h) => h.handle(req, peer).await,
+            None => text_response(StatusCode::NOT_FOUND, "no route for this request\n"),
+        }
+    }
+}
+
+/// The request's host without port: URI authority (HTTP/2, absolute-form) or Host header.
+fn request_host<B>(req: &Request<B>) -> &str {
+    let raw = req
+        .uri()
+        .host()
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+        })
+        .unwrap_or("");
+    strip_port(raw)
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split(']')
+            .next()
+            .map_or(host, |h| &host[..h.len() + 1]);
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+fn host_matches(pattern: &HostPattern, host: &str) -> bool {
+    match pattern {
+        HostPattern::Any => true,
+        HostPattern::Exact(h) => h.eq_ignore_ascii_case(host),
+        HostPattern::Suffix(s) => {
+            host.len() > s.len()
+                && host.is_char_boundary(host.len() - s.len())
+                && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn order_is_exact_then_wildcard_then_any_longest_prefix_first() {
+        let cfg = Config::parse(
+            r#"
+[[listener]]
+addr = "127.0.0.1:1"
+  [[listener.route]]
+  path = "/"
+  respond = { body = "any-root" }
+  [[listener.route]]
+  path = "/api/"
+  respond = { body = "any-api" }
+  [[listener.route]]
+  host = "*.example.com"
+  respond = { body = "wild" }
+  [[listener.route]]
+  host = "www.example.com"
+  path = "/static/"
+  respond = { body = "exact-static" }
+"#,
+            "t",
+        )
+        .unwrap();
+        let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
+        let r = Router::new(&cfg.listeners[0], &cache);
+        let body = |host: &str, path: &str| match r.find(host, path) {
+            Some(Handler::Respond(x)) => x.body_text(),
+            _ => "none".into(),
+        };
+        assert_eq!(body("www.example.com", "/static/a"), "exact-static");
+        assert_eq!(body("WWW.example.com", "/other"), "wild");
+        assert_eq!(body("a.b.example.com", "/api/x"), "wild");
+        assert_eq!(body("example.com", "/api/x"), "any-api");
+        assert_eq!(body("other", "/x"), "any-root");
+    }
+
+    #[test]
+    fn ports_are_stripped() {
+        assert_eq!(strip_port("example.com:8080"), "example.com");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("example.com"), "example.com");
+    }
+}

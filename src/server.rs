@@ -1,0 +1,425 @@
+//! Listening and connections: binding sockets, the accept loop, serving each connection with
+//! hyper (HTTP/1.1 keep-alive and pipelining, h2c by prior knowledge on the same port), the
+//! per-connection limits and timeouts, and graceful shutdown.
+//!
+//! Lifecycle: [`start`] binds every listener and spawns one accept loop each on the current
+//! runtime, returning a [`Handle`]. A connection task runs hyper's connection future and, in the
+//! same `select!`, an idle watchdog and the shutdown signal; on shutdown it asks hyper to finish
+//! in-flight requests and close. [`Handle::shutdown`] waits for the connections up to the grace
+//! period. A semaphore bounds open connections: at the bound, accepting pauses (the kernel's
+//! backlog holds new clients) until a connection closes.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use crate::cache::Cache;
+use crate::config::{Config, ServerConfig};
+use crate::route::Router;
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+}
+
+/// A running larder: its bound addresses, its cache, and the way to stop it.
+pub struct Handle {
+    /// Bound address of each configured listener, in configuration order.
+    pub addrs: Vec<SocketAddr>,
+    pub cache: Arc<Cache>,
+    /// Routers of each listener (for the startup banner).
+    pub routers: Vec<Arc<Router>>,
+    shutdown: watch::Sender<bool>,
+    conns: Arc<Semaphore>,
+    max_conns: usize,
+    grace: Duration,
+}
+
+impl Handle {
+    /// Stops accepting, lets in-flight requests finish for up to the grace period, and returns
+    /// the number of connections still open when it gave up (0 when all closed in time).
+    pub async fn shutdown(self) -> usize {
+        let _ = self.shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + self.grace;
+        loop {
+            let open = self.max_conns - self.conns.available_permits();
+            if open == 0 || tokio::time::Instant::now() >= deadline {
+                return open;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.max_conns - self.conns.available_permits()
+    }
+}
+
+/// Binds every listener of `config` and starts serving on the current tokio runtime.
+pub async fn start(config: Config) -> Result<Handle, Error> {
+    let cache = Cache::new(config.cache.clone(), config.compression.clone());
+    let server = Arc::new(config.server.clone());
+    let max_conns = server.max_connections.get() as usize;
+    let conns = Arc::new(Semaphore::new(max_conns));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let builder = Arc::new(connection_builder(&server));
+
+    let mut addrs = Vec::new();
+    let mut routers = Vec::new();
+    for l in &config.listeners {
+        let listener = bind(l.addr).map_err(|source| Error::Bind {
+            addr: l.addr,
+            source,
+        })?;
+        addrs.push(listener.local_addr().map_err(|source| Error::Bind {
+            addr: l.addr,
+            source,
+        })?);
+        let router = Arc::new(Router::new(l, &cache));
+        routers.push(Arc::clone(&router));
+        tokio::spawn(accept_loop(
+            listener,
+            router,
+            Arc::clone(&builder),
+            Arc::clone(&server),
+            Arc::clone(&conns),
+            shutdown_rx.clone(),
+        ));
+    }
+    Ok(Handle {
+        addrs,
+        cache,
+        routers,
+        shutdown: shutdown_tx,
+        conns,
+        max_conns,
+        grace: server.shutdown_grace.0,
+    })
+}
+
+fn connection_builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    // hyper refuses a request head larger than its read buffer with 431; the buffer cannot be
+    // smaller than 8 KiB.
+    let max_head = (cfg.max_header_size.0 as usize).max(8192);
+    b.http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(cfg.header_read_timeout.0)
+        .max_buf_size(max_head)
+        .pipeline_flush(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    if !cfg.h2c {
+        b = b.http1_only();
+    }
+    b
+}
+
+/// A listening socket with SO_REUSEADDR and a deep backlog.
+fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(8192)?;
+    TcpListener::from_std(socket.into())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Arc<Router>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    server: Arc<ServerConfig>,
+    conns: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut warned_full = false;
+    loop {
+        // At the connection bound, stop accepting until a connection closes.
+        let permit = match Arc::clone(&conns).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if !warned_full {
+                    tracing::warn!(
+                        max = server.max_connections.get(),
+                        "connection limit reached; accepting paused"
+                    );
+                    warned_full = true;
+                }
+                tokio::select! {
+                    p = Arc::clone(&conns).acquire_owned() => p.expect("semaphore never closed"),
+                    _ = shutdown.changed() => return,
+                }
+            }
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                drop(permit);
+                if is_resource_exhaustion(&e) {
+                    // Out of file descriptors: keep serving the connections we have, retry soon.
+                    tracing::warn!(error = %e, "accept failed: out of file descriptors; backing off");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                } else {
+                    tracing::debug!(error = %e, "accept failed");
+                }
+                continue;
+            }
+        };
+        warned_full = false;
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            Arc::clone(&router),
+            Arc::clone(&builder),
+            server.idle_timeout.0,
+            shutdown.clone(),
+            permit,
+        ));
+    }
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+/// Serves one connection until the peer closes, it idles out, or shutdown completes.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Arc<Router>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    idle_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let activity = Arc::new(Activity::default());
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    });
+    let in_service = Arc::clone(&activity);
+    let service = service_fn(move |req| {
+        let router = Arc::clone(&router);
+        let busy = InFlight::enter(Arc::clone(&in_service));
+        async move {
+            let resp = router.dispatch(req, peer).await;
+            drop(busy);
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing = *shutdown.borrow();
+    if closing {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep(idle_timeout), if !closing => {
+                if !activity.take_active() && activity.in_flight.load(Ordering::Relaxed) == 0 {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// What the idle watchdog knows about a connection.
+#[derive(Default)]
+struct Activity {
+    /// Set by every read or write that moved bytes; cleared by the watchdog.
+    active: AtomicBool,
+    /// Requests being handled now.
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    #[inline]
+    fn touch(&self) {
+        if !self.active.load(Ordering::Relaxed) {
+            self.active.store(true, Ordering::Relaxed);
+        }
+    }
+    fn take_active(&self) -> bool {
+        self.active.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// Counts a request as in flight until dropped (also when the request is cancelled).
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn enter(a: Arc<Activity>) -> InFlight {
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(a)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream that records activity for the idle watchdog.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Raises the open-files soft limit to the hard limit; returns (old, new).
+pub fn raise_nofile_limit() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a properly sized struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        let old = lim.rlim_cur;
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Some((old as u64, old as u64));
+            }
+        }
+        Some((old as u64, lim.rlim_cur as u64))
+    }
+}
+
+/// Builds the runtime the configuration asks for: one current-thread runtime when one worker is
+/// configured, else a multi-thread runtime with `workers` threads (0 = one per core).
+pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
+    let workers = if cfg.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        cfg.workers
+    };
+    if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+}
+
+/// Resolves when SIGTERM or SIGINT arrives.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
