@@ -22,6 +22,7 @@ pub mod compress;
 pub mod config;
 pub mod deliver;
 pub mod proxy;
+pub mod range;
 pub mod respond;
 pub mod route;
 pub mod server;
