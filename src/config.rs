@@ -191,6 +191,19 @@ pub struct CacheConfig {
     pub store_set_cookie: bool,
     /// Fraction of (Date - Last-Modified) used as a heuristic lifetime (RFC 9111 §4.2.2).
     pub heuristic_fraction: f64,
+    /// Serve a stale response at once and refresh it in the background for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-while-revalidate). 0 = only when the
+    /// origin allows it.
+    pub stale_while_revalidate: Dur,
+    /// Serve a stale response when the origin fails or times out, for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-if-error). 0 = only when allowed.
+    pub stale_if_error: Dur,
+    /// Targeted cache-control fields honoured above Cache-Control, first present wins
+    /// (RFC 9213); they are removed before responses go on.
+    pub targeted_cache_control: Vec<HeaderNameCfg>,
+    /// Response field listing a response's tags for purge by tag (space or comma separated);
+    /// removed before responses go on.
+    pub tag_header: HeaderNameCfg,
 }
 
 impl Default for CacheConfig {
@@ -202,6 +215,12 @@ impl Default for CacheConfig {
             coalesce_timeout: Dur(Duration::from_secs(10)),
             store_set_cookie: false,
             heuristic_fraction: 0.1,
+            stale_while_revalidate: Dur(Duration::ZERO),
+            stale_if_error: Dur(Duration::ZERO),
+            targeted_cache_control: vec![HeaderNameCfg(HeaderName::from_static(
+                "cdn-cache-control",
+            ))],
+            tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
         }
     }
 }
