@@ -93,6 +93,12 @@ impl Store {
         self.entries.remove(key).is_some()
     }
 
+    /// Removes every entry whose key starts with `prefix` (an image's purge). Scans the whole
+    /// store: meant for rare administrative operations, never for the request path.
+    pub fn remove_prefix(&self, prefix: &str) {
+        self.entries.retain(|k, _| !k.0.starts_with(prefix));
+    }
+
     /// Bytes held now.
     pub fn weight(&self) -> u64 {
         self.entries.weight()
