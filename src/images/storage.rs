@@ -60,11 +60,9 @@ pub struct LocalDir {
 }
 
 impl LocalDir {
-    /// Uses `root`, creating it if missing (a failure is logged; writes retry creating it).
+    /// Uses `root`; it is created with the first stored image (so merely starting larder with
+    /// the embedded default leaves no directory behind).
     pub fn new(root: &Path) -> LocalDir {
-        if let Err(e) = fs::create_dir_all(root) {
-            tracing::error!(dir = %root.display(), error = %e, "cannot create the image directory");
-        }
         LocalDir {
             root: root.to_path_buf(),
             seq: AtomicU64::new(0),
