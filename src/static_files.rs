@@ -118,7 +118,7 @@ impl StaticFiles {
         };
         let found = match &self.source {
             Source::Bundled(files) => self.bundled(files, &segments),
-            Source::Dir(root) => self.from_dir(root, &segments, path.ends_with('/')).await,
+            Source::Dir(root) => self.lookup_dir(root, &segments, path.ends_with('/')).await,
         };
         let Some(file) = found else {
             return text_response(StatusCode::NOT_FOUND, "not found\n");
@@ -141,7 +141,7 @@ impl StaticFiles {
         })
     }
 
-    async fn from_dir(&self, root: &Path, segments: &[String], dir_hint: bool) -> Option<Found> {
+    async fn lookup_dir(&self, root: &Path, segments: &[String], dir_hint: bool) -> Option<Found> {
         let mut full = root.to_path_buf();
         for s in segments {
             full.push(s);
