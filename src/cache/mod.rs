@@ -218,6 +218,12 @@ impl Store {
         removed.into_inner()
     }
 
+    /// Removes every URL whose key starts with `prefix` (an image's purge, purge by prefix);
+    /// returns how many were removed.
+    pub fn remove_prefix(&self, prefix: &str) -> usize {
+        self.purge_where(|k, _| k.0.starts_with(prefix))
+    }
+
     /// Bytes held now.
     pub fn weight(&self) -> u64 {
         self.entries.weight()
