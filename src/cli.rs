@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config, HandlerConfig, ProxyConfig, StaticConfig};
+use crate::config::{self, Config, HandlerConfig, ImagesConfig, ProxyConfig, StaticConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,15 +16,19 @@ use crate::config::{self, Config, HandlerConfig, ProxyConfig, StaticConfig};
 )]
 pub struct Cli {
     /// Run from this TOML configuration file.
-    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root"])]
+    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images"])]
     pub config: Option<PathBuf>,
     /// Cache this origin (http://host:port) with no configuration file.
-    #[arg(long, value_name = "URL", conflicts_with = "root")]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images"])]
     pub upstream: Option<String>,
     /// Serve this directory as static files with no configuration file.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "images")]
     pub root: Option<PathBuf>,
-    /// Address to listen on with --upstream or --root.
+    /// Run the image server (upload, zimg-style transforms) storing originals in this directory,
+    /// with no configuration file.
+    #[arg(long, value_name = "DIR")]
+    pub images: Option<PathBuf>,
+    /// Address to listen on with --upstream, --root or --images.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Worker threads (overrides the configuration; 0 = one per core).
@@ -72,6 +76,14 @@ impl Cli {
                 Config::single_route(
                     self.listen,
                     HandlerConfig::Static(StaticConfig::new_root(root.clone())),
+                ),
+                Source::Flags,
+            )
+        } else if let Some(dir) = &self.images {
+            (
+                Config::single_route(
+                    self.listen,
+                    HandlerConfig::Images(ImagesConfig::new_dir(dir.clone())),
                 ),
                 Source::Flags,
             )

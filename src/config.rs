@@ -50,12 +50,28 @@ pub struct Config {
     pub compression: CompressionConfig,
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+    /// Administration: the bearer token guarding admin operations (image DELETE, uploads when
+    /// a route asks for it).
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// The `[admin]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token (`Authorization: Bearer <token>`) for admin operations; none disables them.
+    pub token: Option<String>,
+    /// Address of a separate admin listener (reserved for a later issue; unused so far).
+    pub listen: Option<SocketAddr>,
 }
 
 impl Config {
     /// Parses a configuration from TOML text; `origin` names it in errors (a path or "embedded").
     pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::from_toml(&e, text, origin))?;
+        let mut cfg: Config =
+            toml::from_str(text).map_err(|e| Error::from_toml(&e, text, origin))?;
+        cfg.distribute_admin_token();
         cfg.check_semantics().map_err(|message| Error::Semantic {
             origin: origin.to_string(),
             message,
@@ -70,6 +86,17 @@ impl Config {
             source,
         })?;
         Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Gives each image route its copy of the admin token (each part gets its own slice).
+    fn distribute_admin_token(&mut self) {
+        for l in &mut self.listeners {
+            for r in &mut l.routes {
+                if let HandlerConfig::Images(i) = &mut r.handler {
+                    i.admin_token.clone_from(&self.admin.token);
+                }
+            }
+        }
     }
 
     /// Checks that span several keys (each key alone was checked while parsing).
@@ -95,6 +122,7 @@ impl Config {
             server: ServerConfig::default(),
             cache: CacheConfig::default(),
             compression: CompressionConfig::default(),
+            admin: AdminConfig::default(),
             listeners: vec![ListenerConfig {
                 addr: listen,
                 routes: vec![RouteConfig {
@@ -191,6 +219,19 @@ pub struct CacheConfig {
     pub store_set_cookie: bool,
     /// Fraction of (Date - Last-Modified) used as a heuristic lifetime (RFC 9111 §4.2.2).
     pub heuristic_fraction: f64,
+    /// Serve a stale response at once and refresh it in the background for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-while-revalidate). 0 = only when the
+    /// origin allows it.
+    pub stale_while_revalidate: Dur,
+    /// Serve a stale response when the origin fails or times out, for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-if-error). 0 = only when allowed.
+    pub stale_if_error: Dur,
+    /// Targeted cache-control fields honoured above Cache-Control, first present wins
+    /// (RFC 9213); they are removed before responses go on.
+    pub targeted_cache_control: Vec<HeaderNameCfg>,
+    /// Response field listing a response's tags for purge by tag (space or comma separated);
+    /// removed before responses go on.
+    pub tag_header: HeaderNameCfg,
 }
 
 impl Default for CacheConfig {
@@ -202,6 +243,12 @@ impl Default for CacheConfig {
             coalesce_timeout: Dur(Duration::from_secs(10)),
             store_set_cookie: false,
             heuristic_fraction: 0.1,
+            stale_while_revalidate: Dur(Duration::ZERO),
+            stale_if_error: Dur(Duration::ZERO),
+            targeted_cache_control: vec![HeaderNameCfg(HeaderName::from_static(
+                "cdn-cache-control",
+            ))],
+            tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
         }
     }
 }
@@ -277,6 +324,7 @@ pub enum HandlerConfig {
     Proxy(ProxyConfig),
     Static(StaticConfig),
     Respond(RespondConfig),
+    Images(ImagesConfig),
 }
 
 #[derive(Deserialize)]
@@ -289,6 +337,7 @@ struct RawRoute {
     #[serde(rename = "static")]
     static_files: Option<StaticConfig>,
     respond: Option<RespondConfig>,
+    images: Option<ImagesConfig>,
 }
 
 impl TryFrom<RawRoute> for RouteConfig {
@@ -304,9 +353,12 @@ impl TryFrom<RawRoute> for RouteConfig {
         if let Some(s) = r.respond {
             handlers.push(HandlerConfig::Respond(s));
         }
+        if let Some(i) = r.images {
+            handlers.push(HandlerConfig::Images(i));
+        }
         if handlers.len() != 1 {
             return Err(format!(
-                "route `{}` needs exactly one handler (proxy, static or respond), found {}",
+                "route `{}` needs exactly one handler (proxy, static, respond or images), found {}",
                 r.path.0,
                 handlers.len()
             ));
@@ -457,6 +509,157 @@ impl RespondConfig {
     }
     fn default_type() -> String {
         "text/plain".into()
+    }
+}
+
+/// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
+/// parameters (zimg's API), results cached. See `crate::images`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// Directory holding the originals (created at start if missing), sharded by MD5.
+    pub dir: PathBuf,
+    /// Largest upload accepted, enforced while reading (413 beyond).
+    #[serde(default = "ImagesConfig::default_max_upload")]
+    pub max_upload_size: ByteSize,
+    /// Largest source image, in pixels, read from its header before decoding (bombs refused).
+    #[serde(default = "ImagesConfig::default_max_pixels")]
+    pub max_pixels: Bounded<1, 1_000_000_000>,
+    /// Largest output width or height; a request for more is refused with 400.
+    #[serde(default = "ImagesConfig::default_max_output")]
+    pub max_output_dimension: Bounded<1, 65_535>,
+    /// Most frames an animated GIF or WebP may have (upload and transform).
+    #[serde(default = "ImagesConfig::default_max_frames")]
+    pub max_frames: Bounded<1, 100_000>,
+    /// Transforms running at once; 0 means one per core.
+    #[serde(default)]
+    pub workers: usize,
+    /// Transforms waiting for a worker at most; beyond, 503 with Retry-After at once.
+    #[serde(default = "ImagesConfig::default_queue_depth")]
+    pub queue_depth: Bounded<0, 1_000_000>,
+    /// Output format when a request has no `f`: `none` keeps the source's, `auto` picks AVIF
+    /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`.
+    #[serde(default = "ImagesConfig::default_format")]
+    pub default_format: crate::images::params::FormatChoice,
+    /// Encoding quality (1-100) when a request has no `q`.
+    #[serde(default = "ImagesConfig::default_quality")]
+    pub default_quality: Bounded<1, 100>,
+    /// Store transform results in the shared cache (false: every request transforms).
+    #[serde(default = "yes")]
+    pub cache_results: bool,
+    /// Addresses allowed to upload (`"127.0.0.1"`, `"10.0.0.0/8"`); empty allows any.
+    #[serde(default)]
+    pub upload_allow: Vec<Cidr>,
+    /// Uploads need the `[admin]` token as a bearer token.
+    #[serde(default)]
+    pub upload_token: bool,
+    /// Named parameter sets for `t=NAME`, written as a query string:
+    /// `thumb = "w=100&h=100&p=1"`. Parameters in the request override the preset's.
+    #[serde(default)]
+    pub presets: std::collections::BTreeMap<String, crate::images::params::Preset>,
+    /// Copied from `[admin] token` after parsing.
+    #[serde(skip)]
+    pub admin_token: Option<String>,
+}
+
+impl ImagesConfig {
+    /// An image route storing under `dir` with every other setting at its default.
+    pub fn new_dir(dir: PathBuf) -> Self {
+        ImagesConfig {
+            dir,
+            max_upload_size: Self::default_max_upload(),
+            max_pixels: Self::default_max_pixels(),
+            max_output_dimension: Self::default_max_output(),
+            max_frames: Self::default_max_frames(),
+            workers: 0,
+            queue_depth: Self::default_queue_depth(),
+            default_format: Self::default_format(),
+            default_quality: Self::default_quality(),
+            cache_results: true,
+            upload_allow: Vec::new(),
+            upload_token: false,
+            presets: Default::default(),
+            admin_token: None,
+        }
+    }
+    fn default_max_upload() -> ByteSize {
+        ByteSize(20 << 20)
+    }
+    fn default_max_pixels() -> Bounded<1, 1_000_000_000> {
+        Bounded(50_000_000)
+    }
+    fn default_max_output() -> Bounded<1, 65_535> {
+        Bounded(4096)
+    }
+    fn default_max_frames() -> Bounded<1, 100_000> {
+        Bounded(100)
+    }
+    fn default_queue_depth() -> Bounded<0, 1_000_000> {
+        Bounded(64)
+    }
+    fn default_format() -> crate::images::params::FormatChoice {
+        crate::images::params::FormatChoice::Keep
+    }
+    fn default_quality() -> Bounded<1, 100> {
+        Bounded(75)
+    }
+}
+
+/// An address or network: `127.0.0.1`, `::1`, `10.0.0.0/8`, `fd00::/8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` lies in this network (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid address `{s}` (use 127.0.0.1, ::1 or 10.0.0.0/8)");
+        let (a, p) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let addr: std::net::IpAddr = a.parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
     }
 }
 
@@ -786,6 +989,23 @@ mod tests {
             HostPattern::Suffix(".example.com".into())
         );
         assert!("exa mple".parse::<HostPattern>().is_err());
+    }
+
+    #[test]
+    fn images_route_and_admin_token() {
+        let c = Config::parse(
+            "[admin]\ntoken = \"s3cret\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/img/\"\nimages = { dir = \"/tmp/x\", upload_allow = [\"10.0.0.0/8\"], presets = { thumb = \"w=100&h=100\" } }\n",
+            "t",
+        )
+        .unwrap();
+        let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
+            panic!("images route")
+        };
+        assert_eq!(i.admin_token.as_deref(), Some("s3cret"));
+        assert!(i.upload_allow[0].contains("10.1.2.3".parse().unwrap()));
+        assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
+        assert!(e.contains("line 4") && e.contains("`w`"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
-//! [`static_files`], [`respond`] (fixed responses), [`body`] (the response body type).
+//! [`static_files`], [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
 
 pub mod body;
 pub mod cache;
@@ -21,6 +21,7 @@ pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod deliver;
+pub mod images;
 pub mod proxy;
 pub mod range;
 pub mod respond;

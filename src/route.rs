@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use crate::body::Body;
 use crate::cache::Cache;
 use crate::config::{HandlerConfig, HostPattern, ListenerConfig};
+use crate::images::Images;
 use crate::proxy::upstream::text_response;
 use crate::proxy::Proxy;
 use crate::respond::Respond;
@@ -24,6 +25,7 @@ pub enum Handler {
     Proxy(Proxy),
     Static(StaticFiles),
     Respond(Respond),
+    Images(Images),
 }
 
 impl Handler {
@@ -34,6 +36,9 @@ impl Handler {
                 Handler::Static(StaticFiles::new(s.clone(), prefix, Arc::clone(cache)))
             }
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
+            HandlerConfig::Images(i) => {
+                Handler::Images(Images::new(i.clone(), prefix, Arc::clone(cache)))
+            }
         }
     }
 
@@ -42,6 +47,7 @@ impl Handler {
             Handler::Proxy(p) => p.handle(req, peer).await,
             Handler::Static(s) => s.handle(req).await,
             Handler::Respond(r) => r.handle(&req),
+            Handler::Images(i) => i.handle(req, peer).await,
         }
     }
 
@@ -51,6 +57,7 @@ impl Handler {
             Handler::Proxy(p) => format!("proxy to {}", p.upstream()),
             Handler::Static(s) => format!("static files from {}", s.source()),
             Handler::Respond(_) => "fixed response".into(),
+            Handler::Images(i) => format!("images in {}", i.source()),
         }
     }
 }

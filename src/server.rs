@@ -121,8 +121,7 @@ fn connection_builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .keep_alive(true)
         .header_read_timeout(cfg.header_read_timeout.0)
-        .max_buf_size(max_head)
-        .pipeline_flush(true);
+        .max_buf_size(max_head);
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)
@@ -379,10 +378,10 @@ pub fn raise_nofile_limit() -> Option<(u64, u64)> {
         if lim.rlim_cur < lim.rlim_max {
             lim.rlim_cur = lim.rlim_max;
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Some((old as u64, old as u64));
+                return Some((old, old));
             }
         }
-        Some((old as u64, lim.rlim_cur as u64))
+        Some((old, lim.rlim_cur))
     }
 }
 

@@ -1,0 +1,431 @@
+//! Decoding and encoding, one function per format: JPEG through libturbojpeg (DCT-scaled decode,
+//! i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
+//! crates, WebP through libwebp, AVIF encoding through rav1e (`ravif`). Every decoder is guarded
+//! by the header probe (pixel and frame limits) and has its own memory limit where it offers one;
+//! a bad image is an error, never a panic. Output never carries the source's metadata.
+
+use std::io::Cursor;
+
+use super::sniff::{ImageFormat, Probe};
+use super::transform::Limits;
+
+/// Pixels in memory: 1 (gray), 3 (RGB) or 4 (RGBA) bytes per pixel, rows packed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Raster {
+    pub width: u32,
+    pub height: u32,
+    pub channels: u8,
+    pub data: Vec<u8>,
+}
+
+impl Raster {
+    /// Luma (BT.601) of each pixel; alpha is kept (as RGBA with equal channels).
+    pub fn to_gray(&self) -> Raster {
+        let luma = |p: &[u8]| {
+            ((u32::from(p[0]) * 299 + u32::from(p[1]) * 587 + u32::from(p[2]) * 114 + 500) / 1000)
+                as u8
+        };
+        match self.channels {
+            1 => self.clone(),
+            3 => Raster {
+                data: self.data.chunks_exact(3).map(luma).collect(),
+                channels: 1,
+                ..*self
+            },
+            _ => Raster {
+                data: self
+                    .data
+                    .chunks_exact(4)
+                    .flat_map(|p| {
+                        let l = luma(p);
+                        [l, l, l, p[3]]
+                    })
+                    .collect(),
+                ..*self
+            },
+        }
+    }
+
+    /// RGB, alpha composited over white.
+    fn to_rgb(&self) -> Vec<u8> {
+        match self.channels {
+            1 => self.data.iter().flat_map(|&l| [l, l, l]).collect(),
+            3 => self.data.clone(),
+            _ => self
+                .data
+                .chunks_exact(4)
+                .flat_map(|p| {
+                    let a = u32::from(p[3]);
+                    let over = |c: u8| ((u32::from(c) * a + 255 * (255 - a) + 127) / 255) as u8;
+                    [over(p[0]), over(p[1]), over(p[2])]
+                })
+                .collect(),
+        }
+    }
+
+    fn to_rgba(&self) -> Vec<u8> {
+        match self.channels {
+            1 => self.data.iter().flat_map(|&l| [l, l, l, 255]).collect(),
+            3 => self
+                .data
+                .chunks_exact(3)
+                .flat_map(|p| [p[0], p[1], p[2], 255])
+                .collect(),
+            _ => self.data.clone(),
+        }
+    }
+
+    fn has_alpha(&self) -> bool {
+        self.channels == 4 && self.data.chunks_exact(4).any(|p| p[3] != 255)
+    }
+}
+
+/// Why an image could not be decoded or encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("image has {pixels} pixels, more than the limit of {limit}")]
+    TooManyPixels { pixels: u64, limit: u64 },
+    #[error("image has {frames} frames, more than the limit of {limit}")]
+    TooManyFrames { frames: u32, limit: u32 },
+    #[error("cannot decode {0}: {1}")]
+    Decode(&'static str, String),
+    #[error("transforming {0} sources is not supported")]
+    Unsupported(&'static str),
+    #[error("cannot encode {0}: {1}")]
+    Encode(&'static str, String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Refuses sources over the pixel or frame limits, from the header alone.
+pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {
+    if p.pixels() > limits.max_pixels {
+        return Err(CodecError::TooManyPixels {
+            pixels: p.pixels(),
+            limit: limits.max_pixels,
+        });
+    }
+    if p.frames > limits.max_frames {
+        return Err(CodecError::TooManyFrames {
+            frames: p.frames,
+            limit: limits.max_frames,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes the first frame. `need` is the smallest size (unoriented) the pipeline needs: a JPEG
+/// decoder may shrink to it. `gray` lets the JPEG decoder skip chroma.
+pub fn decode(
+    src: &[u8],
+    p: &Probe,
+    need: (u32, u32),
+    gray: bool,
+    limits: &Limits,
+) -> Result<Raster, CodecError> {
+    match p.format {
+        ImageFormat::Jpeg => decode_jpeg(src, p, need, gray),
+        ImageFormat::Png => decode_png(src, limits),
+        ImageFormat::Gif => decode_gif(src, p, limits),
+        ImageFormat::Webp => decode_webp(src, p),
+        ImageFormat::Avif => Err(CodecError::Unsupported("AVIF")),
+    }
+}
+
+/// The DCT scaling factors libjpeg-turbo 2.x offers below 1, smallest first (num/8).
+const JPEG_EIGHTHS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+fn decode_jpeg(src: &[u8], p: &Probe, need: (u32, u32), gray: bool) -> Result<Raster, CodecError> {
+    let err = |e: turbojpeg::Error| CodecError::Decode("JPEG", e.to_string());
+    let mut d = turbojpeg::Decompressor::new().map_err(err)?;
+    let header = d.read_header(src).map_err(err)?;
+    let (hw, hh) = (header.width as u32, header.height as u32);
+    if u64::from(hw) * u64::from(hh) > p.pixels() {
+        // The SOF we probed is not the one libjpeg decodes: refuse rather than guess.
+        return Err(CodecError::Decode(
+            "JPEG",
+            "inconsistent frame headers".into(),
+        ));
+    }
+    // Shrink on load: the smallest num/8 scale keeping both sides at or above what is needed.
+    let scaled = |n: u32, dim: u32| (dim * n).div_ceil(8);
+    let n = JPEG_EIGHTHS
+        .iter()
+        .copied()
+        .find(|&n| scaled(n, hw) >= need.0.min(hw) && scaled(n, hh) >= need.1.min(hh))
+        .unwrap_or(8);
+    let (w, h) = (scaled(n, hw) as usize, scaled(n, hh) as usize);
+    let (format, channels) = if gray {
+        (turbojpeg::PixelFormat::GRAY, 1)
+    } else {
+        (turbojpeg::PixelFormat::RGB, 3)
+    };
+    let mut data = vec![0u8; w * h * channels];
+    let image = turbojpeg::Image {
+        pixels: data.as_mut_slice(),
+        width: w,
+        pitch: w * channels,
+        height: h,
+        format,
+    };
+    d.decompress(src, image).map_err(err)?;
+    Ok(Raster {
+        width: w as u32,
+        height: h as u32,
+        channels: channels as u8,
+        data,
+    })
+}
+
+fn decode_png(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
+    let err = |e: png::DecodingError| CodecError::Decode("PNG", e.to_string());
+    let mut dec = png::Decoder::new_with_limits(
+        Cursor::new(src),
+        png::Limits {
+            bytes: (limits.max_pixels as usize).saturating_mul(8),
+        },
+    );
+    dec.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = dec.read_info().map_err(err)?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| CodecError::Decode("PNG", "image too large".into()))?;
+    let mut buf = vec![0u8; size];
+    let info = reader.next_frame(&mut buf).map_err(err)?;
+    buf.truncate(info.buffer_size());
+    let (w, h) = (info.width, info.height);
+    let raster = |channels: u8, data: Vec<u8>| Raster {
+        width: w,
+        height: h,
+        channels,
+        data,
+    };
+    Ok(match info.color_type {
+        png::ColorType::Grayscale => raster(1, buf),
+        png::ColorType::Rgb => raster(3, buf),
+        png::ColorType::Rgba => raster(4, buf),
+        png::ColorType::GrayscaleAlpha => raster(
+            4,
+            buf.chunks_exact(2)
+                .flat_map(|p| [p[0], p[0], p[0], p[1]])
+                .collect(),
+        ),
+        png::ColorType::Indexed => {
+            return Err(CodecError::Decode("PNG", "palette not expanded".into()))
+        }
+    })
+}
+
+fn decode_gif(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecError> {
+    let err = |e: gif::DecodingError| CodecError::Decode("GIF", e.to_string());
+    let mut opts = gif::DecodeOptions::new();
+    opts.set_color_output(gif::ColorOutput::RGBA);
+    let bytes = limits.max_pixels.saturating_mul(4).min(u64::from(u32::MAX));
+    opts.set_memory_limit(gif::MemoryLimit::Bytes(
+        std::num::NonZeroU64::new(bytes).unwrap_or(std::num::NonZeroU64::MIN),
+    ));
+    let mut d = opts.read_info(Cursor::new(src)).map_err(err)?;
+    let (sw, sh) = (u32::from(d.width()), u32::from(d.height()));
+    let (w, h) = (sw.max(1).min(p.width), sh.max(1).min(p.height));
+    let frame = d
+        .read_next_frame()
+        .map_err(err)?
+        .ok_or_else(|| CodecError::Decode("GIF", "no frame".into()))?;
+    // Compose the first frame onto a transparent screen.
+    let mut data = vec![0u8; w as usize * h as usize * 4];
+    let (fl, ft) = (usize::from(frame.left), usize::from(frame.top));
+    let (fw, fh) = (usize::from(frame.width), usize::from(frame.height));
+    for y in 0..fh {
+        let ty = ft + y;
+        if ty >= h as usize {
+            break;
+        }
+        for x in 0..fw {
+            let tx = fl + x;
+            if tx >= w as usize {
+                break;
+            }
+            let s = (y * fw + x) * 4;
+            let t = (ty * w as usize + tx) * 4;
+            if let Some(px) = frame.buffer.get(s..s + 4) {
+                data[t..t + 4].copy_from_slice(px);
+            }
+        }
+    }
+    Ok(Raster {
+        width: w,
+        height: h,
+        channels: 4,
+        data,
+    })
+}
+
+fn decode_webp(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
+    if p.frames > 1 {
+        let anim = webp::AnimDecoder::new(src)
+            .decode()
+            .map_err(|e| CodecError::Decode("WebP", e))?;
+        let frame = anim
+            .get_frame(0)
+            .ok_or_else(|| CodecError::Decode("WebP", "no frame".into()))?;
+        let channels = if frame.get_layout().is_alpha() { 4 } else { 3 };
+        return Ok(Raster {
+            width: frame.width(),
+            height: frame.height(),
+            channels,
+            data: frame.get_image().to_vec(),
+        });
+    }
+    let img = webp::Decoder::new(src)
+        .decode()
+        .ok_or_else(|| CodecError::Decode("WebP", "invalid bitstream".into()))?;
+    Ok(Raster {
+        width: img.width(),
+        height: img.height(),
+        channels: if img.is_alpha() { 4 } else { 3 },
+        data: img.to_vec(),
+    })
+}
+
+/// Applies an EXIF orientation (1-8), so the output is upright and needs no tag.
+pub fn orient(img: Raster, orientation: u8) -> Raster {
+    use super::transform::rotate;
+    match orientation {
+        2 => flip_h(&img),
+        3 => rotate(&img, 180),
+        4 => flip_h(&rotate(&img, 180)),
+        5 => flip_h(&rotate(&img, 90)),
+        6 => rotate(&img, 90),
+        7 => flip_h(&rotate(&img, 270)),
+        8 => rotate(&img, 270),
+        _ => img,
+    }
+}
+
+fn flip_h(img: &Raster) -> Raster {
+    let c = usize::from(img.channels);
+    let row = img.width as usize * c;
+    let mut data = Vec::with_capacity(img.data.len());
+    for r in img.data.chunks_exact(row) {
+        for px in r.chunks_exact(c).rev() {
+            data.extend_from_slice(px);
+        }
+    }
+    Raster {
+        data,
+        ..img.clone()
+    }
+}
+
+/// Encodes with fast settings; `quality` 1-100 applies to JPEG, WebP and AVIF.
+pub fn encode(img: &Raster, format: ImageFormat, quality: u8) -> Result<Vec<u8>, CodecError> {
+    match format {
+        ImageFormat::Jpeg => encode_jpeg(img, quality),
+        ImageFormat::Png => encode_png(img),
+        ImageFormat::Gif => encode_gif(img),
+        ImageFormat::Webp => encode_webp(img, quality),
+        ImageFormat::Avif => encode_avif(img, quality),
+    }
+}
+
+fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
+    let err = |e: turbojpeg::Error| CodecError::Encode("JPEG", e.to_string());
+    let rgb;
+    let (pixels, format, channels, subsamp) = if img.channels == 1 {
+        (
+            img.data.as_slice(),
+            turbojpeg::PixelFormat::GRAY,
+            1,
+            turbojpeg::Subsamp::Gray,
+        )
+    } else {
+        rgb = img.to_rgb();
+        (
+            rgb.as_slice(),
+            turbojpeg::PixelFormat::RGB,
+            3,
+            turbojpeg::Subsamp::Sub2x2,
+        )
+    };
+    let mut c = turbojpeg::Compressor::new().map_err(err)?;
+    c.set_quality(i32::from(quality));
+    c.set_subsamp(subsamp);
+    c.compress_to_vec(turbojpeg::Image {
+        pixels,
+        width: img.width as usize,
+        pitch: img.width as usize * channels,
+        height: img.height as usize,
+        format,
+    })
+    .map_err(err)
+}
+
+fn encode_png(img: &Raster) -> Result<Vec<u8>, CodecError> {
+    let err = |e: png::EncodingError| CodecError::Encode("PNG", e.to_string());
+    let mut out = Vec::new();
+    let mut enc = png::Encoder::new(&mut out, img.width, img.height);
+    enc.set_color(match img.channels {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        _ => png::ColorType::Rgba,
+    });
+    enc.set_depth(png::BitDepth::Eight);
+    enc.set_compression(png::Compression::Fast);
+    let mut w = enc.write_header().map_err(err)?;
+    w.write_image_data(&img.data).map_err(err)?;
+    w.finish().map_err(err)?;
+    Ok(out)
+}
+
+fn encode_gif(img: &Raster) -> Result<Vec<u8>, CodecError> {
+    let err = |e: gif::EncodingError| CodecError::Encode("GIF", e.to_string());
+    let (w, h) = (
+        u16::try_from(img.width).map_err(|_| CodecError::Encode("GIF", "too wide".into()))?,
+        u16::try_from(img.height).map_err(|_| CodecError::Encode("GIF", "too tall".into()))?,
+    );
+    let mut rgba = img.to_rgba();
+    let frame = gif::Frame::from_rgba_speed(w, h, &mut rgba, 10);
+    let mut out = Vec::new();
+    {
+        let mut enc = gif::Encoder::new(&mut out, w, h, &[]).map_err(err)?;
+        enc.write_frame(&frame).map_err(err)?;
+    }
+    Ok(out)
+}
+
+fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
+    let alpha = img.has_alpha();
+    let px = if alpha { img.to_rgba() } else { img.to_rgb() };
+    let enc = if alpha {
+        webp::Encoder::from_rgba(&px, img.width, img.height)
+    } else {
+        webp::Encoder::from_rgb(&px, img.width, img.height)
+    };
+    let mut cfg =
+        webp::WebPConfig::new().map_err(|()| CodecError::Encode("WebP", "config".into()))?;
+    cfg.quality = f32::from(quality);
+    cfg.method = 2; // fast; 4 is libwebp's default
+    let mem = enc
+        .encode_advanced(&cfg)
+        .map_err(|e| CodecError::Encode("WebP", format!("{e:?}")))?;
+    Ok(mem.to_vec())
+}
+
+fn encode_avif(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
+    use rgb::FromSlice;
+    let enc = ravif::Encoder::new()
+        .with_quality(f32::from(quality))
+        .with_alpha_quality(f32::from(quality))
+        .with_speed(10)
+        .with_num_threads(Some(1));
+    let (w, h) = (img.width as usize, img.height as usize);
+    let res = if img.has_alpha() {
+        let px = img.to_rgba();
+        enc.encode_rgba(imgref::Img::new(px.as_rgba(), w, h))
+    } else {
+        let px = img.to_rgb();
+        enc.encode_rgb(imgref::Img::new(px.as_rgb(), w, h))
+    };
+    res.map(|e| e.avif_file)
+        .map_err(|e| CodecError::Encode("AVIF", e.to_string()))
+}

@@ -1,0 +1,506 @@
+//! The image server: zimg's URL API with imgproxy's safety, every result cached.
+//!
+//! ```text
+//! POST <prefix>upload ─▶ allowed? ─▶ read (≤ limit, 413) ─▶ sniff (415) ─▶ header limits (422)
+//!                                   ─▶ MD5 ─▶ store (atomic, dedup) ─▶ JSON {md5,size,width,...}
+//! GET  <prefix><md5>?w=&h=&p=... ─▶ params (400 naming one) ─▶ preset (t=) ─▶ key
+//!        ─▶ cache HIT ─▶ deliver
+//!        └▶ coalesce ─leader─▶ load original ─▶ pool (503 when full): decode → resize → encode
+//!                              ─▶ store entry ─▶ deliver MISS; followers get the same entry
+//! GET  <prefix>info?md5=    ─▶ JSON from the original's header
+//! DELETE <prefix><md5>      ─▶ admin token ─▶ remove original ─▶ purge cached variants
+//! ```
+//!
+//! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
+//! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
+//! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
+//! [`codec`] (decoders and encoders per format), [`pool`] (the bounded blocking pool).
+//!
+//! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
+//! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
+
+pub mod codec;
+pub mod params;
+pub mod pool;
+pub mod sniff;
+pub mod storage;
+pub mod transform;
+pub mod upload;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::body::Body;
+use crate::cache::policy::Freshness;
+use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Join};
+use crate::compress::Encoding;
+use crate::config::ImagesConfig;
+use crate::deliver::{self, CacheStatus};
+use codec::CodecError;
+use params::{ParamError, Params, Resolved};
+use pool::{Pool, PoolError};
+use sniff::{Probe, SniffError};
+use storage::{ImageStore, LocalDir, Md5Hex};
+use transform::{Limits, TransformError};
+
+/// Why an image request failed; each maps to one status code.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error("no such image")]
+    NotFound,
+    #[error("not an image larder handles: {0}")]
+    NotAnImage(#[from] SniffError),
+    #[error("upload larger than {0} bytes")]
+    TooLarge(u64),
+    #[error("bad upload: {0}")]
+    BadUpload(String),
+    #[error("{0}")]
+    Refused(#[from] CodecError),
+    #[error("busy: too many transforms waiting")]
+    Busy,
+    #[error("forbidden: {0}")]
+    Forbidden(&'static str),
+    #[error("a valid admin bearer token is required")]
+    Unauthorized,
+    #[error("method not allowed")]
+    Method,
+    #[error("storage failed: {0}")]
+    Storage(#[from] std::io::Error),
+    #[error("internal error")]
+    Internal,
+}
+
+impl ImageError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ImageError::Param(_) | ImageError::BadUpload(_) => StatusCode::BAD_REQUEST,
+            ImageError::NotFound => StatusCode::NOT_FOUND,
+            ImageError::NotAnImage(_) | ImageError::Refused(CodecError::Unsupported(_)) => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
+            ImageError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ImageError::Refused(CodecError::Encode(..) | CodecError::Internal(_)) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            ImageError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ImageError::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            ImageError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ImageError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ImageError::Method => StatusCode::METHOD_NOT_ALLOWED,
+            ImageError::Storage(_) | ImageError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn response(&self) -> Response<Body> {
+        let status = self.status();
+        let mut r = crate::proxy::upstream::text_response(status, &format!("{self}\n"));
+        let h = r.headers_mut();
+        match self {
+            ImageError::Busy => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ImageError::Unauthorized => {
+                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ImageError::Method => {
+                h.insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, POST, DELETE"),
+                );
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+impl From<TransformError> for ImageError {
+    fn from(e: TransformError) -> Self {
+        match e {
+            TransformError::Param(name, reason) => ImageError::Param(ParamError { name, reason }),
+            TransformError::Codec(c) => ImageError::Refused(c),
+        }
+    }
+}
+
+impl From<PoolError> for ImageError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Busy => ImageError::Busy,
+            PoolError::Panicked => ImageError::Internal,
+        }
+    }
+}
+
+/// An image route.
+pub struct Images {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: ImagesConfig,
+    /// The route's path prefix (part of cache keys: routes may differ in presets and defaults).
+    prefix: String,
+    store: Arc<dyn ImageStore>,
+    cache: Arc<Cache>,
+    pool: Pool,
+    status_header: HeaderName,
+    limits: Limits,
+}
+
+/// Stored results never change (the key names the bytes): cached for a year, immutable.
+const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+
+impl Images {
+    pub fn new(cfg: ImagesConfig, prefix: &str, cache: Arc<Cache>) -> Images {
+        let store = LocalDir::new(&cfg.dir);
+        let limits = Limits {
+            max_pixels: cfg.max_pixels.get() as u64,
+            max_dim: cfg.max_output_dimension.get() as u32,
+            max_frames: cfg.max_frames.get() as u32,
+        };
+        Images {
+            inner: Arc::new(Inner {
+                pool: Pool::new(cfg.workers, cfg.queue_depth.get() as usize),
+                prefix: prefix.to_string(),
+                store: Arc::new(store),
+                status_header: cache.cfg.status_header.0.clone(),
+                cache,
+                limits,
+                cfg,
+            }),
+        }
+    }
+
+    /// Where the originals are, for logs.
+    pub fn source(&self) -> String {
+        self.inner.store.describe()
+    }
+
+    /// Serves one request.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let path = req.uri().path();
+        let rest = path
+            .strip_prefix(self.inner.prefix.as_str())
+            .unwrap_or(path)
+            .trim_start_matches('/')
+            .to_string();
+        let method = req.method().clone();
+        let result = match (&method, rest.as_str()) {
+            (&Method::POST, "upload") => self.upload(req, peer).await,
+            (&Method::GET | &Method::HEAD, "info") => self.info(&req).await,
+            (_, "upload" | "info") => Err(ImageError::Method),
+            (&Method::GET | &Method::HEAD, name) => match Md5Hex::parse(name) {
+                Some(md5) => self.get(&req, md5).await,
+                None => Err(ImageError::NotFound),
+            },
+            (&Method::DELETE, name) => match Md5Hex::parse(name) {
+                Some(md5) => self.delete(&req, md5).await,
+                None => Err(ImageError::NotFound),
+            },
+            _ => Err(ImageError::Method),
+        };
+        result.unwrap_or_else(|e| {
+            tracing::debug!(path = %req_path(&rest), error = %e, "image request refused");
+            e.response()
+        })
+    }
+
+    fn authorized(&self, headers: &HeaderMap) -> Result<(), ImageError> {
+        let Some(token) = self.inner.cfg.admin_token.as_deref() else {
+            return Err(ImageError::Forbidden("no [admin] token is configured"));
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
+            _ => Err(ImageError::Unauthorized),
+        }
+    }
+
+    async fn upload(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<Body>, ImageError> {
+        let cfg = &self.inner.cfg;
+        if !cfg.upload_allow.is_empty() && !cfg.upload_allow.iter().any(|c| c.contains(peer.ip())) {
+            return Err(ImageError::Forbidden(
+                "uploads are not allowed from this address",
+            ));
+        }
+        if cfg.upload_token {
+            self.authorized(req.headers())?;
+        }
+        let (parts, body) = req.into_parts();
+        let files = upload::files(&parts.headers, body, cfg.max_upload_size.0).await?;
+        // Check every file before storing any: a form is accepted whole or not at all.
+        let mut checked = Vec::with_capacity(files.len());
+        for data in files {
+            let probe = sniff::probe(&data)?;
+            codec::check_limits(&probe, &self.inner.limits)?;
+            checked.push((probe, data));
+        }
+        let store = Arc::clone(&self.inner.store);
+        let replies = tokio::task::spawn_blocking(move || {
+            checked
+                .into_iter()
+                .map(|(probe, data)| {
+                    let md5 = Md5Hex::of(&data);
+                    store.put(&md5, &data)?;
+                    Ok(info_json(&md5, data.len(), &probe))
+                })
+                .collect::<Result<Vec<String>, std::io::Error>>()
+        })
+        .await
+        .map_err(|_| ImageError::Internal)??;
+        let body = if replies.len() == 1 {
+            replies.into_iter().next().expect("one reply")
+        } else {
+            format!("[{}]", replies.join(","))
+        };
+        Ok(json(StatusCode::OK, body))
+    }
+
+    async fn info(&self, req: &Request<Incoming>) -> Result<Response<Body>, ImageError> {
+        let q = req.uri().query().unwrap_or("");
+        let md5 = q
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("md5="))
+            .and_then(Md5Hex::parse)
+            .ok_or_else(|| ParamError {
+                name: "md5",
+                reason: "32 hex digits required".into(),
+            })?;
+        let data = self.load(&md5).await?;
+        let probe = sniff::probe(&data)?;
+        Ok(json(StatusCode::OK, info_json(&md5, data.len(), &probe)))
+    }
+
+    async fn delete(
+        &self,
+        req: &Request<Incoming>,
+        md5: Md5Hex,
+    ) -> Result<Response<Body>, ImageError> {
+        self.authorized(req.headers())?;
+        let store = Arc::clone(&self.inner.store);
+        let m = md5.clone();
+        let existed = tokio::task::spawn_blocking(move || store.delete(&m))
+            .await
+            .map_err(|_| ImageError::Internal)??;
+        // Purge even if the file was already gone: variants may outlive it.
+        self.inner
+            .cache
+            .store
+            .remove_prefix(&format!("img://{}/", md5.as_str()));
+        if !existed {
+            return Err(ImageError::NotFound);
+        }
+        Ok(json(
+            StatusCode::OK,
+            format!("{{\"md5\":\"{}\",\"deleted\":true}}", md5.as_str()),
+        ))
+    }
+
+    async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
+        let store = Arc::clone(&self.inner.store);
+        let m = md5.clone();
+        tokio::task::spawn_blocking(move || store.get(&m))
+            .await
+            .map_err(|_| ImageError::Internal)??
+            .ok_or(ImageError::NotFound)
+    }
+
+    async fn get(
+        &self,
+        req: &Request<Incoming>,
+        md5: Md5Hex,
+    ) -> Result<Response<Body>, ImageError> {
+        let inner = &self.inner;
+        let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
+        if let Some(name) = params.t.take() {
+            let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
+                name: "t",
+                reason: format!("no preset named `{name}`"),
+            })?;
+            params = params.over(&preset.0);
+        }
+        let resolved = Resolved::new(
+            &params,
+            inner.cfg.default_format,
+            inner.cfg.default_quality.get() as u8,
+            req.headers(),
+        );
+        let deliver = |entry: &Entry, status: CacheStatus| {
+            deliver::from_entry(
+                entry,
+                req.method(),
+                req.headers(),
+                status,
+                &inner.status_header,
+            )
+        };
+        if !inner.cfg.cache_results {
+            let entry = Arc::clone(inner).make(md5, resolved).await?;
+            return Ok(deliver(&entry, CacheStatus::Bypass));
+        }
+        let key = CacheKey::from_parts(
+            "img",
+            md5.as_str(),
+            &format!("{}?{}", inner.prefix, resolved.key()),
+        );
+        if let Some(entry) = inner.cache.store.get(&key) {
+            return Ok(deliver(&entry, CacheStatus::Hit));
+        }
+        match inner.cache.store.inflight.join(&key) {
+            Join::Leader(guard) => {
+                // The fill runs as its own task: it completes (and feeds the followers) even if
+                // this client goes away.
+                let fill_inner = Arc::clone(inner);
+                let task = tokio::spawn(async move {
+                    let entry = Arc::clone(&fill_inner).make(md5, resolved).await?;
+                    fill_inner.cache.store.insert(key, Arc::clone(&entry));
+                    guard.complete(Arc::clone(&entry));
+                    Ok::<_, ImageError>(entry)
+                });
+                let entry = task.await.map_err(|_| ImageError::Internal)??;
+                Ok(deliver(&entry, CacheStatus::Miss))
+            }
+            Join::Follower(f) => match f.wait(inner.cache.cfg.coalesce_timeout.0).await {
+                FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),
+                FillOutcome::Released => {
+                    let entry = Arc::clone(inner).make(md5, resolved).await?;
+                    Ok(deliver(&entry, CacheStatus::Miss))
+                }
+            },
+        }
+    }
+}
+
+impl Inner {
+    /// Loads the original and produces the entry for `resolved` (the original itself when
+    /// nothing changes, else a transform on the pool).
+    async fn make(
+        self: Arc<Self>,
+        md5: Md5Hex,
+        resolved: Resolved,
+    ) -> Result<Arc<Entry>, ImageError> {
+        let store = Arc::clone(&self.store);
+        let m = md5.clone();
+        let data = tokio::task::spawn_blocking(move || store.get(&m))
+            .await
+            .map_err(|_| ImageError::Internal)??
+            .ok_or(ImageError::NotFound)?;
+        let probe = sniff::probe(&data)?;
+        let resolved = resolved.for_source(probe.format);
+        let key = resolved.key();
+        let negotiated = resolved.negotiated();
+        let (body, format) = if resolved.is_original(probe.format) {
+            (data, probe.format)
+        } else {
+            let limits = self.limits;
+            let format = resolved.format;
+            let (out, timing) = self
+                .pool
+                .run(move || transform::run(&data, &probe, &resolved, &limits))
+                .await??;
+            tracing::debug!(
+                md5 = md5.as_str(),
+                params = key.as_str(),
+                decode_us = timing.decode.as_micros() as u64,
+                resize_us = timing.resize.as_micros() as u64,
+                encode_us = timing.encode.as_micros() as u64,
+                "image transformed"
+            );
+            (Bytes::from(out), format)
+        };
+        Ok(Arc::new(result_entry(&md5, &key, body, format, negotiated)))
+    }
+}
+
+/// The cached response of one transform: real Content-Type, strong ETag naming the original and
+/// the parameters, a year of immutable freshness.
+fn result_entry(
+    md5: &Md5Hex,
+    key: &str,
+    body: Bytes,
+    format: sniff::ImageFormat,
+    negotiated: bool,
+) -> Entry {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.mime()),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(IMMUTABLE));
+    let tag = Md5Hex::of(key.as_bytes());
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}-{}\"", md5.as_str(), &tag.as_str()[..16])) {
+        h.insert(header::ETAG, v);
+    }
+    if negotiated {
+        h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    }
+    h.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
+    let freshness = Freshness {
+        lifetime: Duration::from_secs(365 * 24 * 3600),
+        initial_age: Duration::ZERO,
+        received: Instant::now(),
+        always_revalidate: false,
+        must_revalidate: false,
+        stale_while_revalidate: Duration::ZERO,
+        stale_if_error: Duration::ZERO,
+    };
+    Entry::build(
+        StatusCode::OK,
+        h,
+        vec![(Encoding::Identity, body)],
+        freshness,
+        false,
+    )
+}
+
+fn info_json(md5: &Md5Hex, size: usize, p: &Probe) -> String {
+    format!(
+        "{{\"md5\":\"{}\",\"size\":{},\"width\":{},\"height\":{},\"format\":\"{}\"}}",
+        md5.as_str(),
+        size,
+        p.width,
+        p.height,
+        p.format.name()
+    )
+}
+
+fn json(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(Body::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn req_path(rest: &str) -> &str {
+    &rest[..rest.len().min(64)]
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

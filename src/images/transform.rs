@@ -1,0 +1,395 @@
+//! The transform pipeline, pure and synchronous (it runs on the blocking pool):
+//! plan the geometry → decode (shrinking on load) → orient → crop+resize (SIMD) → rotate →
+//! grayscale → encode. [`run`] returns the encoded bytes and the time spent in each step.
+
+use std::time::{Duration, Instant};
+
+use fast_image_resize as fr;
+
+use super::codec::{self, CodecError, Raster};
+use super::params::{Mode, Resolved};
+use super::sniff::Probe;
+
+/// Why a transform could not be made (mapped to 400/422 by the handler).
+#[derive(Debug, thiserror::Error)]
+pub enum TransformError {
+    /// The request asks for something out of bounds: 400 naming the parameter.
+    #[error("parameter `{0}`: {1}")]
+    Param(&'static str, String),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}
+
+/// Where the time of one transform went.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Timing {
+    pub decode: Duration,
+    pub resize: Duration,
+    pub encode: Duration,
+}
+
+/// The geometry of a transform, in the oriented source's coordinates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    /// Region of the source used: left, top, width, height.
+    pub crop: (f64, f64, f64, f64),
+    /// Size of that region after scaling.
+    pub out: (u32, u32),
+}
+
+fn at_least_one(v: f64) -> u32 {
+    (v.round() as u32).max(1)
+}
+
+/// Computes the geometry of zimg's `p` modes for a `sw`×`sh` (oriented) source.
+pub fn plan(sw: u32, sh: u32, r: &Resolved, max_dim: u32) -> Result<Plan, TransformError> {
+    let (fw, fh) = (f64::from(sw), f64::from(sh));
+    let full = (0.0, 0.0, fw, fh);
+    let proportional = |w: Option<u32>, h: Option<u32>| -> (u32, u32) {
+        match (w, h) {
+            (Some(w), None) => (w, at_least_one(fh * f64::from(w) / fw)),
+            (None, Some(h)) => (at_least_one(fw * f64::from(h) / fh), h),
+            (Some(w), Some(h)) => (w, h),
+            (None, None) => (sw, sh),
+        }
+    };
+    for (name, v) in [("w", r.w), ("h", r.h)] {
+        if v == Some(0) {
+            return Err(TransformError::Param(name, "must be at least 1".into()));
+        }
+    }
+    let p = match r.mode {
+        Mode::Stretch => Plan {
+            crop: full,
+            out: proportional(r.w, r.h),
+        },
+        Mode::Cover => match (r.w, r.h) {
+            (Some(w), Some(h)) => {
+                let s = (f64::from(w) / fw).max(f64::from(h) / fh);
+                let (cw, ch) = ((f64::from(w) / s).min(fw), (f64::from(h) / s).min(fh));
+                Plan {
+                    crop: ((fw - cw) / 2.0, (fh - ch) / 2.0, cw, ch),
+                    out: (w, h),
+                }
+            }
+            _ => Plan {
+                crop: full,
+                out: proportional(r.w, r.h),
+            },
+        },
+        Mode::Fit => match (r.w, r.h) {
+            (Some(w), Some(h)) => {
+                let s = (f64::from(w) / fw).min(f64::from(h) / fh);
+                Plan {
+                    crop: full,
+                    out: (at_least_one(fw * s), at_least_one(fh * s)),
+                }
+            }
+            _ => Plan {
+                crop: full,
+                out: proportional(r.w, r.h),
+            },
+        },
+        Mode::Percent => {
+            let pw = r.w.or(r.h).unwrap_or(100);
+            let ph = r.h.or(r.w).unwrap_or(100);
+            Plan {
+                crop: full,
+                out: (
+                    at_least_one(fw * f64::from(pw) / 100.0),
+                    at_least_one(fh * f64::from(ph) / 100.0),
+                ),
+            }
+        }
+        Mode::Crop => {
+            let cw = r.w.unwrap_or(sw).min(sw);
+            let ch = r.h.unwrap_or(sh).min(sh);
+            let x = r.x.unwrap_or((sw - cw) / 2);
+            let y = r.y.unwrap_or((sh - ch) / 2);
+            if x >= sw {
+                return Err(TransformError::Param(
+                    "x",
+                    format!("outside the {sw}px width"),
+                ));
+            }
+            if y >= sh {
+                return Err(TransformError::Param(
+                    "y",
+                    format!("outside the {sh}px height"),
+                ));
+            }
+            let (cw, ch) = (cw.min(sw - x), ch.min(sh - y));
+            Plan {
+                crop: (f64::from(x), f64::from(y), f64::from(cw), f64::from(ch)),
+                out: (cw, ch),
+            }
+        }
+    };
+    if p.out.0 > max_dim {
+        return Err(TransformError::Param(
+            "w",
+            format!("output width {} exceeds {max_dim}", p.out.0),
+        ));
+    }
+    if p.out.1 > max_dim {
+        return Err(TransformError::Param(
+            "h",
+            format!("output height {} exceeds {max_dim}", p.out.1),
+        ));
+    }
+    let (rw, rh) = rotated_size(p.out.0, p.out.1, r.r);
+    if rw > max_dim || rh > max_dim {
+        return Err(TransformError::Param(
+            "r",
+            format!("rotated size {rw}x{rh} exceeds {max_dim}"),
+        ));
+    }
+    Ok(p)
+}
+
+/// The size of a `w`×`h` image rotated by `deg` clockwise (the canvas grows to hold it).
+pub fn rotated_size(w: u32, h: u32, deg: u32) -> (u32, u32) {
+    match deg % 360 {
+        0 | 180 => (w, h),
+        90 | 270 => (h, w),
+        d => {
+            let a = f64::from(d).to_radians();
+            let (s, c) = (a.sin().abs(), a.cos().abs());
+            let (fw, fh) = (f64::from(w), f64::from(h));
+            (
+                ((fw * c + fh * s).round() as u32).max(1),
+                ((fw * s + fh * c).round() as u32).max(1),
+            )
+        }
+    }
+}
+
+/// Limits a transform runs under.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_pixels: u64,
+    pub max_dim: u32,
+    pub max_frames: u32,
+}
+
+/// Transforms `src` (probed as `probe`) as `r` asks.
+pub fn run(
+    src: &[u8],
+    probe: &Probe,
+    r: &Resolved,
+    limits: &Limits,
+) -> Result<(Vec<u8>, Timing), TransformError> {
+    let mut t = Timing::default();
+    codec::check_limits(probe, limits)?;
+    // Geometry in oriented coordinates first: it decides how much the decoder may shrink.
+    let swapped = probe.orientation >= 5;
+    let (ow, oh) = if swapped {
+        (probe.height, probe.width)
+    } else {
+        (probe.width, probe.height)
+    };
+    let plan = plan(ow, oh, r, limits.max_dim)?;
+
+    // The decoded image must keep at least the plan's scale: crop region → out size.
+    let scale = (f64::from(plan.out.0) / plan.crop.2).max(f64::from(plan.out.1) / plan.crop.3);
+    let need = (
+        (f64::from(ow) * scale).ceil() as u32,
+        (f64::from(oh) * scale).ceil() as u32,
+    );
+    let need = if swapped { (need.1, need.0) } else { need };
+
+    let start = Instant::now();
+    let img = codec::decode(src, probe, need, r.gray, limits)?;
+    let img = codec::orient(img, probe.orientation);
+    t.decode = start.elapsed();
+
+    let start = Instant::now();
+    let k = f64::from(img.width) / f64::from(ow);
+    let crop = (
+        plan.crop.0 * k,
+        plan.crop.1 * k,
+        plan.crop.2 * k,
+        plan.crop.3 * k,
+    );
+    let mut img = resize(img, crop, plan.out)?;
+    if r.r != 0 {
+        img = rotate(&img, r.r);
+    }
+    if r.gray {
+        img = img.to_gray();
+    }
+    t.resize = start.elapsed();
+
+    let start = Instant::now();
+    let out = codec::encode(&img, r.format, r.quality)?;
+    t.encode = start.elapsed();
+    Ok((out, t))
+}
+
+/// Crops `crop` (in `img` pixels) and scales it to `out`, with SIMD convolution.
+pub fn resize(
+    img: Raster,
+    crop: (f64, f64, f64, f64),
+    out: (u32, u32),
+) -> Result<Raster, CodecError> {
+    let full = crop.0 == 0.0
+        && crop.1 == 0.0
+        && crop.2 == f64::from(img.width)
+        && crop.3 == f64::from(img.height);
+    if full && out == (img.width, img.height) {
+        return Ok(img);
+    }
+    let pt = match img.channels {
+        1 => fr::PixelType::U8,
+        3 => fr::PixelType::U8x3,
+        _ => fr::PixelType::U8x4,
+    };
+    let channels = img.channels;
+    let src = fr::images::Image::from_vec_u8(img.width, img.height, img.data, pt)
+        .map_err(|e| CodecError::Internal(e.to_string()))?;
+    let mut dst = fr::images::Image::new(out.0, out.1, pt);
+    let same_size =
+        (crop.2 - f64::from(out.0)).abs() < 1e-9 && (crop.3 - f64::from(out.1)).abs() < 1e-9;
+    let alg = if same_size {
+        fr::ResizeAlg::Nearest
+    } else {
+        fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom)
+    };
+    let opts = fr::ResizeOptions::new()
+        .resize_alg(alg)
+        .crop(crop.0, crop.1, crop.2, crop.3);
+    fr::Resizer::new()
+        .resize(&src, &mut dst, &opts)
+        .map_err(|e| CodecError::Internal(e.to_string()))?;
+    Ok(Raster {
+        width: out.0,
+        height: out.1,
+        channels,
+        data: dst.into_vec(),
+    })
+}
+
+/// Rotates clockwise by `deg`: exact for right angles, bilinear on a grown canvas otherwise
+/// (white behind opaque images, transparent behind images with alpha).
+pub fn rotate(img: &Raster, deg: u32) -> Raster {
+    let (w, h, c) = (
+        img.width as usize,
+        img.height as usize,
+        img.channels as usize,
+    );
+    let deg = deg % 360;
+    if deg == 0 {
+        return img.clone();
+    }
+    if deg % 90 == 0 {
+        let (nw, nh) = if deg == 180 { (w, h) } else { (h, w) };
+        let mut out = vec![0u8; nw * nh * c];
+        for y in 0..h {
+            for x in 0..w {
+                let (nx, ny) = match deg {
+                    90 => (h - 1 - y, x),
+                    180 => (w - 1 - x, h - 1 - y),
+                    _ => (y, w - 1 - x),
+                };
+                let s = (y * w + x) * c;
+                let d = (ny * nw + nx) * c;
+                out[d..d + c].copy_from_slice(&img.data[s..s + c]);
+            }
+        }
+        return Raster {
+            width: nw as u32,
+            height: nh as u32,
+            channels: img.channels,
+            data: out,
+        };
+    }
+    let (nw, nh) = rotated_size(img.width, img.height, deg);
+    let (nw, nh) = (nw as usize, nh as usize);
+    let a = f64::from(deg).to_radians();
+    let (sin, cos) = (a.sin(), a.cos());
+    let (cx, cy) = (w as f64 / 2.0, h as f64 / 2.0);
+    let (ncx, ncy) = (nw as f64 / 2.0, nh as f64 / 2.0);
+    let background: [u8; 4] = if c == 4 { [0, 0, 0, 0] } else { [255; 4] };
+    let mut out = vec![0u8; nw * nh * c];
+    for ny in 0..nh {
+        for nx in 0..nw {
+            // Inverse rotation: where in the source does this output pixel come from.
+            let dx = nx as f64 + 0.5 - ncx;
+            let dy = ny as f64 + 0.5 - ncy;
+            let sx = dx * cos + dy * sin + cx - 0.5;
+            let sy = -dx * sin + dy * cos + cy - 0.5;
+            let d = (ny * nw + nx) * c;
+            if sx < -0.5 || sy < -0.5 || sx > w as f64 - 0.5 || sy > h as f64 - 0.5 {
+                out[d..d + c].copy_from_slice(&background[..c]);
+                continue;
+            }
+            let x0 = sx.floor().clamp(0.0, (w - 1) as f64) as usize;
+            let y0 = sy.floor().clamp(0.0, (h - 1) as f64) as usize;
+            let x1 = (x0 + 1).min(w - 1);
+            let y1 = (y0 + 1).min(h - 1);
+            let fx = (sx - x0 as f64).clamp(0.0, 1.0);
+            let fy = (sy - y0 as f64).clamp(0.0, 1.0);
+            for ch in 0..c {
+                let p = |x: usize, y: usize| f64::from(img.data[(y * w + x) * c + ch]);
+                let top = p(x0, y0) * (1.0 - fx) + p(x1, y0) * fx;
+                let bottom = p(x0, y1) * (1.0 - fx) + p(x1, y1) * fx;
+                out[d + ch] = (top * (1.0 - fy) + bottom * fy).round() as u8;
+            }
+        }
+    }
+    Raster {
+        width: nw as u32,
+        height: nh as u32,
+        channels: img.channels,
+        data: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::params::{FormatChoice, Params};
+    use crate::images::sniff::ImageFormat;
+
+    fn resolved(q: &str) -> Resolved {
+        let p = Params::parse(q).unwrap();
+        Resolved::new(&p, FormatChoice::Keep, 75, &http::HeaderMap::new())
+            .for_source(ImageFormat::Jpeg)
+    }
+
+    #[test]
+    fn plans_every_mode() {
+        let out = |q: &str| plan(640, 856, &resolved(q), 4096).unwrap().out;
+        assert_eq!(out("w=100&h=100&p=0"), (100, 100));
+        assert_eq!(out("w=100&h=100&p=1"), (100, 100));
+        assert_eq!(out("w=100&p=1"), (100, 134));
+        assert_eq!(out("w=100&h=50&p=2&x=10&y=20"), (100, 50));
+        assert_eq!(out("w=700&h=50&p=2&x=600"), (40, 50));
+        assert_eq!(out("w=50&p=3"), (320, 428));
+        assert_eq!(out("w=100&h=100&p=4"), (75, 100));
+        assert!(matches!(
+            plan(640, 856, &resolved("w=5000"), 4096),
+            Err(TransformError::Param("w", _))
+        ));
+        assert!(matches!(
+            plan(640, 856, &resolved("p=2&x=700"), 4096),
+            Err(TransformError::Param("x", _))
+        ));
+    }
+
+    #[test]
+    fn right_angle_rotation_moves_pixels() {
+        let img = Raster {
+            width: 2,
+            height: 1,
+            channels: 1,
+            data: vec![1, 2],
+        };
+        let r = rotate(&img, 90);
+        assert_eq!((r.width, r.height, r.data.clone()), (1, 2, vec![1, 2]));
+        let r = rotate(&img, 270);
+        assert_eq!(r.data, vec![2, 1]);
+        assert_eq!(rotate(&img, 180).data, vec![2, 1]);
+        assert_eq!(rotated_size(100, 100, 45), (141, 141));
+    }
+}

@@ -1,0 +1,317 @@
+//! Test support: an origin server written in the test that records what it was asked, larder
+//! started in-process on 127.0.0.1:0, and a small HTTP client. Everything talks real HTTP over
+//! loopback sockets.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+/// What the test origin answers.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// Wait this long before answering.
+    pub delay: Duration,
+    /// Send the head and part of the body, then drop the connection.
+    pub abort_body: bool,
+}
+
+impl Reply {
+    pub fn ok(body: impl Into<Bytes>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![],
+            body: body.into(),
+            delay: Duration::ZERO,
+            abort_body: false,
+        }
+    }
+    pub fn status(mut self, s: u16) -> Reply {
+        self.status = s;
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Reply {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+    pub fn delay(mut self, d: Duration) -> Reply {
+        self.delay = d;
+        self
+    }
+    pub fn abort(mut self) -> Reply {
+        self.abort_body = true;
+        self
+    }
+}
+
+/// A request as the origin saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+type Handler = dyn Fn(&Seen, usize) -> Reply + Send + Sync;
+
+/// An origin server on 127.0.0.1 that counts and records its requests.
+pub struct Origin {
+    pub addr: SocketAddr,
+    count: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Origin {
+    /// Starts an origin; `handler` gets each request and its 0-based index.
+    pub async fn start(handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static) -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (c, s) = (count.clone(), seen.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (c, s, h) = (c.clone(), s.clone(), handler.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (c, s, h) = (c.clone(), s.clone(), h.clone());
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let seen = Seen {
+                                method: parts.method.to_string(),
+                                path: parts
+                                    .uri
+                                    .path_and_query()
+                                    .map_or("/".into(), |p| p.to_string()),
+                                headers: parts.headers,
+                                body,
+                            };
+                            let n = c.fetch_add(1, Ordering::SeqCst);
+                            let reply = h(&seen, n);
+                            s.lock().unwrap().push(seen);
+                            if !reply.delay.is_zero() {
+                                tokio::time::sleep(reply.delay).await;
+                            }
+                            Ok::<_, Infallible>(build_reply(reply))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Origin {
+            addr,
+            count,
+            seen,
+            task,
+        }
+    }
+
+    /// Requests served so far.
+    pub fn hits(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Requests seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// A body that sends its first chunk and then fails, so hyper drops the connection mid-body.
+struct Aborting(Option<Bytes>);
+
+impl http_body::Body for Aborting {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        std::task::Poll::Ready(Some(match self.0.take() {
+            Some(b) => Ok(http_body::Frame::data(b)),
+            None => Err(std::io::Error::other("origin aborts")),
+        }))
+    }
+}
+
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn build_reply(r: Reply) -> Response<OriginBody> {
+    let len = r.body.len();
+    let body: OriginBody = if r.abort_body {
+        let half = r.body.slice(..len / 2);
+        Aborting(Some(half)).boxed()
+    } else {
+        Full::new(r.body).map_err(|e| match e {}).boxed()
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::from_u16(r.status).unwrap();
+    for (k, v) in &r.headers {
+        resp.headers_mut().append(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    if r.abort_body {
+        resp.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    }
+    resp
+}
+
+/// Starts larder from TOML text; `{origin}` is replaced by the origin's URL.
+pub async fn larder(toml: &str, origin: &str) -> larder::server::Handle {
+    let text = toml.replace("{origin}", origin);
+    let cfg = larder::config::Config::parse(&text, "test").expect("test config parses");
+    larder::server::start(cfg).await.expect("larder starts")
+}
+
+/// The usual test config: one listener on a free port proxying everything to `{origin}`.
+pub const PROXY: &str = r#"
+[compression]
+brotli_level = 5
+zstd_level = 3
+gzip_level = 6
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
+"#;
+
+/// A response as the test client received it.
+#[derive(Debug)]
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Got {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn cache(&self) -> &str {
+        self.header("x-cache").unwrap_or("")
+    }
+}
+
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(200)
+        .build_http()
+}
+
+/// Sends a request to larder and reads the whole response.
+pub async fn send(
+    client: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> Got {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::from_static(body))).unwrap())
+        .await
+        .expect("larder answers");
+    let (parts, body) = resp.into_parts();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("body").to_bytes(),
+    }
+}
+
+pub async fn get(client: &Client, url: &str, headers: &[(&str, &str)]) -> Got {
+    send(client, "GET", url, headers, b"").await
+}
+
+/// Polls `url` until a response with `Content-Encoding: enc` comes (variants are built in the
+/// background after a fill).
+pub async fn wait_for_encoding(client: &Client, url: &str, enc: &str) {
+    for _ in 0..200 {
+        let g = get(client, url, &[("accept-encoding", enc)]).await;
+        if g.header("content-encoding") == Some(enc) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no {enc} variant of {url} appeared");
+}
+
+/// Decodes a body of the given Content-Encoding.
+pub fn decode(body: &[u8], encoding: Option<&str>) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match encoding {
+        None | Some("identity") => out.extend_from_slice(body),
+        Some("gzip") => {
+            flate2::read::GzDecoder::new(body)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        Some("br") => {
+            brotli::Decompressor::new(body, 4096)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        Some("zstd") => out = zstd::stream::decode_all(body).unwrap(),
+        Some(other) => panic!("unexpected encoding {other}"),
+    }
+    out
+}
+
+/// Counts of requests per path, from an origin's record.
+pub fn per_path(seen: &[Seen]) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for s in seen {
+        *m.entry(s.path.clone()).or_insert(0) += 1;
+    }
+    m
+}

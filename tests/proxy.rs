@@ -1,0 +1,697 @@
+//! The caching proxy end to end: a test origin, larder in front of it, a client, all over
+//! loopback sockets. Each test asserts on the wire and on what the origin was asked.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+const JSON: &str = "{\"k\": \"value value value value value value value value value value\"}";
+
+fn big_json() -> String {
+    let mut s = String::from("[");
+    for i in 0..400 {
+        s.push_str(&format!(
+            "{{\"id\":{i},\"name\":\"repository-{i}\",\"stars\":{}}},",
+            i * 7
+        ));
+    }
+    s.push_str("{}]");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn miss_then_hit_with_age() {
+    let origin = Origin::start(|_, _| {
+        Reply::ok(JSON)
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/json")
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/a", larder.addrs[0]);
+    let first = get(&c, &url, &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.cache(), "MISS");
+    assert_eq!(first.body, JSON);
+    let second = get(&c, &url, &[]).await;
+    assert_eq!(second.cache(), "HIT");
+    assert_eq!(second.body, JSON);
+    assert!(second.header("age").is_some());
+    assert_eq!(origin.hits(), 1);
+    // A different query string is a different key.
+    let other = get(&c, &format!("{url}?x=1"), &[]).await;
+    assert_eq!(other.cache(), "MISS");
+    assert_eq!(origin.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn age_from_origin_is_added() {
+    // RFC 9111 §4.2.3: the Age the origin (or an upstream cache) reports counts.
+    let origin = Origin::start(|_, _| {
+        Reply::ok("x")
+            .header("cache-control", "max-age=600")
+            .header("age", "100")
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/", larder.addrs[0]);
+    get(&c, &url, &[]).await;
+    let hit = get(&c, &url, &[]).await;
+    let age: u64 = hit.header("age").unwrap().parse().unwrap();
+    assert!((100..=102).contains(&age), "age {age}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expiry_by_max_age_s_maxage_and_expires() {
+    let origin = Origin::start(|seen, _| {
+        let r = Reply::ok("body");
+        match seen.path.as_str() {
+            "/max-age" => r.header("cache-control", "max-age=1"),
+            // s-maxage wins over max-age in a shared cache (§5.2.2.10).
+            "/s-maxage" => r.header("cache-control", "max-age=600, s-maxage=1"),
+            _ => {
+                let now = std::time::SystemTime::now();
+                r.header("date", &httpdate::fmt_http_date(now)).header(
+                    "expires",
+                    &httpdate::fmt_http_date(now + Duration::from_secs(1)),
+                )
+            }
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    for path in ["/max-age", "/s-maxage", "/expires"] {
+        let url = format!("http://{}{path}", larder.addrs[0]);
+        assert_eq!(get(&c, &url, &[]).await.cache(), "MISS", "{path}");
+        assert_eq!(get(&c, &url, &[]).await.cache(), "HIT", "{path}");
+    }
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for path in ["/max-age", "/s-maxage", "/expires"] {
+        let url = format!("http://{}{path}", larder.addrs[0]);
+        assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED", "{path}");
+    }
+    assert_eq!(origin.hits(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_store_and_private_are_never_served_from_cache() {
+    let origin = Origin::start(|seen, n| {
+        let cc = if seen.path == "/no-store" {
+            "no-store, max-age=60"
+        } else {
+            "private, max-age=60"
+        };
+        Reply::ok(format!("response {n}")).header("cache-control", cc)
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    for path in ["/no-store", "/private"] {
+        let url = format!("http://{}{path}", larder.addrs[0]);
+        let a = get(&c, &url, &[]).await;
+        let b = get(&c, &url, &[]).await;
+        assert_ne!(a.body, b.body, "{path} was served from cache");
+        assert_ne!(b.cache(), "HIT");
+    }
+    assert_eq!(origin.hits(), 4);
+    assert_eq!(larder.cache.store.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_cache_is_revalidated_every_time() {
+    // §5.2.2.4: stored, but never reused without a successful validation.
+    let origin = Origin::start(|seen, _| {
+        if seen.headers.get("if-none-match").map(|v| v.as_bytes()) == Some(b"\"v1\"") {
+            Reply::ok("").status(304).header("etag", "\"v1\"")
+        } else {
+            Reply::ok("the body")
+                .header("cache-control", "no-cache")
+                .header("etag", "\"v1\"")
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/nc", larder.addrs[0]);
+    assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+    let second = get(&c, &url, &[]).await;
+    assert_eq!(second.cache(), "REVALIDATED");
+    assert_eq!(second.body, "the body");
+    let seen = origin.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].headers["if-none-match"], "\"v1\"");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn authorization_rule() {
+    // §3.5: a response to a request with Authorization is stored only when explicitly shareable.
+    let origin = Origin::start(|seen, n| {
+        let cc = if seen.path == "/public" {
+            "public, max-age=60"
+        } else {
+            "max-age=60"
+        };
+        Reply::ok(format!("r{n}")).header("cache-control", cc)
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let auth = [("authorization", "Bearer secret")];
+    let plain = format!("http://{}/plain", larder.addrs[0]);
+    get(&c, &plain, &auth).await;
+    let again = get(&c, &plain, &auth).await;
+    assert_ne!(again.cache(), "HIT");
+    // Nothing fetched with credentials leaked to an anonymous client either.
+    let anon = get(&c, &plain, &[]).await;
+    assert_eq!(anon.cache(), "MISS");
+    let public = format!("http://{}/public", larder.addrs[0]);
+    get(&c, &public, &auth).await;
+    assert_eq!(get(&c, &public, &auth).await.cache(), "HIT");
+    assert_eq!(origin.hits(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_cookie_responses_are_not_shared() {
+    let origin = Origin::start(|_, n| {
+        Reply::ok(format!("user {n}"))
+            .header("cache-control", "max-age=60")
+            .header("set-cookie", &format!("session={n}"))
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/me", larder.addrs[0]);
+    let a = get(&c, &url, &[]).await;
+    let b = get(&c, &url, &[]).await;
+    assert_eq!(a.header("set-cookie"), Some("session=0"));
+    assert_eq!(b.header("set-cookie"), Some("session=1"));
+    assert_eq!(origin.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_cookie_stored_without_the_cookie_when_configured() {
+    let origin = Origin::start(|_, n| {
+        Reply::ok("shared body")
+            .header("cache-control", "max-age=60")
+            .header("set-cookie", &format!("session={n}"))
+    })
+    .await;
+    let cfg = format!("[cache]\nstore_set_cookie = true\n{PROXY}");
+    let larder = larder(&cfg, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/page", larder.addrs[0]);
+    let first = get(&c, &url, &[]).await;
+    assert_eq!(first.header("set-cookie"), Some("session=0"));
+    let hit = get(&c, &url, &[]).await;
+    assert_eq!(hit.cache(), "HIT");
+    assert_eq!(
+        hit.header("set-cookie"),
+        None,
+        "a cookie leaked to another client"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn coalesces_100_concurrent_misses_into_one_fetch() {
+    let origin = Origin::start(|_, _| {
+        Reply::ok(big_json())
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/json")
+            .delay(Duration::from_millis(300))
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = Arc::new(format!("http://{}/cold", larder.addrs[0]));
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move { get(&c, &url, &[]).await }));
+    }
+    let expected = big_json();
+    for t in tasks {
+        let g = t.await.unwrap();
+        assert_eq!(g.status, 200);
+        assert_eq!(g.body, expected.as_bytes());
+    }
+    assert_eq!(origin.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_fill_releases_waiters_and_caches_nothing() {
+    // The first fetch sends half its body and dies; every later fetch succeeds.
+    let origin = Origin::start(|_, n| {
+        let r = Reply::ok("complete and correct body").header("cache-control", "max-age=60");
+        if n == 0 {
+            r.delay(Duration::from_millis(300)).abort()
+        } else {
+            r
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = Arc::new(format!("http://{}/flaky", larder.addrs[0]));
+    let leader = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { get(&c, &url, &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let (c, url) = (c.clone(), url.clone());
+        waiters.push(tokio::spawn(async move { get(&c, &url, &[]).await }));
+    }
+    assert_eq!(leader.await.unwrap().status, 502);
+    for w in waiters {
+        let g = w.await.unwrap();
+        assert_eq!(g.status, 200);
+        assert_eq!(g.body, "complete and correct body");
+    }
+    // The key is not poisoned: the next request fills and the one after hits.
+    let next = get(&c, &url, &[]).await;
+    assert_eq!(next.cache(), "MISS");
+    assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accept_encoding_matrix_decodes_to_identity() {
+    let body = big_json();
+    let b2 = body.clone();
+    let origin = Origin::start(move |_, _| {
+        Reply::ok(b2.clone())
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/json")
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/data.json", larder.addrs[0]);
+    get(&c, &url, &[]).await;
+    wait_for_encoding(&c, &url, "br").await;
+    let cases: &[(Option<&str>, Option<&str>)] = &[
+        (None, None),
+        (Some("gzip"), Some("gzip")),
+        (Some("br"), Some("br")),
+        (Some("zstd"), Some("zstd")),
+        (Some("identity"), None),
+        (Some("gzip;q=0, identity"), None),
+        (Some("br;q=0, gzip, zstd;q=0"), Some("gzip")),
+        (Some("*"), Some("br")),
+        (Some("*;q=0, zstd"), Some("zstd")),
+        (Some("identity;q=0, gzip"), Some("gzip")),
+        (Some("gzip, deflate, br, zstd"), Some("br")),
+        (Some("%%garbage;;q=x, ,"), None),
+        (Some("GZIP;Q=0.5"), Some("gzip")),
+    ];
+    for (ae, want) in cases {
+        let headers: Vec<(&str, &str)> = ae.iter().map(|v| ("accept-encoding", *v)).collect();
+        let g = get(&c, &url, &headers).await;
+        assert_eq!(g.cache(), "HIT");
+        assert_eq!(
+            g.header("content-encoding"),
+            *want,
+            "accept-encoding {ae:?}"
+        );
+        assert_eq!(g.header("vary"), Some("Accept-Encoding"));
+        assert_eq!(
+            g.header("content-length")
+                .unwrap()
+                .parse::<usize>()
+                .unwrap(),
+            g.body.len()
+        );
+        assert_eq!(
+            decode(&g.body, *want),
+            body.as_bytes(),
+            "accept-encoding {ae:?}"
+        );
+    }
+    assert_eq!(origin.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn origin_gzip_is_decoded_once_and_reencoded() {
+    let body = big_json();
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(body.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let origin = Origin::start(move |_, _| {
+        Reply::ok(gz.clone())
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/json")
+            .header("content-encoding", "gzip")
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/z", larder.addrs[0]);
+    let first = get(&c, &url, &[]).await;
+    assert_eq!(first.header("content-encoding"), None);
+    assert_eq!(first.body, body.as_bytes());
+    wait_for_encoding(&c, &url, "zstd").await;
+    for enc in ["gzip", "br", "zstd"] {
+        let g = get(&c, &url, &[("accept-encoding", enc)]).await;
+        assert_eq!(decode(&g.body, Some(enc)), body.as_bytes(), "{enc}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn origin_down_gives_502_and_caches_nothing() {
+    // Bind and drop a listener to get a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let larder = larder(PROXY, &format!("http://{port}")).await;
+    let c = client();
+    let url = format!("http://{}/x", larder.addrs[0]);
+    let g = get(&c, &url, &[]).await;
+    assert_eq!(g.status, 502);
+    assert!(String::from_utf8_lossy(&g.body).contains("connect"));
+    assert_eq!(get(&c, &url, &[]).await.status, 502);
+    assert_eq!(larder.cache.store.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_origin_gives_504() {
+    let origin = Origin::start(|_, _| Reply::ok("late").delay(Duration::from_secs(4))).await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let g = get(&client(), &format!("http://{}/slow", larder.addrs[0]), &[]).await;
+    assert_eq!(g.status, 504);
+    assert_eq!(larder.cache.store.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eviction_keeps_store_under_its_byte_bound() {
+    let origin = Origin::start(|seen, _| {
+        Reply::ok(
+            vec![b'x'; 8192]
+                .repeat(1)
+                .into_iter()
+                .chain(seen.path.bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .header("cache-control", "max-age=600")
+    })
+    .await;
+    let cfg = format!("[cache]\nmax_size = \"256KiB\"\n{PROXY}");
+    let larder = larder(&cfg, &origin.url()).await;
+    let c = client();
+    for i in 0..200 {
+        let g = get(&c, &format!("http://{}/obj/{i}", larder.addrs[0]), &[]).await;
+        assert_eq!(g.status, 200);
+        assert!(larder.cache.store.weight() <= 256 * 1024);
+    }
+    assert!(larder.cache.store.len() < 200);
+    assert!(larder.cache.store.len() > 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn head_is_answered_from_the_get_entry() {
+    let origin = Origin::start(|_, _| Reply::ok(JSON).header("cache-control", "max-age=60")).await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/h", larder.addrs[0]);
+    // A HEAD miss fills with a GET so later GETs hit.
+    let head = send(&c, "HEAD", &url, &[], b"").await;
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    assert_eq!(
+        head.header("content-length"),
+        Some(JSON.len().to_string().as_str())
+    );
+    assert_eq!(origin.seen()[0].method, "GET");
+    let got = get(&c, &url, &[]).await;
+    assert_eq!(got.cache(), "HIT");
+    assert_eq!(got.body, JSON);
+    let head2 = send(&c, "HEAD", &url, &[], b"").await;
+    assert_eq!(head2.cache(), "HIT");
+    assert!(head2.body.is_empty());
+    assert_eq!(origin.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conditional_requests_get_304_from_a_fresh_entry() {
+    let lm = "Tue, 01 Sep 2026 10:00:00 GMT";
+    let origin = Origin::start(move |_, _| {
+        Reply::ok(JSON)
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"abc\"")
+            .header("last-modified", lm)
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/c", larder.addrs[0]);
+    get(&c, &url, &[]).await;
+    let inm = get(&c, &url, &[("if-none-match", "\"abc\"")]).await;
+    assert_eq!(inm.status, 304);
+    assert!(inm.body.is_empty());
+    assert_eq!(inm.header("etag"), Some("\"abc\""));
+    let other = get(&c, &url, &[("if-none-match", "\"zzz\"")]).await;
+    assert_eq!(other.status, 200);
+    let ims = get(
+        &c,
+        &url,
+        &[("if-modified-since", "Wed, 02 Sep 2026 10:00:00 GMT")],
+    )
+    .await;
+    assert_eq!(ims.status, 304);
+    let older = get(
+        &c,
+        &url,
+        &[("if-modified-since", "Mon, 31 Aug 2026 10:00:00 GMT")],
+    )
+    .await;
+    assert_eq!(older.status, 200);
+    let im = get(&c, &url, &[("if-match", "\"nope\"")]).await;
+    assert_eq!(im.status, 412);
+    assert_eq!(origin.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forwards_methods_bodies_and_proxy_headers() {
+    let origin = Origin::start(|seen, _| {
+        Reply::ok(format!(
+            "{} {}",
+            seen.method,
+            String::from_utf8_lossy(&seen.body)
+        ))
+        .header("cache-control", "max-age=60")
+        .header("connection", "x-hop")
+        .header("x-hop", "should not pass")
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/submit", larder.addrs[0]);
+    let posted = send(
+        &c,
+        "POST",
+        &url,
+        &[("content-type", "text/plain")],
+        b"payload",
+    )
+    .await;
+    assert_eq!(posted.body, "POST payload");
+    assert_eq!(posted.cache(), "BYPASS");
+    assert!(posted.headers.get("x-hop").is_none());
+    assert_eq!(posted.header("via"), Some("1.1 larder"));
+    let seen = &origin.seen()[0];
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+    assert_eq!(seen.headers["via"], "1.1 larder");
+    assert!(seen.headers["x-forwarded-host"]
+        .to_str()
+        .unwrap()
+        .starts_with("127.0.0.1:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_directives_no_cache_and_only_if_cached() {
+    let origin =
+        Origin::start(|_, n| Reply::ok(format!("v{n}")).header("cache-control", "max-age=60"))
+            .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/d", larder.addrs[0]);
+    let miss = get(
+        &c,
+        &format!("{url}?cold"),
+        &[("cache-control", "only-if-cached")],
+    )
+    .await;
+    assert_eq!(miss.status, 504);
+    get(&c, &url, &[]).await;
+    // Reload: goes to the origin and refreshes the stored copy.
+    let reload = get(&c, &url, &[("cache-control", "no-cache")]).await;
+    assert_eq!(reload.body, "v1");
+    let pragma = get(&c, &url, &[("pragma", "no-cache")]).await;
+    assert_eq!(pragma.body, "v2");
+    assert_eq!(get(&c, &url, &[]).await.body, "v2");
+    assert_eq!(
+        get(&c, &url, &[("cache-control", "only-if-cached")])
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_prior_knowledge_on_the_same_port() {
+    let origin = Origin::start(|_, _| Reply::ok(JSON).header("cache-control", "max-age=60")).await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let h2: Client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let url = format!("http://{}/h2", larder.addrs[0]);
+    let a = get(&h2, &url, &[]).await;
+    let b = get(&h2, &url, &[]).await;
+    assert_eq!(a.body, JSON);
+    assert_eq!(b.cache(), "HIT");
+    // The HTTP/1.1 client shares the entry.
+    assert_eq!(get(&client(), &url, &[]).await.cache(), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pipelined_requests_are_answered_in_order() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin =
+        Origin::start(|seen, _| Reply::ok(seen.path.clone()).header("cache-control", "max-age=60"))
+            .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    let reqs = "GET /one HTTP/1.1\r\nHost: t\r\n\r\nGET /two HTTP/1.1\r\nHost: t\r\n\r\nGET /three HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    s.write_all(reqs.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let one = out.find("\r\n\r\n/one").expect("first");
+    let two = out.find("\r\n\r\n/two").expect("second");
+    let three = out.find("\r\n\r\n/three").expect("third");
+    assert!(one < two && two < three);
+    assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_header_gets_431_and_malformed_gets_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start(|_, _| Reply::ok("x")).await;
+    let cfg = PROXY.replace(
+        "[compression]",
+        "[server]\nmax_header_size = \"8KiB\"\n[compression]",
+    );
+    let larder = larder(&cfg, &origin.url()).await;
+    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    let big = "a".repeat(20_000);
+    let req = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {big}\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut out = vec![0u8; 1024];
+    // hyper answers 431 and closes; the unread rest of the request makes the kernel reset the
+    // connection, which may discard the 431 before the client reads it. Either way the request
+    // must never reach the origin.
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
+        .await
+        .unwrap();
+    if let Ok(n) = r {
+        let head = String::from_utf8_lossy(&out[..n]).to_string();
+        assert!(n == 0 || head.starts_with("HTTP/1.1 431"), "got {head:?}");
+    }
+    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    s.write_all(b"GARBAGE\x01\x02 / HTTP/9\r\n\r\n")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out[..n]).starts_with("HTTP/1.1 400"));
+    assert_eq!(origin.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slowloris_is_cut_off_by_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start(|_, _| Reply::ok("x")).await;
+    let cfg = PROXY.replace(
+        "[compression]",
+        "[server]\nheader_read_timeout = \"300ms\"\n[compression]",
+    );
+    let larder = larder(&cfg, &origin.url()).await;
+    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n").await.unwrap();
+    let mut buf = [0u8; 256];
+    // The server answers 408 or just closes; either way the read ends well before 5 s.
+    let r = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "connection was held open");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_shutdown_finishes_in_flight_requests() {
+    let origin =
+        Origin::start(|_, _| Reply::ok("finished").delay(Duration::from_millis(500))).await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/slow", larder.addrs[0]);
+    let addr = larder.addrs[0];
+    let inflight = tokio::spawn(async move { get(&c, &url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let left = larder.shutdown().await;
+    assert_eq!(left, 0);
+    let g = inflight.await.unwrap();
+    assert_eq!(g.body, "finished");
+    // No longer accepting.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vary_selects_variants_and_vary_star_never_matches() {
+    let origin = Origin::start(|seen, n| {
+        let vary = if seen.path == "/star" {
+            "*"
+        } else {
+            "Accept-Language"
+        };
+        Reply::ok(format!("v{n}"))
+            .header("cache-control", "max-age=60")
+            .header("vary", vary)
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    for path in ["/star", "/lang"] {
+        let url = format!("http://{}{path}", larder.addrs[0]);
+        let a = get(&c, &url, &[("accept-language", "en")]).await;
+        let b = get(&c, &url, &[("accept-language", "fr")]).await;
+        assert_ne!(a.body, b.body, "{path}");
+    }
+}
