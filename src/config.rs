@@ -187,6 +187,19 @@ pub struct ServerConfig {
     pub shutdown_grace: Dur,
     /// Accept HTTP/2 with prior knowledge (h2c) on the same port as HTTP/1.1.
     pub h2c: bool,
+    /// How the worker threads share the work (see docs/design.md, "Threads").
+    pub threading: Threading,
+}
+
+/// The layout of the worker threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Threading {
+    /// One single-threaded runtime per worker, each with its own `SO_REUSEPORT` listening
+    /// socket: the kernel spreads connections, a connection stays on its thread.
+    PerCore,
+    /// One multi-threaded tokio runtime whose workers steal tasks from each other.
+    WorkStealing,
 }
 
 impl Default for ServerConfig {
@@ -199,6 +212,7 @@ impl Default for ServerConfig {
             idle_timeout: Dur(Duration::from_secs(60)),
             shutdown_grace: Dur(Duration::from_secs(10)),
             h2c: true,
+            threading: Threading::PerCore,
         }
     }
 }

@@ -6,8 +6,9 @@
 //! runtime, returning a [`Handle`]. A connection task runs hyper's connection future and, in the
 //! same `select!`, an idle watchdog and the shutdown signal; on shutdown it asks hyper to finish
 //! in-flight requests and close. [`Handle::shutdown`] waits for the connections up to the grace
-//! period. A semaphore bounds open connections: at the bound, accepting pauses (the kernel's
-//! backlog holds new clients) until a connection closes.
+//! period. A semaphore bounds open connections: at the bound, each accept loop holds the one
+//! connection it accepted last, unserved, and accepts nothing more until a connection closes
+//! (the kernel's backlog holds newer clients).
 
 use std::convert::Infallible;
 use std::io;
@@ -18,15 +19,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
 use crate::cache::Cache;
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, ServerConfig, Threading};
 use crate::route::Router;
 
 /// Errors starting the server.
@@ -71,6 +73,11 @@ impl Handle {
 }
 
 /// Binds every listener of `config` and starts serving on the current tokio runtime.
+///
+/// With `threading = "per-core"` and more than one worker, the current runtime is worker 0 and
+/// `workers - 1` more threads are started, each running a single-threaded runtime with its own
+/// `SO_REUSEPORT` socket on every listener address; the cache, routes, connection bound and
+/// shutdown signal are shared. Those threads live until the process exits.
 pub async fn start(config: Config) -> Result<Handle, Error> {
     let cache = Cache::new(config.cache.clone(), config.compression.clone());
     let server = Arc::new(config.server.clone());
@@ -78,11 +85,16 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let conns = Arc::new(Semaphore::new(max_conns));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let builder = Arc::new(connection_builder(&server));
+    let extra_threads = match server.threading {
+        Threading::PerCore => worker_count(&server).saturating_sub(1),
+        Threading::WorkStealing => 0,
+    };
+    let reuse_port = extra_threads > 0;
 
     let mut addrs = Vec::new();
     let mut routers = Vec::new();
     for l in &config.listeners {
-        let listener = bind(l.addr).map_err(|source| Error::Bind {
+        let listener = bind(l.addr, reuse_port).map_err(|source| Error::Bind {
             addr: l.addr,
             source,
         })?;
@@ -101,6 +113,59 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             shutdown_rx.clone(),
         ));
     }
+    for i in 1..=extra_threads {
+        // Bind on this thread so that errors are reported by `start`.
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for (addr, router) in addrs.iter().zip(&routers) {
+            let std = bind_std(*addr, true).map_err(|source| Error::Bind {
+                addr: *addr,
+                source,
+            })?;
+            listeners.push((std, Arc::clone(router)));
+        }
+        let (builder, server, conns, shutdown) = (
+            Arc::clone(&builder),
+            Arc::clone(&server),
+            Arc::clone(&conns),
+            shutdown_rx.clone(),
+        );
+        std::thread::Builder::new()
+            .name(format!("larder-worker-{i}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start worker runtime");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    for (std, router) in listeners {
+                        match TcpListener::from_std(std) {
+                            Ok(l) => {
+                                tokio::spawn(accept_loop(
+                                    l,
+                                    router,
+                                    Arc::clone(&builder),
+                                    Arc::clone(&server),
+                                    Arc::clone(&conns),
+                                    shutdown.clone(),
+                                ));
+                            }
+                            Err(e) => tracing::error!(error = %e, "cannot register listener"),
+                        }
+                    }
+                    std::future::pending::<()>().await;
+                });
+            })
+            .map_err(|source| Error::Bind {
+                addr: addrs[0],
+                source,
+            })?;
+    }
     Ok(Handle {
         addrs,
         cache,
@@ -112,53 +177,136 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     })
 }
 
-fn connection_builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
+/// Worker threads the configuration asks for (0 = one per core).
+pub fn worker_count(cfg: &ServerConfig) -> usize {
+    if cfg.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        cfg.workers
+    }
+}
+
+/// hyper's connection builders, one per protocol. larder tells HTTP/2 prior knowledge from
+/// HTTP/1.1 itself (by peeking at the first bytes, see [`sniff_h2`]) rather than through
+/// hyper-util's `auto` builder: `auto` reads the first bytes into a side buffer that hyper's
+/// read buffer then grows around (16 KiB instead of 8 KiB per connection), and its connection
+/// future is sized for HTTP/2 even on HTTP/1.1 connections.
+struct Builders {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    h2c: bool,
+    header_read_timeout: Duration,
+}
+
+fn connection_builder(cfg: &ServerConfig) -> Builders {
     // hyper refuses a request head larger than its read buffer with 431; the buffer cannot be
     // smaller than 8 KiB.
     let max_head = (cfg.max_header_size.0 as usize).max(8192);
-    b.http1()
-        .timer(TokioTimer::new())
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         .keep_alive(true)
+        // Without half-close, hyper reads the socket for EOF while a request is in flight,
+        // reserving read-buffer space while the request still borrows the buffer: a second
+        // allocation per request. The cost: a client vanishing mid-request is noticed when
+        // the response is written.
+        .half_close(true)
         .header_read_timeout(cfg.header_read_timeout.0)
         .max_buf_size(max_head);
-    b.http2()
-        .timer(TokioTimer::new())
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
         .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    if !cfg.h2c {
-        b = b.http1_only();
+    Builders {
+        h1,
+        h2,
+        h2c: cfg.h2c,
+        header_read_timeout: cfg.header_read_timeout.0,
     }
-    b
 }
 
-/// A listening socket with SO_REUSEADDR and a deep backlog.
-fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+/// Whether a new connection starts with the HTTP/2 connection preface (`PRI * HTTP/2.0`),
+/// without consuming anything. None: the peer closed or sent nothing in time.
+async fn sniff_h2(stream: &TcpStream, timeout: Duration) -> Option<bool> {
+    const PREFACE: &[u8; 4] = b"PRI ";
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut buf = [0u8; 4];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if buf[..n] != PREFACE[..n] {
+            return Some(false);
+        }
+        if n == PREFACE.len() {
+            return Some(true);
+        }
+        // A prefix of "PRI " (1-3 bytes in the first segment): peek again shortly.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
+/// A listening socket with SO_REUSEADDR (and SO_REUSEPORT for per-core workers) and a deep
+/// backlog.
+fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    TcpListener::from_std(bind_std(addr, reuse_port)?)
+}
+
+fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(8192)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 async fn accept_loop(
     listener: TcpListener,
     router: Arc<Router>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<Builders>,
     server: Arc<ServerConfig>,
     conns: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut warned_full = false;
     loop {
-        // At the connection bound, stop accepting until a connection closes.
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                if is_resource_exhaustion(&e) {
+                    // Out of file descriptors: keep serving the connections we have, retry soon.
+                    tracing::warn!(error = %e, "accept failed: out of file descriptors; backing off");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                } else {
+                    tracing::debug!(error = %e, "accept failed");
+                }
+                continue;
+            }
+        };
+        // At the connection bound, this accept loop holds the connection it just accepted and
+        // stops accepting until a connection closes (the kernel's backlog holds newer clients).
+        // The permit is taken after accepting so that per-core loops never sit on permits
+        // they have no connection for.
         let permit = match Arc::clone(&conns).try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
@@ -173,24 +321,6 @@ async fn accept_loop(
                     p = Arc::clone(&conns).acquire_owned() => p.expect("semaphore never closed"),
                     _ = shutdown.changed() => return,
                 }
-            }
-        };
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.changed() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                drop(permit);
-                if is_resource_exhaustion(&e) {
-                    // Out of file descriptors: keep serving the connections we have, retry soon.
-                    tracing::warn!(error = %e, "accept failed: out of file descriptors; backing off");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                } else {
-                    tracing::debug!(error = %e, "accept failed");
-                }
-                continue;
             }
         };
         warned_full = false;
@@ -219,11 +349,22 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     router: Arc<Router>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<Builders>,
     idle_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 ) {
+    let h2 = if builder.h2c {
+        tokio::select! {
+            r = sniff_h2(&stream, builder.header_read_timeout) => match r {
+                Some(h2) => h2,
+                None => return,
+            },
+            _ = shutdown.changed() => return,
+        }
+    } else {
+        false
+    };
     let activity = Arc::new(Activity::default());
     let io = TokioIo::new(Tracked {
         inner: stream,
@@ -239,7 +380,27 @@ async fn serve_connection(
             Ok::<_, Infallible>(resp)
         }
     });
-    let conn = builder.serve_connection(io, service);
+    if h2 {
+        // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
+        let conn = builder.h2.serve_connection(io, service);
+        Box::pin(drive(conn, peer, activity, idle_timeout, shutdown)).await;
+    } else {
+        let conn = builder.h1.serve_connection(io, service);
+        drive(conn, peer, activity, idle_timeout, shutdown).await;
+    }
+}
+
+/// Runs a connection to its end beside the idle watchdog and the shutdown signal.
+async fn drive<C>(
+    conn: C,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
     tokio::pin!(conn);
     let mut closing = *shutdown.borrow();
     if closing {
@@ -385,23 +546,18 @@ pub fn raise_nofile_limit() -> Option<(u64, u64)> {
     }
 }
 
-/// Builds the runtime the configuration asks for: one current-thread runtime when one worker is
-/// configured, else a multi-thread runtime with `workers` threads (0 = one per core).
+/// Builds the runtime `main` runs [`start`] on: with `threading = "per-core"` a single-threaded
+/// runtime (worker 0; `start` adds the others), with `"work-stealing"` one multi-threaded runtime
+/// with `workers` threads.
 pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
-    let workers = if cfg.workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        cfg.workers
-    };
-    if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
+    match cfg.threading {
+        Threading::PerCore => tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
+            .build(),
+        Threading::WorkStealing => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_count(cfg))
             .enable_all()
-            .build()
+            .build(),
     }
 }
 

@@ -1,0 +1,127 @@
+//! Heap bytes held per idle keep-alive connection, counted by a wrapping global allocator
+//! (exact, unlike RSS). Also prints the sizes of the live allocations an idle connection adds.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use larder::config::{Config, HandlerConfig, StaticConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static TRACE: AtomicBool = AtomicBool::new(false);
+static SIZES: Mutex<Vec<(usize, isize)>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static IN_TRACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn trace(size: usize, delta: isize) {
+    if TRACE.load(Ordering::Relaxed) && !IN_TRACE.with(|t| t.replace(true)) {
+        if let Ok(mut v) = SIZES.try_lock() {
+            match v.iter_mut().find(|(s, _)| *s == size) {
+                Some((_, n)) => *n += delta,
+                None => v.push((size, delta)),
+            }
+        }
+        IN_TRACE.with(|t| t.set(false));
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        trace(l.size(), 1);
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        trace(l.size(), -1);
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        trace(l.size(), -1);
+        trace(new, 1);
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+#[tokio::test(flavor = "current_thread")]
+async fn heap_per_idle_keepalive_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("small.html"), "x".repeat(100)).unwrap();
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
+    );
+    cfg.server.workers = 1;
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    async fn open(addr: std::net::SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /small.html HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+            if let Some(e) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                if got.len() >= e + 4 + 100 {
+                    break;
+                }
+            }
+        }
+        s
+    }
+    // Warm up (the file is loaded, the runtime's structures grown).
+    let warm: Vec<TcpStream> = futures_util_join(addr, 50, open).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    const N: usize = 500;
+    let before = LIVE.load(Ordering::Relaxed);
+    TRACE.store(true, Ordering::Relaxed);
+    let conns = futures_util_join(addr, N, open).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    TRACE.store(false, Ordering::Relaxed);
+    let after = LIVE.load(Ordering::Relaxed);
+    // The client's own streams are counted too; they are small (a tokio TcpStream).
+    let per = (after - before) as f64 / N as f64;
+    let mut sizes: Vec<(usize, isize)> = SIZES
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .filter(|(_, n)| *n >= N as isize / 2)
+        .collect();
+    sizes.sort();
+    println!("heap per idle connection (server + client stream): {per:.0} bytes");
+    for (size, n) in &sizes {
+        println!("  {size:>6} bytes x {n}");
+    }
+    assert!(h.open_connections() >= N);
+    assert!(per < 24.0 * 1024.0, "{per}");
+    drop(conns);
+}
+
+async fn futures_util_join<F, Fut>(addr: std::net::SocketAddr, n: usize, f: F) -> Vec<TcpStream>
+where
+    F: Fn(std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = TcpStream>,
+{
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(f(addr).await);
+    }
+    v
+}
