@@ -24,7 +24,7 @@ for r in $(seq "$rounds"); do
     taskset -c ${SERVER_CPUS:-0} "$bin" -c "$tmp/$mode.toml" >/dev/null 2>&1 &
     pid=$!
     for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$port/small.html" && break; sleep 0.1; done
-    for path in /small.html /page.html; do
+    for path in ${PATHS:-/small.html /page.html}; do
       for c in 100 1000; do
         rps=$(taskset -c 1 timeout 15 wrk -t1 -c$c -d5s "http://127.0.0.1:$port$path" |
               awk '/Requests\/sec/ {print $2}')

@@ -308,7 +308,10 @@ async fn accept_loop(
         // The permit is taken after accepting so that per-core loops never sit on permits
         // they have no connection for.
         let permit = match Arc::clone(&conns).try_acquire_owned() {
-            Ok(p) => p,
+            Ok(p) => {
+                warned_full = false;
+                p
+            }
             Err(_) => {
                 if !warned_full {
                     tracing::warn!(
@@ -323,7 +326,6 @@ async fn accept_loop(
                 }
             }
         };
-        warned_full = false;
         let _ = stream.set_nodelay(true);
         tokio::spawn(serve_connection(
             stream,

@@ -120,7 +120,7 @@ enum Plan {
     Refused(StatusCode),
     Redirect,
     Listing(PathBuf),
-    File(FilePlan),
+    File(Box<FilePlan>),
 }
 
 #[derive(Clone)]
@@ -354,7 +354,7 @@ impl StaticFiles {
                 self.load_memory(plan.clone(), key.clone()).await?;
                 Kind::Memory(key, plan)
             }
-            Plan::File(f) => Kind::Disk(Arc::new(self.settings.disk_file(f))),
+            Plan::File(f) => Kind::Disk(Arc::new(self.settings.disk_file(*f))),
         };
         let r = Arc::new(Resolved {
             checked: AtomicU64::new(self.now_ms()),
@@ -631,12 +631,12 @@ fn probe(
     }
     (
         hasher.finish(),
-        Plan::File(FilePlan {
+        Plan::File(Box::new(FilePlan {
             name,
             path,
             meta,
             siblings,
-        }),
+        })),
     )
 }
 
