@@ -11,9 +11,11 @@
 //! - [`cache`]: the byte-bounded store of immutable entries ([`cache::entry`]), miss coalescing
 //!   ([`cache::coalesce`]) and the RFC 9111 policy ([`cache::policy`]).
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
+//! - [`range`]: Range / If-Range and 206 bodies (single or multipart), from memory or a file.
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
-//! [`static_files`], [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
+//! [`static_files`] (files from a root: memory-cached small files with pre-compressed
+//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
 
 pub mod body;
 pub mod cache;
