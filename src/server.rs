@@ -77,7 +77,8 @@ impl Handle {
 /// With `threading = "per-core"` and more than one worker, the current runtime is worker 0 and
 /// `workers - 1` more threads are started, each running a single-threaded runtime with its own
 /// `SO_REUSEPORT` socket on every listener address; the cache, routes, connection bound and
-/// shutdown signal are shared. Those threads live until the process exits.
+/// shutdown signal are shared. Those threads end after shutdown (or when the [`Handle`] is
+/// dropped) once the open connections drained or the grace period is over.
 pub async fn start(config: Config) -> Result<Handle, Error> {
     let cache = Cache::new(config.cache.clone(), config.compression.clone());
     let server = Arc::new(config.server.clone());
@@ -158,7 +159,21 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                             Err(e) => tracing::error!(error = %e, "cannot register listener"),
                         }
                     }
-                    std::future::pending::<()>().await;
+                    // Until shutdown (or the Handle is dropped), then until this process's
+                    // connections drain or the grace period ends: dropping the runtime earlier
+                    // would cut this thread's connections short.
+                    let mut stop = shutdown.clone();
+                    while !*stop.borrow_and_update() {
+                        if stop.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                    let deadline = tokio::time::Instant::now() + server.shutdown_grace.0;
+                    while conns.available_permits() < server.max_connections.get() as usize
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 });
             })
             .map_err(|source| Error::Bind {

@@ -4,7 +4,7 @@
 //! # What a request goes through
 //!
 //! 1. The request path (after the route prefix, if stripped) is looked up as-is in `resolved`,
-//!    a bounded map from raw path to what that path was found to be ([`Resolved`]): a small file
+//!    a bounded map from raw path to what that path was found to be (`Resolved`): a small file
 //!    held in the shared memory cache, a large file streamed from disk, a redirect, a listing,
 //!    or a refusal. A hit there costs no decoding, no allocation and no system call.
 //! 2. A resolution is trusted for [`RECHECK`] (one second). The first request after that wins a
