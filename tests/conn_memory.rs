@@ -110,7 +110,10 @@ async fn heap_per_idle_keepalive_connection() {
         println!("  {size:>6} bytes x {n}");
     }
     assert!(h.open_connections() >= N);
-    assert!(per < 24.0 * 1024.0, "{per}");
+    // About 24 KB in a debug build (two 8 KiB hyper buffers, the task, small bookkeeping).
+    // Regression guard: the hyper-util `auto` builder's sniffing grew the read buffer to
+    // 16 KiB (32 KB per connection); see docs/benchmarks.md, "Idle connections".
+    assert!(per < 28.0 * 1024.0, "{per}");
     drop(conns);
 }
 
