@@ -32,7 +32,9 @@ impl Handler {
     fn build(cfg: &HandlerConfig, prefix: &str, cache: &Arc<Cache>) -> Handler {
         match cfg {
             HandlerConfig::Proxy(p) => Handler::Proxy(Proxy::new(p.clone(), Arc::clone(cache))),
-            HandlerConfig::Static(s) => Handler::Static(StaticFiles::new(s.clone(), prefix)),
+            HandlerConfig::Static(s) => {
+                Handler::Static(StaticFiles::new(s.clone(), prefix, Arc::clone(cache)))
+            }
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::Images(i) => {
                 Handler::Images(Images::new(i.clone(), prefix, Arc::clone(cache)))
