@@ -1,7 +1,7 @@
 //! Delivery: turning a stored [`Entry`] into a response. This is the hot path of a cache hit:
-//! negotiate the encoding, answer conditionals, clone the prepared header block, add Age and the
-//! cache-status header, hand out the shared body. Nothing here parses stored headers or touches
-//! body bytes.
+//! negotiate the encoding, answer conditionals and ranges, clone the prepared header block, add
+//! Age and the cache-status header, hand out the shared body (ranges are zero-copy slices of it).
+//! Nothing here parses stored headers or touches body bytes.
 
 use std::time::{Instant, SystemTime};
 
@@ -11,6 +11,7 @@ use http::{Method, Response, StatusCode};
 use crate::body::Body;
 use crate::cache::Entry;
 use crate::compress::AcceptEncoding;
+use crate::range::{self, Decision};
 
 /// What the cache-status header says about a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +65,40 @@ pub fn from_entry(
             r.headers_mut()
                 .insert(status_header.clone(), status.header_value());
             return r;
+        }
+    }
+
+    // Range requests are answered from the complete stored body (RFC 9110 §14).
+    if *method == Method::GET
+        && entry.status == StatusCode::OK
+        && req_headers.contains_key(header::RANGE)
+    {
+        let len = variant.body.len() as u64;
+        match range::evaluate(
+            req_headers,
+            len,
+            variant.head.get(header::ETAG),
+            entry.last_modified,
+        ) {
+            Decision::Full => {}
+            Decision::Unsatisfiable => {
+                let mut r = range::unsatisfiable(len);
+                r.headers_mut()
+                    .insert(status_header.clone(), status.header_value());
+                return r;
+            }
+            Decision::Partial(ranges) => {
+                let mut head = variant.head.clone();
+                head.insert(header::AGE, age);
+                head.insert(status_header.clone(), status.header_value());
+                return range::partial(
+                    &ranges,
+                    len,
+                    head,
+                    range::Source::Bytes(variant.body.clone()),
+                    false,
+                );
+            }
         }
     }
 
