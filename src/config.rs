@@ -219,6 +219,19 @@ pub struct CacheConfig {
     pub store_set_cookie: bool,
     /// Fraction of (Date - Last-Modified) used as a heuristic lifetime (RFC 9111 §4.2.2).
     pub heuristic_fraction: f64,
+    /// Serve a stale response at once and refresh it in the background for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-while-revalidate). 0 = only when the
+    /// origin allows it.
+    pub stale_while_revalidate: Dur,
+    /// Serve a stale response when the origin fails or times out, for this long past its
+    /// lifetime, when the origin did not say (RFC 5861 stale-if-error). 0 = only when allowed.
+    pub stale_if_error: Dur,
+    /// Targeted cache-control fields honoured above Cache-Control, first present wins
+    /// (RFC 9213); they are removed before responses go on.
+    pub targeted_cache_control: Vec<HeaderNameCfg>,
+    /// Response field listing a response's tags for purge by tag (space or comma separated);
+    /// removed before responses go on.
+    pub tag_header: HeaderNameCfg,
 }
 
 impl Default for CacheConfig {
@@ -230,6 +243,12 @@ impl Default for CacheConfig {
             coalesce_timeout: Dur(Duration::from_secs(10)),
             store_set_cookie: false,
             heuristic_fraction: 0.1,
+            stale_while_revalidate: Dur(Duration::ZERO),
+            stale_if_error: Dur(Duration::ZERO),
+            targeted_cache_control: vec![HeaderNameCfg(HeaderName::from_static(
+                "cdn-cache-control",
+            ))],
+            tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
         }
     }
 }
@@ -406,15 +425,45 @@ pub struct StaticConfig {
     /// Remove the route's path prefix before looking up the file.
     #[serde(default)]
     pub strip_prefix: bool,
+    /// Files tried, in order, for a request naming a directory (`/docs/`).
     #[serde(default = "StaticConfig::default_index")]
     pub index: Vec<String>,
-    /// Cache-Control sent with every file of this route.
-    pub cache_control: Option<String>,
+    /// Cache-Control sent with every file of this route (unless its extension has its own).
+    pub cache_control: Option<HeaderValueCfg>,
+    /// Cache-Control by file extension (without the dot, case-insensitive), e.g.
+    /// `{ css = "public, max-age=31536000, immutable" }`; overrides `cache_control`.
+    #[serde(default)]
+    pub cache_control_by_extension: std::collections::BTreeMap<String, HeaderValueCfg>,
+    /// Charset added to text types (`text/*`, JavaScript, JSON, XML, SVG); `""` adds none.
+    #[serde(default = "StaticConfig::default_charset")]
+    pub charset: String,
+    /// Files up to this size are held in the memory cache (with their compressed variants);
+    /// larger ones are streamed from disk in chunks.
+    #[serde(default = "StaticConfig::default_memory_max")]
+    pub max_memory_file_size: ByteSize,
+    /// Serve `file.br`, `file.zst`, `file.gz` beside `file` to clients accepting them.
+    #[serde(default = "yes")]
+    pub precompressed: bool,
+    /// Follow symlinks that lead outside `root` (symlinks within it are always followed).
+    #[serde(default)]
+    pub follow_symlinks: bool,
+    /// Serve files and directories whose name starts with a dot (hidden by default: 404).
+    #[serde(default)]
+    pub dotfiles: bool,
+    /// An HTML listing for directories without an index file (off by default: 403).
+    #[serde(default)]
+    pub directory_listing: bool,
 }
 
 impl StaticConfig {
     fn default_index() -> Vec<String> {
         vec!["index.html".into()]
+    }
+    fn default_charset() -> String {
+        "utf-8".into()
+    }
+    fn default_memory_max() -> ByteSize {
+        ByteSize(1024 * 1024)
     }
     pub fn new_root(root: PathBuf) -> Self {
         StaticConfig {
@@ -423,6 +472,13 @@ impl StaticConfig {
             strip_prefix: false,
             index: Self::default_index(),
             cache_control: None,
+            cache_control_by_extension: Default::default(),
+            charset: Self::default_charset(),
+            max_memory_file_size: Self::default_memory_max(),
+            precompressed: true,
+            follow_symlinks: false,
+            dotfiles: false,
+            directory_listing: false,
         }
     }
 }
@@ -745,6 +801,19 @@ impl<'de> Deserialize<'de> for HeaderNameCfg {
         HeaderName::from_bytes(s.as_bytes())
             .map(HeaderNameCfg)
             .map_err(|_| de::Error::custom(format!("`{s}` is not a valid header name")))
+    }
+}
+
+/// A valid HTTP header value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderValueCfg(pub http::HeaderValue);
+
+impl<'de> Deserialize<'de> for HeaderValueCfg {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        http::HeaderValue::from_str(s.trim())
+            .map(HeaderValueCfg)
+            .map_err(|_| de::Error::custom(format!("`{s}` is not a valid header value")))
     }
 }
 

@@ -23,6 +23,7 @@ pub mod config;
 pub mod deliver;
 pub mod images;
 pub mod proxy;
+pub mod range;
 pub mod respond;
 pub mod route;
 pub mod server;

@@ -22,7 +22,7 @@ use crate::static_files::StaticFiles;
 
 /// What serves a route's requests.
 pub enum Handler {
-    Proxy(Box<Proxy>),
+    Proxy(Proxy),
     Static(StaticFiles),
     Respond(Respond),
     Images(Images),
@@ -31,10 +31,10 @@ pub enum Handler {
 impl Handler {
     fn build(cfg: &HandlerConfig, prefix: &str, cache: &Arc<Cache>) -> Handler {
         match cfg {
-            HandlerConfig::Proxy(p) => {
-                Handler::Proxy(Box::new(Proxy::new(p.clone(), Arc::clone(cache))))
+            HandlerConfig::Proxy(p) => Handler::Proxy(Proxy::new(p.clone(), Arc::clone(cache))),
+            HandlerConfig::Static(s) => {
+                Handler::Static(StaticFiles::new(s.clone(), prefix, Arc::clone(cache)))
             }
-            HandlerConfig::Static(s) => Handler::Static(StaticFiles::new(s.clone(), prefix)),
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::Images(i) => {
                 Handler::Images(Images::new(i.clone(), prefix, Arc::clone(cache)))

@@ -674,7 +674,7 @@ async fn graceful_shutdown_finishes_in_flight_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn vary_on_other_fields_is_not_stored_yet_and_vary_star_never() {
+async fn vary_selects_variants_and_vary_star_never_matches() {
     let origin = Origin::start(|seen, n| {
         let vary = if seen.path == "/star" {
             "*"

@@ -44,6 +44,8 @@ pub struct Entry {
     pub auth_ok: bool,
     /// Whether larder negotiates the content coding (adds Vary: Accept-Encoding).
     pub negotiated: bool,
+    /// Tags for purge by tag (from the configured tag header).
+    pub tags: Box<[Box<str>]>,
     /// Bytes this entry costs in the store.
     pub weight: u64,
 }
@@ -118,6 +120,7 @@ impl Entry {
             last_modified,
             auth_ok: false,
             negotiated,
+            tags: Box::new([]),
             weight,
         }
     }
@@ -132,6 +135,7 @@ impl Entry {
             self.negotiated,
         );
         e.auth_ok = self.auth_ok;
+        e.tags = self.tags.clone();
         e
     }
 

@@ -8,14 +8,17 @@
 pub mod coalesce;
 pub mod entry;
 pub mod policy;
+pub mod vary;
 
 use std::sync::Arc;
 
+use http::header::{HeaderMap, HeaderName};
 use quick_cache::sync::Cache as QuickCache;
 use quick_cache::Weighter;
 
 pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
+use vary::VaryKey;
 
 use crate::compress::{Compressor, Encoding};
 use crate::config::{CacheConfig, CompressionConfig};
@@ -41,18 +44,40 @@ impl CacheKey {
     }
 }
 
+/// What the store holds under one primary key: a response, or the variants of a response that
+/// varies on request fields (§4.1), each stored whole.
+#[derive(Clone)]
+enum Slot {
+    One(Arc<Entry>),
+    Varied(Arc<Varied>),
+}
+
+struct Varied {
+    names: Box<[HeaderName]>,
+    variants: Vec<(VaryKey, Arc<Entry>)>,
+    weight: u64,
+}
+
+/// Variants kept per URL at most; the oldest goes first (bounds memory a client can cause by
+/// sending many distinct values of a selecting field).
+const MAX_VARIANTS: usize = 32;
+
 #[derive(Clone)]
 struct ByBytes;
 
-impl Weighter<CacheKey, Arc<Entry>> for ByBytes {
-    fn weight(&self, key: &CacheKey, val: &Arc<Entry>) -> u64 {
-        key.0.len() as u64 + val.weight
+impl Weighter<CacheKey, Slot> for ByBytes {
+    fn weight(&self, key: &CacheKey, val: &Slot) -> u64 {
+        key.0.len() as u64
+            + match val {
+                Slot::One(e) => e.weight,
+                Slot::Varied(v) => v.weight,
+            }
     }
 }
 
 /// The shared response store.
 pub struct Store {
-    entries: QuickCache<CacheKey, Arc<Entry>, ByBytes>,
+    entries: QuickCache<CacheKey, Slot, ByBytes>,
     pub inflight: Arc<Inflight>,
     pub max_object_size: u64,
 }
@@ -69,34 +94,134 @@ impl Store {
         }
     }
 
+    /// The entry stored under `key`, if it does not vary on request fields.
     #[inline]
     pub fn get(&self, key: &CacheKey) -> Option<Arc<Entry>> {
-        self.entries.get(key)
+        match self.entries.get(key)? {
+            Slot::One(e) => Some(e),
+            Slot::Varied(_) => None,
+        }
     }
 
+    /// The stored response matching a request: the entry under `key`, or the variant whose
+    /// selecting fields match the request's (§4.1).
+    #[inline]
+    pub fn lookup(&self, key: &CacheKey, request: &HeaderMap) -> Option<Arc<Entry>> {
+        match self.entries.get(key)? {
+            Slot::One(e) => Some(e),
+            Slot::Varied(v) => {
+                let want = VaryKey::of(&v.names, request);
+                v.variants
+                    .iter()
+                    .find(|(k, _)| *k == want)
+                    .map(|(_, e)| Arc::clone(e))
+            }
+        }
+    }
+
+    /// Stores an entry that does not vary.
     pub fn insert(&self, key: CacheKey, entry: Arc<Entry>) {
-        self.entries.insert(key, entry);
+        self.entries.insert(key, Slot::One(entry));
     }
 
-    /// Replaces `old` by `new` if `old` is still the stored entry (a newer fill wins).
+    /// Stores the response to `request`: as the one entry of `key`, or as the variant selected by
+    /// the request's values of the fields the response's Vary names. Returns false for `Vary: *`.
+    pub fn store(&self, key: CacheKey, entry: Arc<Entry>, request: &HeaderMap) -> bool {
+        let Some(names) = vary::selecting_names(&entry.headers) else {
+            return false;
+        };
+        if names.is_empty() {
+            self.insert(key, entry);
+            return true;
+        }
+        let vkey = VaryKey::of(&names, request);
+        let mut variants = match self.entries.peek(&key) {
+            Some(Slot::Varied(v)) if v.names == names => v
+                .variants
+                .iter()
+                .filter(|(k, _)| *k != vkey)
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if variants.len() >= MAX_VARIANTS {
+            variants.remove(0);
+        }
+        variants.push((vkey, entry));
+        self.put_varied(key, names, variants);
+        true
+    }
+
+    fn put_varied(
+        &self,
+        key: CacheKey,
+        names: Box<[HeaderName]>,
+        variants: Vec<(VaryKey, Arc<Entry>)>,
+    ) {
+        let weight = variants.iter().map(|(_, e)| e.weight + 64).sum();
+        self.entries.insert(
+            key,
+            Slot::Varied(Arc::new(Varied {
+                names,
+                variants,
+                weight,
+            })),
+        );
+    }
+
+    /// Replaces `old` by `new` if `old` is still stored under `key` (a newer fill wins).
     pub fn upgrade(&self, key: &CacheKey, old: &Arc<Entry>, new: Arc<Entry>) -> bool {
         match self.entries.peek(key) {
-            Some(cur) if Arc::ptr_eq(&cur, old) => {
-                let _ = self.entries.replace(key.clone(), new, true);
+            Some(Slot::One(cur)) if Arc::ptr_eq(&cur, old) => {
+                let _ = self.entries.replace(key.clone(), Slot::One(new), true);
+                true
+            }
+            Some(Slot::Varied(v)) if v.variants.iter().any(|(_, e)| Arc::ptr_eq(e, old)) => {
+                let variants = v
+                    .variants
+                    .iter()
+                    .map(|(k, e)| {
+                        let e = if Arc::ptr_eq(e, old) {
+                            Arc::clone(&new)
+                        } else {
+                            Arc::clone(e)
+                        };
+                        (k.clone(), e)
+                    })
+                    .collect();
+                self.put_varied(key.clone(), v.names.clone(), variants);
                 true
             }
             _ => false,
         }
     }
 
+    /// Removes everything stored under `key` (every variant).
     pub fn remove(&self, key: &CacheKey) -> bool {
         self.entries.remove(key).is_some()
     }
 
-    /// Removes every entry whose key starts with `prefix` (an image's purge). Scans the whole
-    /// store: meant for rare administrative operations, never for the request path.
-    pub fn remove_prefix(&self, prefix: &str) {
-        self.entries.retain(|k, _| !k.0.starts_with(prefix));
+    /// Removes every URL for which `doomed` is true of its key or of any of its entries; returns
+    /// how many URLs were removed. Runs shard by shard, so lookups are never blocked for long.
+    pub fn purge_where(&self, doomed: impl Fn(&CacheKey, &Entry) -> bool) -> usize {
+        let removed = std::sync::atomic::AtomicUsize::new(0);
+        self.entries.retain(|k, slot| {
+            let kill = match slot {
+                Slot::One(e) => doomed(k, e),
+                Slot::Varied(v) => v.variants.iter().any(|(_, e)| doomed(k, e)),
+            };
+            if kill {
+                removed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            !kill
+        });
+        removed.into_inner()
+    }
+
+    /// Removes every URL whose key starts with `prefix` (an image's purge, purge by prefix);
+    /// returns how many were removed.
+    pub fn remove_prefix(&self, prefix: &str) -> usize {
+        self.purge_where(|k, _| k.0.starts_with(prefix))
     }
 
     /// Bytes held now.
@@ -109,6 +234,7 @@ impl Store {
         self.entries.capacity()
     }
 
+    /// URLs stored now.
     pub fn len(&self) -> usize {
         self.entries.len()
     }

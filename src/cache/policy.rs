@@ -276,6 +276,22 @@ impl Freshness {
     pub fn staleness(&self, now: Instant) -> Duration {
         self.current_age(now).saturating_sub(self.lifetime)
     }
+
+    /// May be served stale while a background revalidation runs (RFC 5861 §3).
+    pub fn serve_while_revalidating(&self, now: Instant) -> bool {
+        !self.must_revalidate
+            && !self.always_revalidate
+            && self.staleness(now) <= self.stale_while_revalidate
+            && !self.stale_while_revalidate.is_zero()
+    }
+
+    /// May be served stale because the origin failed (RFC 5861 §4; never under must-revalidate,
+    /// RFC 9111 §5.2.2.2).
+    pub fn serve_on_error(&self, now: Instant) -> bool {
+        !self.must_revalidate
+            && !self.stale_if_error.is_zero()
+            && self.staleness(now) <= self.stale_if_error
+    }
 }
 
 /// What a fill needs to know about the request it fetched for.
@@ -321,7 +337,15 @@ pub fn storability(
     if status.is_informational() || status == StatusCode::NOT_MODIFIED {
         return Err(NoStoreReason::Status);
     }
-    let cc = CacheControl::from_headers(headers, &header::CACHE_CONTROL);
+    // RFC 9213: a targeted field, when present, replaces Cache-Control (and Expires).
+    let targeted = cfg
+        .targeted_cache_control
+        .iter()
+        .find(|f| headers.contains_key(&f.0))
+        .map(|f| CacheControl::from_headers(headers, &f.0));
+    let is_targeted = targeted.is_some();
+    let cc =
+        targeted.unwrap_or_else(|| CacheControl::from_headers(headers, &header::CACHE_CONTROL));
     if cc.must_understand {
         if !understood(status) {
             return Err(NoStoreReason::NotUnderstood);
@@ -352,7 +376,15 @@ pub fn storability(
         .get(header::DATE)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| httpdate::parse_http_date(s).ok());
-    let lifetime = freshness_lifetime(&cc, headers, date, ctx.response_time, status, cfg)?;
+    let lifetime = freshness_lifetime(
+        &cc,
+        headers,
+        date,
+        ctx.response_time,
+        status,
+        cfg,
+        is_targeted,
+    )?;
 
     // §4.2.3 age calculation.
     let age_value = headers
@@ -379,8 +411,12 @@ pub fn storability(
             received: ctx.response_instant,
             always_revalidate: cc.no_cache,
             must_revalidate: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some(),
-            stale_while_revalidate: Duration::from_secs(cc.stale_while_revalidate.unwrap_or(0)),
-            stale_if_error: Duration::from_secs(cc.stale_if_error.unwrap_or(0)),
+            stale_while_revalidate: cc
+                .stale_while_revalidate
+                .map_or(cfg.stale_while_revalidate.0, Duration::from_secs),
+            stale_if_error: cc
+                .stale_if_error
+                .map_or(cfg.stale_if_error.0, Duration::from_secs),
         },
         strip,
         no_transform: cc.no_transform,
@@ -396,6 +432,7 @@ fn freshness_lifetime(
     response_time: SystemTime,
     status: StatusCode,
     cfg: &CacheConfig,
+    targeted: bool,
 ) -> Result<Duration, NoStoreReason> {
     // A shared cache uses s-maxage first, then max-age.
     if let Some(s) = cc.s_maxage {
@@ -408,7 +445,7 @@ fn freshness_lifetime(
         // An invalid max-age makes the response stale (§4.2.1: treat as not fresh).
         return Ok(Duration::ZERO);
     }
-    if let Some(exp) = headers.get(header::EXPIRES) {
+    if let Some(exp) = headers.get(header::EXPIRES).filter(|_| !targeted) {
         // An invalid Expires (e.g. "0") means already expired (§5.3).
         let expires = exp
             .to_str()

@@ -1,84 +1,77 @@
 //! The caching reverse proxy handler: the request's journey through the cache.
 //!
 //! ```text
-//! request ─▶ cacheable? ──no──▶ pass (stream both ways)                         x-cache: BYPASS
+//! request ─▶ GET/HEAD? ──no──▶ pass (stream both ways); a 2xx/3xx invalidates  x-cache: BYPASS
 //!               │yes
 //!               ▼
-//!          lookup ──fresh──▶ deliver                                            x-cache: HIT
-//!               │miss/stale
+//!          lookup (URL, then Vary variant) ──fresh──▶ deliver                 HIT
+//!               │stale within stale-while-revalidate ──▶ deliver, refresh in background  STALE
+//!               │miss / stale
 //!               ▼
 //!          coalesce ──follower──▶ wait ─▶ filled? deliver : pass
 //!               │leader
 //!               ▼
-//!          fetch (conditional if stale) ─▶ 304? refresh + deliver               REVALIDATED
-//!               │
-//!          storable? ──no──▶ stream back, release waiters                       MISS/EXPIRED
+//!          fill (fill.rs): fetch, conditional if stale ─▶ 304: refresh        REVALIDATED
+//!               │  origin down / 5xx and stale-if-error allows ─▶ stale      STALE
+//!               ▼
+//!          storable? ──no──▶ stream back, release waiters                    MISS / EXPIRED
 //!               │yes
-//!          buffer (≤ max object) ─▶ decode once ─▶ store identity ─▶ deliver     MISS/EXPIRED
-//!                                                   └─▶ background: gzip, br, zstd variants
+//!          buffer ─▶ decode once ─▶ store identity ─▶ deliver                 MISS / EXPIRED
+//!                                     └─▶ background: gzip, br, zstd variants
 //! ```
 
+mod fill;
 pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
-use bytes::Bytes;
-use futures_util::StreamExt;
-use http::header::{self, HeaderMap, HeaderName};
-use http::{response, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, BodyStream, StreamBody};
+use http::header::{self, HeaderName};
+use http::{request, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::body::Body;
-use crate::cache::policy::{self, FetchContext, RequestDirectives};
-use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Join};
-use crate::compress::Encoding;
+use crate::cache::policy::RequestDirectives;
+use crate::cache::{Cache, CacheKey, FillOutcome, Join};
 use crate::config::ProxyConfig;
 use crate::deliver::{self, CacheStatus};
-use upstream::{FetchError, VIA};
+use upstream::VIA;
 
-/// A proxy route: one upstream, one shared cache.
-pub struct Proxy {
+/// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
+#[derive(Clone)]
+pub struct Proxy(Arc<Inner>);
+
+struct Inner {
     cfg: ProxyConfig,
     client: upstream::Client,
     cache: Arc<Cache>,
     status_header: HeaderName,
 }
 
-/// Conditional request fields a fill never forwards (the fill must get a full response).
-const CONDITIONALS: [HeaderName; 6] = [
-    header::IF_NONE_MATCH,
-    header::IF_MODIFIED_SINCE,
-    header::IF_MATCH,
-    header::IF_UNMODIFIED_SINCE,
-    header::IF_RANGE,
-    header::RANGE,
-];
-
 impl Proxy {
     pub fn new(cfg: ProxyConfig, cache: Arc<Cache>) -> Proxy {
-        Proxy {
+        Proxy(Arc::new(Inner {
             client: upstream::client(&cfg),
             status_header: cache.cfg.status_header.0.clone(),
             cfg,
             cache,
-        }
+        }))
     }
 
     /// The upstream's URL, for logs.
     pub fn upstream(&self) -> String {
         format!(
             "{}://{}",
-            self.cfg.upstream.scheme, self.cfg.upstream.authority
+            self.0.cfg.upstream.scheme, self.0.cfg.upstream.authority
         )
     }
 
     /// Serves one request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let me = &self.0;
         let method = req.method();
-        if !self.cfg.cache
+        if !me.cfg.cache
             || (*method != Method::GET && *method != Method::HEAD)
             || req.headers().contains_key(header::UPGRADE)
         {
@@ -89,22 +82,50 @@ impl Proxy {
         let has_auth = req.headers().contains_key(header::AUTHORIZATION);
 
         // Lookup.
-        let stored = self.cache.store.get(&key);
+        let stored = me.cache.store.lookup(&key, req.headers());
         if let Some(entry) = &stored {
-            if directives.accepts(&entry.freshness, Instant::now()) && (!has_auth || entry.auth_ok)
+            let now = Instant::now();
+            let usable = !has_auth || entry.auth_ok;
+            if usable && directives.accepts(&entry.freshness, now) {
+                return me.deliver(entry, &req, CacheStatus::Hit);
+            }
+            // RFC 5861 §3: answer stale at once, refresh once in the background.
+            if usable
+                && !directives.no_cache
+                && directives.max_age.is_none()
+                && directives.min_fresh.is_none()
+                && entry.freshness.serve_while_revalidating(now)
             {
-                return deliver::from_entry(
-                    entry,
-                    req.method(),
-                    req.headers(),
-                    CacheStatus::Hit,
-                    &self.status_header,
-                );
+                if let Join::Leader(guard) = me.cache.store.inflight.join(&key) {
+                    let (parts, _) = req.into_parts();
+                    let background = self.clone();
+                    let entry = Arc::clone(entry);
+                    let parts_bg = clone_parts(&parts);
+                    tokio::spawn(async move {
+                        let _ = background
+                            .fill(
+                                parts_bg,
+                                peer,
+                                key,
+                                Some(guard),
+                                CacheStatus::Expired,
+                                Some(entry),
+                                false,
+                            )
+                            .await;
+                    });
+                    return me.deliver_parts(
+                        stored.as_ref().expect("stored"),
+                        &parts,
+                        CacheStatus::Stale,
+                    );
+                }
+                return me.deliver(entry, &req, CacheStatus::Stale);
             }
         }
         if directives.only_if_cached {
             // §5.2.1.7: nothing stored satisfies the request.
-            return self.tag(
+            return me.tag(
                 upstream::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
                 CacheStatus::Miss,
             );
@@ -114,271 +135,134 @@ impl Proxy {
         } else {
             CacheStatus::Miss
         };
+        let (parts, _body) = req.into_parts();
         // Requests with credentials or that demand an end-to-end reload fetch on their own.
         if has_auth || directives.no_cache {
             return self
-                .fill(req, peer, key, None, status, stored, &directives)
+                .fill(parts, peer, key, None, status, stored, directives.no_store)
                 .await;
         }
 
         // Coalesce concurrent misses.
-        match self.cache.store.inflight.join(&key) {
+        match me.cache.store.inflight.join(&key) {
             Join::Leader(guard) => {
-                self.fill(req, peer, key, Some(guard), status, stored, &directives)
-                    .await
+                self.fill(
+                    parts,
+                    peer,
+                    key,
+                    Some(guard),
+                    status,
+                    stored,
+                    directives.no_store,
+                )
+                .await
             }
             Join::Follower(follower) => {
-                match follower.wait(self.cache.cfg.coalesce_timeout.0).await {
-                    FillOutcome::Filled(entry) => deliver::from_entry(
-                        &entry,
-                        req.method(),
-                        req.headers(),
-                        CacheStatus::Hit,
-                        &self.status_header,
-                    ),
-                    FillOutcome::Released => self.pass(req, peer, status).await,
+                match follower.wait(me.cache.cfg.coalesce_timeout.0).await {
+                    FillOutcome::Filled(entry) if !has_auth || entry.auth_ok => {
+                        me.deliver_parts(&entry, &parts, CacheStatus::Hit)
+                    }
+                    _ => {
+                        let req = Request::from_parts(parts, Body::empty());
+                        self.forward(req, peer, status).await
+                    }
                 }
             }
         }
     }
 
-    /// Forwards the request as is and streams the response back; nothing is stored.
+    /// Forwards a request the cache cannot serve and streams the response back. A successful
+    /// response to an unsafe method invalidates the URLs it names (RFC 9111 §4.4).
     async fn pass(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
         status: CacheStatus,
     ) -> Response<Body> {
-        let (mut parts, body) = req.into_parts();
-        upstream::prepare_request(&mut parts, &self.cfg.upstream, peer);
-        let req = Request::from_parts(parts, Body::stream(body));
-        match upstream::send(&self.client, req, self.cfg.response_timeout.0).await {
-            Ok(resp) => {
-                let (mut rparts, rbody) = resp.into_parts();
-                upstream::strip_hop_by_hop(&mut rparts.headers);
-                rparts.headers.append(header::VIA, VIA);
-                self.tag(Response::from_parts(rparts, Body::stream(rbody)), status)
-            }
-            Err(e) => self.tag(e.response(), status),
-        }
-    }
-
-    /// Fetches for the cache: a full (or, for a stale entry, conditional) GET; stores the response
-    /// if policy allows, and answers the client. Dropping `guard` without completing it releases
-    /// coalesced waiters.
-    #[allow(clippy::too_many_arguments)]
-    async fn fill(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        key: CacheKey,
-        guard: Option<crate::cache::coalesce::FillGuard>,
-        status: CacheStatus,
-        stale: Option<Arc<Entry>>,
-        directives: &RequestDirectives,
-    ) -> Response<Body> {
-        let (mut parts, _body) = req.into_parts();
-        let client_method = parts.method.clone();
-        let client_headers = parts.headers.clone();
-        let has_authorization = client_headers.contains_key(header::AUTHORIZATION);
-
-        upstream::prepare_request(&mut parts, &self.cfg.upstream, peer);
-        for h in CONDITIONALS {
-            parts.headers.remove(h);
-        }
-        if let Some(e) = &stale {
-            // §4.3.1: validate with the stored validators.
-            if let Some(tag) = &e.etag {
-                parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
-            }
-            if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
-                parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
-            }
-        }
-        // A HEAD fill fetches the GET response so the body can be stored and served.
-        parts.method = Method::GET;
-        let request_time = SystemTime::now();
-        let resp = match upstream::send(
-            &self.client,
-            Request::from_parts(parts, Body::empty()),
-            self.cfg.response_timeout.0,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(key = key.as_str(), error = %e, "fill failed");
-                return self.tag(e.response(), status);
-            }
-        };
-        let ctx = FetchContext {
-            method: Method::GET,
-            has_authorization,
-            request_time,
-            response_time: SystemTime::now(),
-            response_instant: Instant::now(),
-            request_no_store: directives.no_store,
-        };
-        let (mut rparts, rbody) = resp.into_parts();
-        upstream::strip_hop_by_hop(&mut rparts.headers);
-
-        // Revalidated: refresh the stored headers and serve the stored body (§4.3.4).
-        if rparts.status == StatusCode::NOT_MODIFIED {
-            if let Some(old) = &stale {
-                let headers = refresh_headers(&old.headers, &rparts.headers);
-                if let Ok(storable) =
-                    policy::storability(&ctx, old.status, &headers, &self.cache.cfg)
-                {
-                    let entry = Arc::new(old.refreshed(headers, storable.freshness));
-                    self.cache.store.insert(key, Arc::clone(&entry));
-                    if let Some(g) = guard {
-                        g.complete(Arc::clone(&entry));
-                    }
-                    return deliver::from_entry(
-                        &entry,
-                        &client_method,
-                        &client_headers,
-                        CacheStatus::Revalidated,
-                        &self.status_header,
-                    );
-                }
-            }
-        }
-
-        let storable =
-            match policy::storability(&ctx, rparts.status, &rparts.headers, &self.cache.cfg)
-                .and_then(|s| {
-                    if crate::cache::entry::vary_names_other_than_accept_encoding(&rparts.headers) {
-                        Err(policy::NoStoreReason::Vary)
-                    } else {
-                        Ok(s)
-                    }
-                }) {
-                Ok(s) => s,
-                Err(reason) => {
-                    tracing::debug!(key = key.as_str(), reason = reason.as_str(), "not stored");
-                    drop(guard);
-                    if stale.is_some() {
-                        self.cache.store.remove(&key);
-                    }
-                    return self.respond_streamed(rparts, rbody, &client_method, status);
-                }
-            };
-
-        // Buffer the body, up to the object size limit.
-        let max = self.cache.store.max_object_size;
-        let declared = rparts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max) {
-            drop(guard);
-            return self.respond_streamed(rparts, rbody, &client_method, status);
-        }
-        let body = match buffer_up_to(rbody, max).await {
-            Buffered::Complete(b) => b,
-            Buffered::TooLarge(streamed) => {
-                drop(guard);
-                self.cache.store.remove(&key);
-                let r = Response::from_parts(rparts, head_aware(streamed, &client_method));
-                return self.tag(r, status);
-            }
-            Buffered::Failed(e) => {
-                tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
-                return self.tag(e.response(), status);
-            }
-        };
-
-        // Decode once if the origin sent a coding.
-        let coding = match rparts.headers.get(header::CONTENT_ENCODING) {
-            None => Some(Encoding::Identity),
-            Some(v) => v.to_str().ok().and_then(Encoding::from_content_encoding),
-        };
-        let mut bodies = Vec::with_capacity(4);
-        match coding {
-            Some(Encoding::Identity) => bodies.push((Encoding::Identity, body)),
-            Some(enc) if !storable.no_transform => {
-                match self
-                    .cache
-                    .compressor
-                    .decode(body.clone(), enc, max as usize)
-                    .await
-                {
-                    Ok(identity) => {
-                        bodies.push((Encoding::Identity, identity));
-                        bodies.push((enc, body));
-                    }
-                    Err(e) => {
-                        tracing::debug!(key = key.as_str(), error = %e, "cannot decode; not stored");
-                        drop(guard);
-                        return self.tag(Response::from_parts(rparts, Body::full(body)), status);
-                    }
-                }
-            }
-            // An unknown coding, or a coded no-transform response: passed on untouched.
-            _ => {
-                drop(guard);
-                return self.tag(Response::from_parts(rparts, Body::full(body)), status);
-            }
-        }
-
-        let mut headers = rparts.headers.clone();
-        for name in &storable.strip {
-            headers.remove(name);
-        }
-        headers.append(header::VIA, VIA);
-        let negotiated = !storable.no_transform
-            && self
-                .cache
-                .compressor
-                .wants(headers.get(header::CONTENT_TYPE), bodies[0].1.len());
-        let mut entry = Entry::build(
-            rparts.status,
-            headers,
-            bodies,
-            storable.freshness,
-            negotiated,
+        let (parts, body) = req.into_parts();
+        let unsafe_method = !matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         );
-        entry.auth_ok = storable.auth_ok;
-        let entry = Arc::new(entry);
-        self.cache.store.insert(key.clone(), Arc::clone(&entry));
-        if let Some(g) = guard {
-            g.complete(Arc::clone(&entry));
-        }
-        if negotiated {
-            self.cache.spawn_variants(key, Arc::clone(&entry));
-        }
-        let mut resp = deliver::from_entry(
-            &entry,
-            &client_method,
-            &client_headers,
-            status,
-            &self.status_header,
-        );
-        // The client that caused the fill still gets the fields not stored for others.
-        for name in &storable.strip {
-            for v in rparts.headers.get_all(name) {
-                resp.headers_mut().append(name.clone(), v.clone());
+        let key = cache_key_of(&parts);
+        let host = key_host(&parts).to_string();
+        let path = parts.uri.path().to_string();
+        let resp = self
+            .forward(Request::from_parts(parts, Body::stream(body)), peer, status)
+            .await;
+        if unsafe_method && (resp.status().is_success() || resp.status().is_redirection()) {
+            let store = &self.0.cache.store;
+            store.remove(&key);
+            for name in [header::LOCATION, header::CONTENT_LOCATION] {
+                if let Some(target) = resp.headers().get(&name).and_then(|v| v.to_str().ok()) {
+                    if let Some(k) = same_origin_key(target, &host, &path) {
+                        store.remove(&k);
+                    }
+                }
             }
         }
         resp
     }
 
-    fn respond_streamed(
+    /// Sends a request upstream as is and streams the response back; nothing is stored.
+    async fn forward(
         &self,
-        mut rparts: response::Parts,
-        rbody: Incoming,
-        method: &Method,
+        req: Request<Body>,
+        peer: SocketAddr,
         status: CacheStatus,
     ) -> Response<Body> {
-        rparts.headers.append(header::VIA, VIA);
-        let body = if *method == Method::HEAD {
-            Body::empty()
-        } else {
-            Body::stream(rbody)
-        };
-        self.tag(Response::from_parts(rparts, body), status)
+        let me = &self.0;
+        let (mut parts, body) = req.into_parts();
+        upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
+        match upstream::send(
+            &me.client,
+            Request::from_parts(parts, body),
+            me.cfg.response_timeout.0,
+        )
+        .await
+        {
+            Ok(resp) => {
+                let (mut rparts, rbody) = resp.into_parts();
+                upstream::strip_hop_by_hop(&mut rparts.headers);
+                me.strip_private_fields(&mut rparts.headers);
+                rparts.headers.append(header::VIA, VIA);
+                me.tag(Response::from_parts(rparts, Body::stream(rbody)), status)
+            }
+            Err(e) => me.tag(e.response(), status),
+        }
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn deliver<B>(
+        &self,
+        entry: &crate::cache::Entry,
+        req: &Request<B>,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        deliver::from_entry(
+            entry,
+            req.method(),
+            req.headers(),
+            status,
+            &self.status_header,
+        )
+    }
+
+    fn deliver_parts(
+        &self,
+        entry: &crate::cache::Entry,
+        parts: &request::Parts,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        deliver::from_entry(
+            entry,
+            &parts.method,
+            &parts.headers,
+            status,
+            &self.status_header,
+        )
     }
 
     fn tag(&self, mut r: Response<Body>, status: CacheStatus) -> Response<Body> {
@@ -386,98 +270,89 @@ impl Proxy {
             .insert(self.status_header.clone(), status.header_value());
         r
     }
+
+    /// Fields meant for larder alone (targeted cache-control, tags) never go on.
+    fn strip_private_fields(&self, headers: &mut http::HeaderMap) {
+        for f in &self.cache.cfg.targeted_cache_control {
+            headers.remove(&f.0);
+        }
+        headers.remove(&self.cache.cfg.tag_header.0);
+    }
 }
 
-fn head_aware(body: Body, method: &Method) -> Body {
-    if *method == Method::HEAD {
-        Body::empty()
-    } else {
-        body
+fn clone_parts(p: &request::Parts) -> request::Parts {
+    let mut b = Request::builder()
+        .method(p.method.clone())
+        .uri(p.uri.clone())
+        .version(p.version);
+    if let Some(h) = b.headers_mut() {
+        *h = p.headers.clone();
     }
+    b.body(()).expect("parts are valid").into_parts().0
 }
 
 /// The cache key of a request: scheme, Host (or URI authority), path and query.
 pub fn cache_key<B>(req: &Request<B>) -> CacheKey {
-    let host = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|v| v.to_str().ok())
-        })
-        .unwrap_or("");
     let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    CacheKey::from_parts("http", host, pq)
+    CacheKey::from_parts("http", request_host(req.uri(), req.headers()), pq)
 }
 
-/// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
-/// replaces the stored one, except those describing the body.
-fn refresh_headers(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
-    let mut out = stored.clone();
-    let keep: [HeaderName; 4] = [
-        header::CONTENT_LENGTH,
-        header::CONTENT_ENCODING,
-        header::CONTENT_RANGE,
-        header::TRANSFER_ENCODING,
-    ];
-    let mut replaced: Vec<&HeaderName> = Vec::new();
-    for (name, value) in fresh.iter() {
-        if keep.contains(name) {
-            continue;
-        }
-        if !replaced.contains(&name) {
-            out.remove(name);
-            replaced.push(name);
-        }
-        out.append(name.clone(), value.clone());
+fn cache_key_of(parts: &request::Parts) -> CacheKey {
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    CacheKey::from_parts("http", key_host(parts), pq)
+}
+
+fn key_host(parts: &request::Parts) -> &str {
+    request_host(&parts.uri, &parts.headers)
+}
+
+fn request_host<'a>(uri: &'a http::Uri, headers: &'a http::HeaderMap) -> &'a str {
+    uri.authority()
+        .map(|a| a.as_str())
+        .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))
+        .unwrap_or("")
+}
+
+/// The cache key a Location / Content-Location names, if on the same origin (§4.4).
+fn same_origin_key(target: &str, host: &str, request_path: &str) -> Option<CacheKey> {
+    if let Some(rest) = target.strip_prefix("http://") {
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, "/"),
+        };
+        return authority
+            .eq_ignore_ascii_case(host)
+            .then(|| CacheKey::from_parts("http", host, path));
     }
-    out
-}
-
-enum Buffered {
-    Complete(Bytes),
-    /// Larger than the limit: the part read so far followed by the rest, streamed.
-    TooLarge(Body),
-    Failed(FetchError),
-}
-
-/// Reads `body` whole if it fits in `max` bytes.
-async fn buffer_up_to(mut body: Incoming, max: u64) -> Buffered {
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut total: u64 = 0;
-    loop {
-        match body.frame().await {
-            None => break,
-            Some(Err(e)) => return Buffered::Failed(FetchError::Body(e.to_string())),
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers are not stored
-                };
-                total += data.len() as u64;
-                chunks.push(data);
-                if total > max {
-                    let head = futures_util::stream::iter(
-                        chunks
-                            .into_iter()
-                            .map(|c| Ok::<_, hyper::Error>(http_body::Frame::data(c))),
-                    );
-                    let rest = BodyStream::new(body);
-                    return Buffered::TooLarge(Body::stream(StreamBody::new(head.chain(rest))));
-                }
-            }
-        }
+    if target.starts_with("//") || target.contains("://") {
+        return None;
     }
-    Buffered::Complete(match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().expect("one chunk"),
-        _ => {
-            let mut v = Vec::with_capacity(total as usize);
-            for c in chunks {
-                v.extend_from_slice(&c);
-            }
-            Bytes::from(v)
-        }
-    })
+    if target.starts_with('/') {
+        return Some(CacheKey::from_parts("http", host, target));
+    }
+    let dir = &request_path[..request_path.rfind('/').map_or(0, |i| i + 1)];
+    Some(CacheKey::from_parts(
+        "http",
+        host,
+        &format!("{dir}{target}"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalidation_targets_stay_on_the_origin() {
+        let k = |t: &str| same_origin_key(t, "example.com", "/a/b").map(|k| k.as_str().to_string());
+        assert_eq!(k("/x").as_deref(), Some("http://example.com/x"));
+        assert_eq!(k("c").as_deref(), Some("http://example.com/a/c"));
+        assert_eq!(
+            k("http://EXAMPLE.com/y").as_deref(),
+            Some("http://example.com/y")
+        );
+        assert_eq!(k("http://other.com/y"), None);
+        assert_eq!(k("//other.com/y"), None);
+        assert_eq!(k("https://example.com/y"), None);
+    }
 }

@@ -1,0 +1,390 @@
+//! Filling the cache: fetch from the upstream (conditionally when a stale entry has validators),
+//! refresh on 304, fall back to stale on errors when allowed, decide storability, buffer, decode
+//! once, store, and answer the client that caused the fill. Dropping the fill guard without
+//! completing it releases coalesced waiters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{self, HeaderMap, HeaderName};
+use http::{request, response, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::Incoming;
+
+use super::upstream::{self, FetchError, VIA};
+use super::Proxy;
+use crate::body::Body;
+use crate::cache::coalesce::FillGuard;
+use crate::cache::policy::{self, FetchContext};
+use crate::cache::{CacheKey, Entry};
+use crate::compress::Encoding;
+use crate::deliver::CacheStatus;
+
+/// Conditional request fields a fill never forwards (the fill must get a full response).
+const CONDITIONALS: [HeaderName; 6] = [
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_MATCH,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+    header::RANGE,
+];
+
+impl Proxy {
+    /// Fetches for the cache and answers the request described by `parts`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn fill(
+        &self,
+        mut parts: request::Parts,
+        peer: SocketAddr,
+        key: CacheKey,
+        guard: Option<FillGuard>,
+        status: CacheStatus,
+        stale: Option<Arc<Entry>>,
+        request_no_store: bool,
+    ) -> Response<Body> {
+        let me = &self.0;
+        let client_method = parts.method.clone();
+        let client_headers = parts.headers.clone();
+        let has_authorization = client_headers.contains_key(header::AUTHORIZATION);
+
+        upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
+        for h in CONDITIONALS {
+            parts.headers.remove(h);
+        }
+        if let Some(e) = &stale {
+            // §4.3.1: validate with the stored validators.
+            if let Some(tag) = &e.etag {
+                parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
+            }
+            if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
+                parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+            }
+        }
+        // A HEAD fill fetches the GET response so the body can be stored and served.
+        parts.method = Method::GET;
+        let request_time = SystemTime::now();
+        let sent = upstream::send(
+            &me.client,
+            Request::from_parts(parts, Body::empty()),
+            me.cfg.response_timeout.0,
+        )
+        .await;
+        let respond = |entry: &Entry, status| {
+            crate::deliver::from_entry(
+                entry,
+                &client_method,
+                &client_headers,
+                status,
+                &me.status_header,
+            )
+        };
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(key = key.as_str(), error = %e, "fill failed");
+                if let Some(old) = stale
+                    .as_ref()
+                    .filter(|o| o.freshness.serve_on_error(Instant::now()))
+                {
+                    return respond(old, CacheStatus::Stale);
+                }
+                return me.tag(e.response(), status);
+            }
+        };
+        let ctx = FetchContext {
+            method: Method::GET,
+            has_authorization,
+            request_time,
+            response_time: SystemTime::now(),
+            response_instant: Instant::now(),
+            request_no_store,
+        };
+        let (mut rparts, rbody) = resp.into_parts();
+        upstream::strip_hop_by_hop(&mut rparts.headers);
+
+        if let Some(old) = &stale {
+            // Revalidated: refresh the stored headers, serve the stored body (§4.3.4).
+            if rparts.status == StatusCode::NOT_MODIFIED {
+                let headers = refresh_headers(&old.headers, &rparts.headers);
+                if let Ok(storable) = policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
+                {
+                    let entry = Arc::new(old.refreshed(headers, storable.freshness));
+                    me.cache.store.upgrade(&key, old, Arc::clone(&entry));
+                    if let Some(g) = guard {
+                        g.complete(Arc::clone(&entry));
+                    }
+                    return respond(&entry, CacheStatus::Revalidated);
+                }
+            }
+            // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
+            if rparts.status.is_server_error() && old.freshness.serve_on_error(Instant::now()) {
+                return respond(old, CacheStatus::Stale);
+            }
+        }
+
+        let storable =
+            match policy::storability(&ctx, rparts.status, &rparts.headers, &me.cache.cfg) {
+                Ok(s) => s,
+                Err(reason) => {
+                    tracing::debug!(key = key.as_str(), reason = reason.as_str(), "not stored");
+                    drop(guard);
+                    if stale.is_some() {
+                        me.cache.store.remove(&key);
+                    }
+                    return self.respond_streamed(rparts, rbody, &client_method, status);
+                }
+            };
+
+        // Buffer the body, up to the object size limit.
+        let max = me.cache.store.max_object_size;
+        let declared = rparts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            drop(guard);
+            return self.respond_streamed(rparts, rbody, &client_method, status);
+        }
+        let body = match buffer_up_to(rbody, max).await {
+            Buffered::Complete(b) => b,
+            Buffered::TooLarge(streamed) => {
+                drop(guard);
+                me.cache.store.remove(&key);
+                me.strip_private_fields(&mut rparts.headers);
+                let body = if client_method == Method::HEAD {
+                    Body::empty()
+                } else {
+                    streamed
+                };
+                return me.tag(Response::from_parts(rparts, body), status);
+            }
+            Buffered::Failed(e) => {
+                tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
+                if let Some(old) = stale
+                    .as_ref()
+                    .filter(|o| o.freshness.serve_on_error(Instant::now()))
+                {
+                    return respond(old, CacheStatus::Stale);
+                }
+                return me.tag(e.response(), status);
+            }
+        };
+
+        // Decode once if the origin sent a coding; a no-transform body keeps only its own coding.
+        let coding = match rparts.headers.get(header::CONTENT_ENCODING) {
+            None => Some(Encoding::Identity),
+            Some(v) => v.to_str().ok().and_then(Encoding::from_content_encoding),
+        };
+        let mut bodies = Vec::with_capacity(4);
+        match coding {
+            Some(Encoding::Identity) => bodies.push((Encoding::Identity, body)),
+            Some(enc) if storable.no_transform => bodies.push((enc, body)),
+            Some(enc) => match me
+                .cache
+                .compressor
+                .decode(body.clone(), enc, max as usize)
+                .await
+            {
+                Ok(identity) => {
+                    bodies.push((Encoding::Identity, identity));
+                    bodies.push((enc, body));
+                }
+                Err(e) => {
+                    tracing::debug!(key = key.as_str(), error = %e, "cannot decode; not stored");
+                    drop(guard);
+                    me.strip_private_fields(&mut rparts.headers);
+                    return me.tag(Response::from_parts(rparts, Body::full(body)), status);
+                }
+            },
+            // An unknown or stacked coding is passed on untouched.
+            None => {
+                drop(guard);
+                me.strip_private_fields(&mut rparts.headers);
+                return me.tag(Response::from_parts(rparts, Body::full(body)), status);
+            }
+        }
+
+        let mut headers = rparts.headers.clone();
+        for name in &storable.strip {
+            headers.remove(name);
+        }
+        let tags = parse_tags(&headers, &me.cache.cfg.tag_header.0);
+        me.strip_private_fields(&mut headers);
+        headers.append(header::VIA, VIA);
+        let negotiated = !storable.no_transform
+            && bodies[0].0 == Encoding::Identity
+            && me
+                .cache
+                .compressor
+                .wants(headers.get(header::CONTENT_TYPE), bodies[0].1.len());
+        let mut entry = Entry::build(
+            rparts.status,
+            headers,
+            bodies,
+            storable.freshness,
+            negotiated,
+        );
+        entry.auth_ok = storable.auth_ok;
+        entry.tags = tags;
+        let entry = Arc::new(entry);
+        if me
+            .cache
+            .store
+            .store(key.clone(), Arc::clone(&entry), &client_headers)
+        {
+            if let Some(g) = guard {
+                g.complete(Arc::clone(&entry));
+            }
+            if negotiated {
+                me.cache.spawn_variants(key, Arc::clone(&entry));
+            }
+        }
+        let mut resp = respond(&entry, status);
+        // The client that caused the fill still gets the fields not stored for others.
+        for name in &storable.strip {
+            for v in rparts.headers.get_all(name) {
+                resp.headers_mut().append(name.clone(), v.clone());
+            }
+        }
+        resp
+    }
+
+    fn respond_streamed(
+        &self,
+        mut rparts: response::Parts,
+        rbody: Incoming,
+        method: &Method,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        self.0.strip_private_fields(&mut rparts.headers);
+        rparts.headers.append(header::VIA, VIA);
+        let body = if *method == Method::HEAD {
+            Body::empty()
+        } else {
+            Body::stream(rbody)
+        };
+        self.0.tag(Response::from_parts(rparts, body), status)
+    }
+}
+
+/// Tags listed in the tag header (space or comma separated).
+fn parse_tags(headers: &HeaderMap, name: &HeaderName) -> Box<[Box<str>]> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(|c: char| c == ',' || c.is_ascii_whitespace()))
+        .filter(|t| !t.is_empty())
+        .map(Box::from)
+        .collect()
+}
+
+/// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
+/// replaces the stored one, except those describing the body.
+fn refresh_headers(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
+    let mut out = stored.clone();
+    let keep: [HeaderName; 4] = [
+        header::CONTENT_LENGTH,
+        header::CONTENT_ENCODING,
+        header::CONTENT_RANGE,
+        header::TRANSFER_ENCODING,
+    ];
+    let mut replaced: Vec<&HeaderName> = Vec::new();
+    for (name, value) in fresh.iter() {
+        if keep.contains(name) {
+            continue;
+        }
+        if !replaced.contains(&name) {
+            out.remove(name);
+            replaced.push(name);
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+enum Buffered {
+    Complete(Bytes),
+    /// Larger than the limit: the part read so far followed by the rest, streamed.
+    TooLarge(Body),
+    Failed(FetchError),
+}
+
+/// Reads `body` whole if it fits in `max` bytes.
+async fn buffer_up_to(mut body: Incoming, max: u64) -> Buffered {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(e)) => return Buffered::Failed(FetchError::Body(e.to_string())),
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                total += data.len() as u64;
+                chunks.push(data);
+                if total > max {
+                    let head = futures_util::stream::iter(
+                        chunks
+                            .into_iter()
+                            .map(|c| Ok::<_, hyper::Error>(http_body::Frame::data(c))),
+                    );
+                    let rest = BodyStream::new(body);
+                    return Buffered::TooLarge(Body::stream(StreamBody::new(head.chain(rest))));
+                }
+            }
+        }
+    }
+    Buffered::Complete(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut v = Vec::with_capacity(total as usize);
+            for c in chunks {
+                v.extend_from_slice(&c);
+            }
+            Bytes::from(v)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn refresh_keeps_body_fields_and_replaces_others() {
+        let mut stored = HeaderMap::new();
+        stored.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        stored.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=1"));
+        stored.insert("x-old", HeaderValue::from_static("kept"));
+        let mut fresh = HeaderMap::new();
+        fresh.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        fresh.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("max-age=60"),
+        );
+        fresh.append("x-new", HeaderValue::from_static("a"));
+        fresh.append("x-new", HeaderValue::from_static("b"));
+        let out = refresh_headers(&stored, &fresh);
+        assert_eq!(out[header::CONTENT_LENGTH], "10");
+        assert_eq!(out[header::CACHE_CONTROL], "max-age=60");
+        assert_eq!(out["x-old"], "kept");
+        assert_eq!(out.get_all("x-new").iter().count(), 2);
+    }
+
+    #[test]
+    fn tags_split_on_space_and_comma() {
+        let mut h = HeaderMap::new();
+        h.insert("surrogate-key", HeaderValue::from_static("a b,c  d"));
+        let t = parse_tags(&h, &HeaderName::from_static("surrogate-key"));
+        assert_eq!(t.len(), 4);
+    }
+}

@@ -1,0 +1,184 @@
+//! Connection-level limits: the accept loop survives running out of file descriptors, and the
+//! max-connections bound pauses accepting until a connection closes.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use larder::config::{Config, HandlerConfig, StaticConfig};
+
+/// One GET on `s`; the status code, or None if nothing came back in time.
+fn request(s: &mut TcpStream, path: &str) -> Option<u16> {
+    s.set_read_timeout(Some(Duration::from_millis(2000))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut chunk).ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return head.split(' ').nth(1)?.parse().ok();
+        }
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn accept_loop_survives_running_out_of_file_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    let addr = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_larder"));
+    cmd.args([
+        "--root",
+        dir.path().to_str().unwrap(),
+        "--listen",
+        &addr.to_string(),
+    ])
+    .args(["--workers", "1"])
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 40,
+                rlim_max: 40,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = Child(cmd.spawn().unwrap());
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut first = loop {
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            if request(&mut s, "/a.txt") == Some(200) {
+                break s;
+            }
+        }
+        assert!(Instant::now() < deadline, "larder did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    // Far more connections than descriptors: the kernel completes the handshakes, larder
+    // accepts until EMFILE and must keep going.
+    let mut flood: Vec<TcpStream> = (0..120)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(child.0.try_wait().unwrap().is_none(), "larder exited");
+    // A connection accepted before the exhaustion is still served.
+    assert_eq!(request(&mut first, "/a.txt"), Some(200));
+    // Some of the flood could not be accepted (no response), proving we hit the limit.
+    let unanswered = flood
+        .iter_mut()
+        .rev()
+        .take(20)
+        .filter(|s| {
+            let mut s: &TcpStream = s;
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            s.write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            let mut b = [0u8; 16];
+            !matches!(s.read(&mut b), Ok(n) if n > 0)
+        })
+        .count();
+    assert!(unanswered > 0, "the descriptor limit was never reached");
+
+    // Free the descriptors: new connections are served again.
+    flood.clear();
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            if request(&mut s, "/a.txt") == Some(200) {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "larder never recovered from EMFILE"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(child.0.try_wait().unwrap().is_none(), "larder exited");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_max_connections_accepting_pauses_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
+    );
+    cfg.server.max_connections = larder::config::Bounded(4);
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    tokio::task::spawn_blocking(move || {
+        let mut held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        for s in &mut held {
+            assert_eq!(request(s, "/a.txt"), Some(200));
+        }
+        // The fifth connects (kernel backlog) but is not served while four are open.
+        let mut fifth = TcpStream::connect(addr).unwrap();
+        fifth
+            .set_read_timeout(Some(Duration::from_millis(400)))
+            .unwrap();
+        fifth
+            .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut b = [0u8; 64];
+        assert!(fifth.read(&mut b).is_err(), "served beyond the bound");
+        // One closes: the fifth is accepted and answered.
+        held.pop();
+        fifth
+            .set_read_timeout(Some(Duration::from_millis(3000)))
+            .unwrap();
+        let n = fifth.read(&mut b).unwrap();
+        assert!(b[..n].starts_with(b"HTTP/1.1 200"));
+    })
+    .await
+    .unwrap();
+}

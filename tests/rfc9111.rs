@@ -1,0 +1,649 @@
+//! HTTP caching conformance, one module per area of RFC 9111 (and RFC 5861, RFC 9213), each
+//! test against a real origin and real sockets, citing the section it checks.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+async fn setup(
+    extra: &str,
+    handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+) -> (Origin, larder::server::Handle, Client, String) {
+    let origin = Origin::start(handler).await;
+    let larder = larder(&format!("{extra}\n{PROXY}"), &origin.url()).await;
+    let base = format!("http://{}", larder.addrs[0]);
+    (origin, larder, client(), base)
+}
+
+mod freshness {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_1_cache_control_parsing_corner_cases() {
+        let (origin, _l, c, base) = setup("", |seen, n| {
+            let cc = match seen.path.as_str() {
+                "/quoted" => "max-age=\"60\"",
+                "/upper" => "MAX-AGE=60, Public",
+                "/negative" => "max-age=-1",
+                "/huge" => "max-age=99999999999999999999999",
+                "/conflict" => "max-age=60, max-age=0",
+                "/dup-lines" => "max-age=60",
+                _ => "max-age=abc",
+            };
+            let r = Reply::ok(format!("{n}")).header("cache-control", cc);
+            if seen.path == "/dup-lines" {
+                r.header("cache-control", "no-store")
+            } else {
+                r
+            }
+        })
+        .await;
+        let mut expect_hit = vec![];
+        for (path, hit) in [
+            ("/quoted", true),
+            ("/upper", true),
+            ("/negative", false),
+            ("/huge", true),
+            ("/conflict", false),
+            ("/dup-lines", false),
+            ("/invalid", false),
+        ] {
+            get(&c, &format!("{base}{path}"), &[]).await;
+            let second = get(&c, &format!("{base}{path}"), &[]).await;
+            expect_hit.push((path, second.cache() == "HIT", hit));
+        }
+        for (path, got, want) in expect_hit {
+            assert_eq!(got, want, "{path}");
+        }
+        assert!(origin.hits() >= 7);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_3_expires_formats_and_invalid_dates() {
+        let (_o, _l, c, base) = setup("", |seen, _| {
+            let now = std::time::SystemTime::now();
+            let later = now + Duration::from_secs(3600);
+            let imf = httpdate::fmt_http_date(later);
+            // RFC 850 and asctime forms of the same instant.
+            let t: httpdate::HttpDate = later.into();
+            let s = t.to_string(); // "Sun, 06 Nov 1994 08:49:37 GMT"
+            let parts: Vec<&str> = s.split(' ').collect();
+            let weekday_long = match parts[0] {
+                "Mon," => "Monday",
+                "Tue," => "Tuesday",
+                "Wed," => "Wednesday",
+                "Thu," => "Thursday",
+                "Fri," => "Friday",
+                "Sat," => "Saturday",
+                _ => "Sunday",
+            };
+            let rfc850 = format!(
+                "{weekday_long}, {}-{}-{} {} GMT",
+                parts[1],
+                parts[2],
+                &parts[3][2..],
+                parts[4]
+            );
+            let asctime = format!(
+                "{} {} {:>2} {} {}",
+                &parts[0][..3],
+                parts[2],
+                parts[1].trim_start_matches('0'),
+                parts[4],
+                parts[3]
+            );
+            let expires = match seen.path.as_str() {
+                "/imf" => imf,
+                "/rfc850" => rfc850,
+                "/asctime" => asctime,
+                "/zero" => "0".into(),
+                _ => "not a date".into(),
+            };
+            Reply::ok("x")
+                .header("date", &httpdate::fmt_http_date(now))
+                .header("expires", &expires)
+        })
+        .await;
+        for (path, hit) in [
+            ("/imf", true),
+            ("/rfc850", true),
+            ("/asctime", true),
+            ("/zero", false),
+            ("/garbage", false),
+        ] {
+            get(&c, &format!("{base}{path}"), &[]).await;
+            let g = get(&c, &format!("{base}{path}"), &[]).await;
+            assert_eq!(g.cache() == "HIT", hit, "{path}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_2_heuristic_freshness_from_last_modified() {
+        let (origin, _l, c, base) = setup("", |seen, _| {
+            let now = std::time::SystemTime::now();
+            let r = Reply::ok("x").header("date", &httpdate::fmt_http_date(now));
+            match seen.path.as_str() {
+                // 10% of 1000 s: fresh for ~100 s.
+                "/lm" => r.header(
+                    "last-modified",
+                    &httpdate::fmt_http_date(now - Duration::from_secs(1000)),
+                ),
+                // 10% of 5 s rounds to 0: stale at once.
+                "/recent" => r.header(
+                    "last-modified",
+                    &httpdate::fmt_http_date(now - Duration::from_secs(5)),
+                ),
+                // No validator, no lifetime: not stored.
+                _ => r,
+            }
+        })
+        .await;
+        get(&c, &format!("{base}/lm"), &[]).await;
+        assert_eq!(get(&c, &format!("{base}/lm"), &[]).await.cache(), "HIT");
+        get(&c, &format!("{base}/none"), &[]).await;
+        assert_eq!(get(&c, &format!("{base}/none"), &[]).await.cache(), "MISS");
+        assert_eq!(origin.hits(), 3);
+    }
+}
+
+mod request_directives {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_1_max_age_min_fresh_max_stale() {
+        let (_o, _l, c, base) = setup("", |_, n| {
+            Reply::ok(format!("{n}"))
+                .header("cache-control", "max-age=2")
+                .header("age", "1")
+        })
+        .await;
+        let url = format!("{base}/r");
+        get(&c, &url, &[]).await; // age 1 of 2
+        assert_eq!(
+            get(&c, &url, &[("cache-control", "max-age=0")])
+                .await
+                .cache(),
+            "EXPIRED"
+        );
+        assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
+        // min-fresh=5: the response will not stay fresh for 5 more seconds.
+        assert_ne!(
+            get(&c, &url, &[("cache-control", "min-fresh=5")])
+                .await
+                .cache(),
+            "HIT"
+        );
+        tokio::time::sleep(Duration::from_millis(1600)).await; // now stale
+        assert_eq!(
+            get(&c, &url, &[("cache-control", "max-stale=60")])
+                .await
+                .cache(),
+            "HIT"
+        );
+        assert_eq!(
+            get(&c, &url, &[("cache-control", "max-stale")])
+                .await
+                .cache(),
+            "HIT"
+        );
+        assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_1_5_request_no_store_is_not_stored() {
+        let (o, _l, c, base) = setup("", |_, _| {
+            Reply::ok("x").header("cache-control", "max-age=60")
+        })
+        .await;
+        let url = format!("{base}/ns");
+        get(&c, &url, &[("cache-control", "no-store")]).await;
+        assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+        assert_eq!(o.hits(), 2);
+    }
+}
+
+mod response_directives {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_2_2_must_revalidate_never_serves_stale_when_origin_fails() {
+        let (_o, _l, c, base) = setup("[cache]\nstale_if_error = \"60s\"", |seen, n| {
+            let cc = if seen.path == "/mr" {
+                "max-age=1, must-revalidate"
+            } else {
+                "max-age=1"
+            };
+            if n >= 2 {
+                Reply::ok("down").status(503)
+            } else {
+                Reply::ok("good").header("cache-control", cc)
+            }
+        })
+        .await;
+        get(&c, &format!("{base}/mr"), &[]).await;
+        get(&c, &format!("{base}/sie"), &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mr = get(&c, &format!("{base}/mr"), &[]).await;
+        assert_eq!(mr.status, 503);
+        // Without must-revalidate, the configured stale-if-error grace serves the stale copy.
+        let sie = get(&c, &format!("{base}/sie"), &[]).await;
+        assert_eq!(sie.status, 200);
+        assert_eq!(sie.body, "good");
+        assert_eq!(sie.cache(), "STALE");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_2_4_and_7_qualified_no_cache_and_private_fields_are_not_shared() {
+        let (_o, _l, c, base) = setup("", |_, n| {
+            Reply::ok("shared")
+                .header(
+                    "cache-control",
+                    "max-age=60, private=\"x-user\", no-cache=\"x-session\"",
+                )
+                .header("x-user", &format!("user{n}"))
+                .header("x-session", &format!("s{n}"))
+        })
+        .await;
+        let url = format!("{base}/q");
+        let first = get(&c, &url, &[]).await;
+        assert_eq!(first.header("x-user"), Some("user0"));
+        let hit = get(&c, &url, &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("x-user"), None);
+        assert_eq!(hit.header("x-session"), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_2_6_no_transform_keeps_the_origin_coding_only() {
+        let body = "text ".repeat(2000);
+        let gz = {
+            use std::io::Write;
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(body.as_bytes()).unwrap();
+            e.finish().unwrap()
+        };
+        let plain = body.clone();
+        let (_o, _l, c, base) = setup("", move |seen, _| {
+            if seen.path == "/gz" {
+                Reply::ok(gz.clone())
+                    .header("cache-control", "max-age=60, no-transform")
+                    .header("content-type", "text/plain")
+                    .header("content-encoding", "gzip")
+            } else {
+                Reply::ok(plain.clone())
+                    .header("cache-control", "max-age=60, no-transform")
+                    .header("content-type", "text/plain")
+            }
+        })
+        .await;
+        get(&c, &format!("{base}/plain"), &[]).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let g = get(
+            &c,
+            &format!("{base}/plain"),
+            &[("accept-encoding", "br, gzip")],
+        )
+        .await;
+        assert_eq!(g.cache(), "HIT");
+        assert_eq!(
+            g.header("content-encoding"),
+            None,
+            "no-transform body was re-encoded"
+        );
+        assert_eq!(g.body, body.as_bytes());
+        get(&c, &format!("{base}/gz"), &[("accept-encoding", "gzip")]).await;
+        let g = get(&c, &format!("{base}/gz"), &[("accept-encoding", "gzip")]).await;
+        assert_eq!(g.cache(), "HIT");
+        assert_eq!(g.header("content-encoding"), Some("gzip"));
+        assert_eq!(decode(&g.body, Some("gzip")), body.as_bytes());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s5_2_2_3_must_understand_overrides_no_store_for_understood_codes() {
+        let (_o, _l, c, base) = setup("", |_, _| {
+            Reply::ok("x").header("cache-control", "max-age=60, must-understand, no-store")
+        })
+        .await;
+        get(&c, &format!("{base}/mu"), &[]).await;
+        assert_eq!(get(&c, &format!("{base}/mu"), &[]).await.cache(), "HIT");
+    }
+}
+
+mod vary {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_1_one_variant_per_selecting_value_with_normalization() {
+        let (origin, _l, c, base) = setup("", |seen, _| {
+            let lang = seen
+                .headers
+                .get("accept-language")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            Reply::ok(format!("lang={lang}"))
+                .header("cache-control", "max-age=60")
+                .header("vary", "Accept-Language")
+        })
+        .await;
+        let url = format!("{base}/v");
+        assert_eq!(
+            get(&c, &url, &[("accept-language", "en")]).await.cache(),
+            "MISS"
+        );
+        assert_eq!(
+            get(&c, &url, &[("accept-language", "fr")]).await.cache(),
+            "MISS"
+        );
+        let en = get(&c, &url, &[("accept-language", "en")]).await;
+        assert_eq!((en.cache(), &en.body[..]), ("HIT", &b"lang=en"[..]));
+        let fr = get(&c, &url, &[("accept-language", "fr")]).await;
+        assert_eq!((fr.cache(), &fr.body[..]), ("HIT", &b"lang=fr"[..]));
+        // Case and whitespace differences select the same variant.
+        get(&c, &url, &[("accept-language", "en-US, de;q=0.5")]).await;
+        let same = get(&c, &url, &[("accept-language", "EN-us ,  de ; q=0.5")]).await;
+        assert_eq!(same.cache(), "HIT");
+        // An absent field is its own variant.
+        assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+        assert_eq!(origin.hits(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_1_vary_star_never_matches() {
+        let (origin, _l, c, base) = setup("", |_, _| {
+            Reply::ok("x")
+                .header("cache-control", "max-age=60")
+                .header("vary", "*")
+        })
+        .await;
+        get(&c, &format!("{base}/s"), &[]).await;
+        assert_ne!(get(&c, &format!("{base}/s"), &[]).await.cache(), "HIT");
+        assert_eq!(origin.hits(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_1_vary_accept_encoding_does_not_split_the_cache() {
+        let (origin, _l, c, base) = setup("", |_, _| {
+            Reply::ok("x".repeat(1000))
+                .header("cache-control", "max-age=60")
+                .header("content-type", "text/plain")
+                .header("vary", "Accept-Encoding")
+        })
+        .await;
+        let url = format!("{base}/ae");
+        get(&c, &url, &[("accept-encoding", "gzip")]).await;
+        wait_for_encoding(&c, &url, "br").await;
+        assert_eq!(
+            get(&c, &url, &[("accept-encoding", "zstd")]).await.cache(),
+            "HIT"
+        );
+        assert_eq!(origin.hits(), 1);
+    }
+}
+
+mod validation {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_3_4_a_304_updates_stored_headers_but_not_content_length() {
+        let (origin, _l, c, base) = setup("", |seen, n| {
+            if seen.headers.contains_key("if-none-match") {
+                Reply::ok("")
+                    .status(304)
+                    .header("etag", "\"e1\"")
+                    .header("cache-control", "max-age=60")
+                    .header("x-version", &format!("refreshed{n}"))
+            } else {
+                Reply::ok("original body")
+                    .header("etag", "\"e1\"")
+                    .header("cache-control", "max-age=1")
+                    .header("x-version", "first")
+            }
+        })
+        .await;
+        let url = format!("{base}/val");
+        get(&c, &url, &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let r = get(&c, &url, &[]).await;
+        assert_eq!(r.cache(), "REVALIDATED");
+        assert_eq!(r.body, "original body");
+        assert_eq!(r.header("x-version"), Some("refreshed1"));
+        assert_eq!(r.header("content-length"), Some("13"));
+        // The refreshed freshness (max-age=60) now applies.
+        let hit = get(&c, &url, &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("x-version"), Some("refreshed1"));
+        assert_eq!(origin.seen()[1].headers["if-none-match"], "\"e1\"");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_3_4_the_right_variant_is_refreshed() {
+        let (_o, _l, c, base) = setup("", |seen, _| {
+            let lang = seen
+                .headers
+                .get("accept-language")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            if seen.headers.contains_key("if-none-match") {
+                Reply::ok("")
+                    .status(304)
+                    .header("etag", &format!("\"{lang}\""))
+                    .header("cache-control", "max-age=60")
+            } else {
+                Reply::ok(format!("body-{lang}"))
+                    .header("etag", &format!("\"{lang}\""))
+                    .header("cache-control", "max-age=1")
+                    .header("vary", "Accept-Language")
+            }
+        })
+        .await;
+        let url = format!("{base}/vv");
+        get(&c, &url, &[("accept-language", "en")]).await;
+        get(&c, &url, &[("accept-language", "fr")]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let fr = get(&c, &url, &[("accept-language", "fr")]).await;
+        assert_eq!((fr.cache(), &fr.body[..]), ("REVALIDATED", &b"body-fr"[..]));
+        let fr = get(&c, &url, &[("accept-language", "fr")]).await;
+        assert_eq!((fr.cache(), &fr.body[..]), ("HIT", &b"body-fr"[..]));
+        // The other variant is still stale and still its own body.
+        let en = get(&c, &url, &[("accept-language", "en")]).await;
+        assert_eq!((en.cache(), &en.body[..]), ("REVALIDATED", &b"body-en"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_3_3_a_200_replaces_the_stored_response() {
+        let (_o, _l, c, base) = setup("", |_, n| {
+            Reply::ok(format!("version {n}"))
+                .header("etag", &format!("\"{n}\""))
+                .header("cache-control", "max-age=1")
+        })
+        .await;
+        let url = format!("{base}/rep");
+        get(&c, &url, &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let r = get(&c, &url, &[]).await;
+        assert_eq!((r.cache(), &r.body[..]), ("EXPIRED", &b"version 1"[..]));
+        assert_eq!(get(&c, &url, &[]).await.body, "version 1");
+    }
+}
+
+mod stale {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc5861_stale_while_revalidate_race_makes_one_background_fetch() {
+        let (origin, _l, c, base) = setup("", |_, n| {
+            let cc = if n == 0 {
+                "max-age=1, stale-while-revalidate=30"
+            } else {
+                "max-age=60"
+            };
+            Reply::ok(format!("v{n}"))
+                .header("cache-control", cc)
+                .delay(if n > 0 {
+                    Duration::from_millis(200)
+                } else {
+                    Duration::ZERO
+                })
+        })
+        .await;
+        let url = Arc::new(format!("{base}/swr"));
+        get(&c, &url, &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (c, url) = (c.clone(), url.clone());
+            tasks.push(tokio::spawn(async move { get(&c, &url, &[]).await }));
+        }
+        for t in tasks {
+            let g = t.await.unwrap();
+            assert_eq!(g.body, "v0", "stale answer expected at once");
+            assert_eq!(g.cache(), "STALE");
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(origin.hits(), 2, "exactly one background refresh");
+        let fresh = get(&c, &url, &[]).await;
+        assert_eq!((fresh.cache(), &fresh.body[..]), ("HIT", &b"v1"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc5861_stale_if_error_when_origin_is_down() {
+        // After the first response the origin breaks every response mid-body.
+        let (_origin, _l, c, base) = setup("", |_, n| {
+            let r = Reply::ok("kept").header("cache-control", "max-age=1, stale-if-error=60");
+            if n == 0 {
+                r
+            } else {
+                r.abort()
+            }
+        })
+        .await;
+        let url = format!("{base}/sie");
+        get(&c, &url, &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let g = get(&c, &url, &[]).await;
+        assert_eq!(
+            (g.status.as_u16(), g.cache(), &g.body[..]),
+            (200, "STALE", &b"kept"[..])
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_4_no_stale_without_permission() {
+        let (origin, _l, c, base) = setup("", |_, n| {
+            if n == 0 {
+                Reply::ok("old").header("cache-control", "max-age=1")
+            } else {
+                Reply::ok("err").status(500)
+            }
+        })
+        .await;
+        let url = format!("{base}/nostale");
+        get(&c, &url, &[]).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(get(&c, &url, &[]).await.status, 500);
+        assert_eq!(origin.hits(), 2);
+    }
+}
+
+mod invalidation {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_4_unsafe_methods_invalidate_target_and_locations() {
+        let (origin, _l, c, base) = setup("", |seen, n| match seen.method.as_str() {
+            "POST" => Reply::ok("created")
+                .status(201)
+                .header("location", "/items/2")
+                .header("content-location", "http://elsewhere.example/items/1"),
+            "DELETE" => Reply::ok("").status(500),
+            _ => Reply::ok(format!("{} {n}", seen.path)).header("cache-control", "max-age=60"),
+        })
+        .await;
+        for p in ["/items", "/items/2"] {
+            get(&c, &format!("{base}{p}"), &[]).await;
+            assert_eq!(get(&c, &format!("{base}{p}"), &[]).await.cache(), "HIT");
+        }
+        let post = send(&c, "POST", &format!("{base}/items"), &[], b"{}").await;
+        assert_eq!(post.status, 201);
+        assert_eq!(get(&c, &format!("{base}/items"), &[]).await.cache(), "MISS");
+        assert_eq!(
+            get(&c, &format!("{base}/items/2"), &[]).await.cache(),
+            "MISS"
+        );
+        // An error response invalidates nothing.
+        send(&c, "DELETE", &format!("{base}/items"), &[], b"").await;
+        assert_eq!(get(&c, &format!("{base}/items"), &[]).await.cache(), "HIT");
+        assert!(origin.hits() >= 6);
+    }
+}
+
+mod headers {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s3_1_connection_listed_fields_are_not_stored() {
+        let (_o, _l, c, base) = setup("", |_, _| {
+            Reply::ok("x")
+                .header("cache-control", "max-age=60")
+                .header("connection", "x-private-hop")
+                .header("x-private-hop", "1")
+                .header("x-end-to-end", "kept")
+        })
+        .await;
+        get(&c, &format!("{base}/h"), &[]).await;
+        let hit = get(&c, &format!("{base}/h"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("x-private-hop"), None);
+        assert_eq!(hit.header("x-end-to-end"), Some("kept"));
+    }
+}
+
+mod cdn_cache_control {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc9213_targeted_field_wins_and_is_stripped() {
+        let (origin, _l, c, base) = setup("", |seen, _| {
+            let r = Reply::ok("x");
+            match seen.path.as_str() {
+                "/cdn-store" => r
+                    .header("cache-control", "no-store")
+                    .header("cdn-cache-control", "max-age=60"),
+                _ => r
+                    .header("cache-control", "max-age=60")
+                    .header("cdn-cache-control", "no-store"),
+            }
+        })
+        .await;
+        get(&c, &format!("{base}/cdn-store"), &[]).await;
+        let hit = get(&c, &format!("{base}/cdn-store"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("cdn-cache-control"), None);
+        assert_eq!(hit.header("cache-control"), Some("no-store"));
+        get(&c, &format!("{base}/cdn-nostore"), &[]).await;
+        let miss = get(&c, &format!("{base}/cdn-nostore"), &[]).await;
+        assert_eq!(miss.cache(), "MISS");
+        assert_eq!(miss.header("cdn-cache-control"), None);
+        assert_eq!(origin.hits(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc9213_field_name_is_configurable() {
+        let (_o, _l, c, base) = setup(
+            "[cache]\ntargeted_cache_control = [\"Larder-Cache-Control\"]",
+            |_, _| {
+                Reply::ok("x")
+                    .header("cache-control", "no-store")
+                    .header("larder-cache-control", "max-age=60")
+            },
+        )
+        .await;
+        get(&c, &format!("{base}/t"), &[]).await;
+        let hit = get(&c, &format!("{base}/t"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("larder-cache-control"), None);
+    }
+}
