@@ -15,6 +15,7 @@
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`], [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
 
+pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod cli;

@@ -71,6 +71,16 @@ impl Proxy {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let me = &self.0;
         let method = req.method();
+        if method.as_str() == "PURGE" {
+            let key = cache_key(&req);
+            return crate::admin::purge_method(
+                &me.cache,
+                &me.cfg.access,
+                &key,
+                req.headers(),
+                peer,
+            );
+        }
         if !me.cfg.cache
             || (*method != Method::GET && *method != Method::HEAD)
             || req.headers().contains_key(header::UPGRADE)
