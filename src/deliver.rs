@@ -53,7 +53,7 @@ pub fn from_entry(
         .or_else(|| entry.by_size().first().and_then(|e| entry.variant(*e)))
         .expect("an entry has at least one variant");
 
-    let age = HeaderValue::from(entry.freshness.current_age(Instant::now()).as_secs());
+    let age = age_value(entry.freshness.current_age(Instant::now()).as_secs());
     match evaluate_conditionals(entry, variant.head.get(header::ETAG), method, req_headers) {
         Conditional::Proceed => {}
         Conditional::NotModified => {
@@ -114,6 +114,22 @@ pub fn from_entry(
     headers.insert(header::AGE, age);
     headers.insert(status_header.clone(), status.header_value());
     resp
+}
+
+/// The Age header value; the first hour's values are prepared once, so a hit does not allocate.
+#[inline]
+fn age_value(secs: u64) -> HeaderValue {
+    const PREPARED: u64 = 3600;
+    static TABLE: std::sync::OnceLock<Box<[HeaderValue]>> = std::sync::OnceLock::new();
+    if secs > PREPARED {
+        return HeaderValue::from(secs);
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=PREPARED)
+            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
+            .collect()
+    });
+    table[secs as usize].clone()
 }
 
 /// The outcome of a request's preconditions against a stored response (RFC 9110 §13.2.2).
@@ -236,6 +252,13 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn age_values() {
+        assert_eq!(age_value(0), "0");
+        assert_eq!(age_value(3600), "3600");
+        assert_eq!(age_value(3601), "3601");
     }
 
     #[test]

@@ -48,8 +48,9 @@ impl Handler {
             Handler::Proxy(p) => p.handle(req, peer).await,
             Handler::Static(s) => s.handle(req).await,
             Handler::Respond(r) => r.handle(&req),
-            Handler::Images(i) => i.handle(req, peer).await,
-            Handler::Admin(a) => a.handle(req).await,
+            // Rare or heavy handlers are boxed so they do not grow every request's future.
+            Handler::Images(i) => Box::pin(i.handle(req, peer)).await,
+            Handler::Admin(a) => Box::pin(a.handle(req)).await,
         }
     }
 
