@@ -121,8 +121,11 @@ pub fn vary(data: &[u8]) {
     let _ = HeaderName::from_bytes(data);
 }
 
+/// A named check.
+pub type Check = (&'static str, fn(&[u8]));
+
 /// All checks by name, for the smoke run.
-pub const ALL: [(&str, fn(&[u8])); 8] = [
+pub const ALL: [Check; 8] = [
     ("cache_control", cache_control),
     ("accept_encoding", accept_encoding),
     ("range", range),
