@@ -99,3 +99,20 @@ impl Cli {
         Ok((cfg, source))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_flag_runs_the_image_server() {
+        let cli = Cli::parse_from(["larder", "--images", "./imgs", "--listen", "127.0.0.1:9"]);
+        let (cfg, _) = cli.config().unwrap();
+        assert_eq!(cfg.listeners[0].addr, "127.0.0.1:9".parse().unwrap());
+        assert!(matches!(
+            &cfg.listeners[0].routes[0].handler,
+            HandlerConfig::Images(i) if i.dir == std::path::Path::new("./imgs")
+        ));
+        assert!(Cli::try_parse_from(["larder", "--images", "a", "--root", "b"]).is_err());
+    }
+}

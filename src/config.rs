@@ -62,8 +62,12 @@ pub struct Config {
 pub struct AdminConfig {
     /// Bearer token (`Authorization: Bearer <token>`) for admin operations; none disables them.
     pub token: Option<String>,
-    /// Address of a separate admin listener (reserved for a later issue; unused so far).
+    /// Address of the admin API listener (`/_larder/status`, `/_larder/purge`); off when unset.
+    /// Needs `token`. Bind it to loopback unless the network in front is trusted.
     pub listen: Option<SocketAddr>,
+    /// Addresses allowed to send `PURGE` to proxy routes without the token.
+    #[serde(default)]
+    pub purge_allow: Vec<Cidr>,
 }
 
 impl Config {
@@ -92,8 +96,15 @@ impl Config {
     fn distribute_admin_token(&mut self) {
         for l in &mut self.listeners {
             for r in &mut l.routes {
-                if let HandlerConfig::Images(i) = &mut r.handler {
-                    i.admin_token.clone_from(&self.admin.token);
+                match &mut r.handler {
+                    HandlerConfig::Images(i) => i.admin_token.clone_from(&self.admin.token),
+                    HandlerConfig::Proxy(p) => {
+                        p.access = crate::admin::Access {
+                            token: self.admin.token.clone(),
+                            allow: self.admin.purge_allow.clone(),
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -103,6 +114,9 @@ impl Config {
     fn check_semantics(&self) -> Result<(), String> {
         if self.listeners.is_empty() {
             return Err("no [[listener]] configured: larder would serve nothing".into());
+        }
+        if self.admin.listen.is_some() && self.admin.token.as_deref().is_none_or(str::is_empty) {
+            return Err("[admin] listen needs [admin] token: the admin API never runs open".into());
         }
         let mut seen = std::collections::HashSet::new();
         for l in &self.listeners {
@@ -401,6 +415,9 @@ pub struct ProxyConfig {
     /// Idle pooled connections kept per upstream host.
     #[serde(default = "ProxyConfig::default_pool_idle")]
     pub pool_max_idle: usize,
+    /// Who may PURGE (copied from `[admin]` after parsing).
+    #[serde(skip)]
+    pub access: crate::admin::Access,
 }
 
 impl ProxyConfig {
@@ -411,6 +428,7 @@ impl ProxyConfig {
             response_timeout: Self::default_response_timeout(),
             cache: true,
             pool_max_idle: Self::default_pool_idle(),
+            access: crate::admin::Access::default(),
         }
     }
     fn default_connect_timeout() -> Dur {

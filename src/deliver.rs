@@ -1,7 +1,7 @@
 //! Delivery: turning a stored [`Entry`] into a response. This is the hot path of a cache hit:
-//! negotiate the encoding, answer conditionals, clone the prepared header block, add Age and the
-//! cache-status header, hand out the shared body. Nothing here parses stored headers or touches
-//! body bytes.
+//! negotiate the encoding, answer conditionals and ranges, clone the prepared header block, add
+//! Age and the cache-status header, hand out the shared body (ranges are zero-copy slices of it).
+//! Nothing here parses stored headers or touches body bytes.
 
 use std::time::{Instant, SystemTime};
 
@@ -11,6 +11,7 @@ use http::{Method, Response, StatusCode};
 use crate::body::Body;
 use crate::cache::Entry;
 use crate::compress::AcceptEncoding;
+use crate::range::{self, Decision};
 
 /// What the cache-status header says about a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +53,7 @@ pub fn from_entry(
         .or_else(|| entry.by_size().first().and_then(|e| entry.variant(*e)))
         .expect("an entry has at least one variant");
 
-    let age = HeaderValue::from(entry.freshness.current_age(Instant::now()).as_secs());
+    let age = age_value(entry.freshness.current_age(Instant::now()).as_secs());
     match evaluate_conditionals(entry, variant.head.get(header::ETAG), method, req_headers) {
         Conditional::Proceed => {}
         Conditional::NotModified => {
@@ -64,6 +65,40 @@ pub fn from_entry(
             r.headers_mut()
                 .insert(status_header.clone(), status.header_value());
             return r;
+        }
+    }
+
+    // Range requests are answered from the complete stored body (RFC 9110 §14).
+    if *method == Method::GET
+        && entry.status == StatusCode::OK
+        && req_headers.contains_key(header::RANGE)
+    {
+        let len = variant.body.len() as u64;
+        match range::evaluate(
+            req_headers,
+            len,
+            variant.head.get(header::ETAG),
+            entry.last_modified,
+        ) {
+            Decision::Full => {}
+            Decision::Unsatisfiable => {
+                let mut r = range::unsatisfiable(len);
+                r.headers_mut()
+                    .insert(status_header.clone(), status.header_value());
+                return r;
+            }
+            Decision::Partial(ranges) => {
+                let mut head = variant.head.clone();
+                head.insert(header::AGE, age);
+                head.insert(status_header.clone(), status.header_value());
+                return range::partial(
+                    &ranges,
+                    len,
+                    head,
+                    range::Source::Bytes(variant.body.clone()),
+                    false,
+                );
+            }
         }
     }
 
@@ -79,6 +114,22 @@ pub fn from_entry(
     headers.insert(header::AGE, age);
     headers.insert(status_header.clone(), status.header_value());
     resp
+}
+
+/// The Age header value; the first hour's values are prepared once, so a hit does not allocate.
+#[inline]
+fn age_value(secs: u64) -> HeaderValue {
+    const PREPARED: u64 = 3600;
+    static TABLE: std::sync::OnceLock<Box<[HeaderValue]>> = std::sync::OnceLock::new();
+    if secs > PREPARED {
+        return HeaderValue::from(secs);
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=PREPARED)
+            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
+            .collect()
+    });
+    table[secs as usize].clone()
 }
 
 /// The outcome of a request's preconditions against a stored response (RFC 9110 §13.2.2).
@@ -201,6 +252,13 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn age_values() {
+        assert_eq!(age_value(0), "0");
+        assert_eq!(age_value(3600), "3600");
+        assert_eq!(age_value(3601), "3601");
     }
 
     #[test]

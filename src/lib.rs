@@ -17,6 +17,7 @@
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
 //! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
 
+pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod cli;

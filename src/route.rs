@@ -26,6 +26,7 @@ pub enum Handler {
     Static(StaticFiles),
     Respond(Respond),
     Images(Images),
+    Admin(crate::admin::Admin),
 }
 
 impl Handler {
@@ -47,7 +48,9 @@ impl Handler {
             Handler::Proxy(p) => p.handle(req, peer).await,
             Handler::Static(s) => s.handle(req).await,
             Handler::Respond(r) => r.handle(&req),
-            Handler::Images(i) => i.handle(req, peer).await,
+            // Rare or heavy handlers are boxed so they do not grow every request's future.
+            Handler::Images(i) => Box::pin(i.handle(req, peer)).await,
+            Handler::Admin(a) => Box::pin(a.handle(req)).await,
         }
     }
 
@@ -58,6 +61,7 @@ impl Handler {
             Handler::Static(s) => format!("static files from {}", s.source()),
             Handler::Respond(_) => "fixed response".into(),
             Handler::Images(i) => format!("images in {}", i.source()),
+            Handler::Admin(_) => "admin API (/_larder/status, /_larder/purge)".into(),
         }
     }
 }
@@ -94,6 +98,17 @@ impl Router {
             (host_rank, usize::MAX - r.prefix.len())
         });
         Router { routes }
+    }
+
+    /// The admin listener's router: every request goes to the admin API.
+    pub fn admin(cache: &Arc<Cache>, token: Option<String>) -> Router {
+        Router {
+            routes: vec![Route {
+                host: HostPattern::Any,
+                prefix: "/".into(),
+                handler: Handler::Admin(crate::admin::Admin::new(Arc::clone(cache), token)),
+            }],
+        }
     }
 
     /// The handler for a host (without port, any case) and path, if a route matches.

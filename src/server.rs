@@ -42,6 +42,8 @@ pub enum Error {
 pub struct Handle {
     /// Bound address of each configured listener, in configuration order.
     pub addrs: Vec<SocketAddr>,
+    /// Bound address of the admin API listener, when configured.
+    pub admin_addr: Option<SocketAddr>,
     pub cache: Arc<Cache>,
     /// Routers of each listener (for the startup banner).
     pub routers: Vec<Arc<Router>>,
@@ -181,8 +183,28 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                 source,
             })?;
     }
+    let mut admin_addr = None;
+    if let Some(addr) = config.admin.listen {
+        let listener = bind(addr, false).map_err(|source| Error::Bind { addr, source })?;
+        admin_addr = Some(
+            listener
+                .local_addr()
+                .map_err(|source| Error::Bind { addr, source })?,
+        );
+        let router = Arc::new(Router::admin(&cache, config.admin.token.clone()));
+        routers.push(Arc::clone(&router));
+        tokio::spawn(accept_loop(
+            listener,
+            router,
+            Arc::clone(&builder),
+            Arc::clone(&server),
+            Arc::clone(&conns),
+            shutdown_rx.clone(),
+        ));
+    }
     Ok(Handle {
         addrs,
+        admin_addr,
         cache,
         routers,
         shutdown: shutdown_tx,

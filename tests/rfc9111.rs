@@ -647,3 +647,77 @@ mod cdn_cache_control {
         assert_eq!(hit.header("larder-cache-control"), None);
     }
 }
+
+mod partial_content {
+    use super::*;
+
+    fn body() -> String {
+        (0..2000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc9110_s14_ranges_are_answered_from_the_stored_entry() {
+        let b = body();
+        let (origin, _l, c, base) = setup("", move |seen, _| {
+            assert!(
+                !seen.headers.contains_key("range"),
+                "a fill must fetch the whole body"
+            );
+            Reply::ok(b.clone())
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"r1\"")
+                .header("content-type", "text/plain")
+        })
+        .await;
+        let url = format!("{base}/r");
+        let b = body();
+        // Even the miss is answered with the range (the fill fetched everything).
+        let first = get(&c, &url, &[("range", "bytes=0-9")]).await;
+        assert_eq!(first.status, 206);
+        assert_eq!(first.body, b[0..10]);
+        assert_eq!(first.header("content-range"), Some("bytes 0-9/2000"));
+        let suffix = get(&c, &url, &[("range", "bytes=-5")]).await;
+        assert_eq!((suffix.status.as_u16(), suffix.cache()), (206, "HIT"));
+        assert_eq!(suffix.body, b[1995..]);
+        let multi = get(&c, &url, &[("range", "bytes=0-1, 10-11")]).await;
+        assert_eq!(multi.status, 206);
+        assert!(multi
+            .header("content-type")
+            .unwrap()
+            .starts_with("multipart/byteranges; boundary="));
+        let text = String::from_utf8_lossy(&multi.body);
+        assert!(
+            text.contains("Content-Range: bytes 0-1/2000")
+                && text.contains("Content-Range: bytes 10-11/2000")
+        );
+        let bad = get(&c, &url, &[("range", "bytes=5000-6000")]).await;
+        assert_eq!(bad.status, 416);
+        assert_eq!(bad.header("content-range"), Some("bytes */2000"));
+        // If-Range with an old validator: the whole body.
+        let old = get(&c, &url, &[("range", "bytes=0-9"), ("if-range", "\"old\"")]).await;
+        assert_eq!(old.status, 200);
+        assert_eq!(old.body.len(), 2000);
+        let current = get(&c, &url, &[("range", "bytes=0-9"), ("if-range", "\"r1\"")]).await;
+        assert_eq!(current.status, 206);
+        assert_eq!(origin.hits(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_206_from_the_origin_is_passed_through_and_not_stored() {
+        let (origin, _l, c, base) = setup("", |_, _| {
+            Reply::ok("abc")
+                .status(206)
+                .header("content-range", "bytes 0-2/10")
+                .header("cache-control", "max-age=60")
+        })
+        .await;
+        let url = format!("{base}/p");
+        let g = get(&c, &url, &[]).await;
+        assert_eq!(g.status, 206);
+        assert_eq!(g.body, "abc");
+        get(&c, &url, &[]).await;
+        assert_eq!(origin.hits(), 2);
+    }
+}

@@ -429,3 +429,46 @@ fn encode_avif(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
     res.map(|e| e.avif_file)
         .map_err(|e| CodecError::Encode("AVIF", e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::sniff;
+
+    #[test]
+    fn jpeg_shrinks_on_load_to_the_nearest_size_above() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/bench-data/photo-640x856.jpg"
+        );
+        let Ok(b) = std::fs::read(path) else { return };
+        let p = sniff::probe(&b).unwrap();
+        let limits = Limits {
+            max_pixels: 50_000_000,
+            max_dim: 4096,
+            max_frames: 1,
+        };
+        // 100×134 needed: 2/8 (160×214) is the smallest scale at or above it.
+        let r = decode(&b, &p, (100, 134), true, &limits).unwrap();
+        assert_eq!((r.width, r.height, r.channels), (160, 214, 1));
+        let r = decode(&b, &p, (640, 856), false, &limits).unwrap();
+        assert_eq!((r.width, r.height, r.channels), (640, 856, 3));
+    }
+
+    #[test]
+    fn corrupt_data_is_an_error_not_a_panic() {
+        let limits = Limits {
+            max_pixels: 1 << 20,
+            max_dim: 4096,
+            max_frames: 10,
+        };
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x10\0\0\0\x10\x08\x02\0\0\0".to_vec();
+        png.extend_from_slice(b"garbage garbage garbage");
+        let p = sniff::probe(&png).unwrap();
+        assert!(decode(&png, &p, (1, 1), false, &limits).is_err());
+        let jpeg =
+            b"\xFF\xD8\xFF\xC0\0\x11\x08\0\x10\0\x10\x03\x01\x22\0\x02\x11\x01\x03\x11\x01junk";
+        let p = sniff::probe(jpeg).unwrap();
+        assert!(decode(jpeg, &p, (1, 1), false, &limits).is_err());
+    }
+}

@@ -253,7 +253,7 @@ pub fn resize(
     let alg = if same_size {
         fr::ResizeAlg::Nearest
     } else {
-        fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom)
+        fr::ResizeAlg::Convolution(fr::FilterType::Bilinear)
     };
     let opts = fr::ResizeOptions::new()
         .resize_alg(alg)

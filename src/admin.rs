@@ -1,0 +1,277 @@
+//! Administration: who may run admin operations ([`Access`]: a bearer token, or an address in an
+//! allow list), the `PURGE` method on proxy routes, and the admin API served on its own listener
+//! (`[admin] listen`, loopback by default in examples):
+//!
+//! - `GET /_larder/status`: cache size and counts, as JSON;
+//! - `POST /_larder/purge?url=http://host/path`: every variant of one URL;
+//! - `POST /_larder/purge?prefix=http://host/path/`: every URL under a prefix;
+//! - `POST /_larder/purge?tag=T`: every response tagged T by the tag header (`Surrogate-Key`).
+//!
+//! Purges by prefix or tag scan the store on a blocking thread, one shard lock at a time, so
+//! requests keep being served while they run.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use percent_encoding::percent_decode_str;
+
+use crate::body::Body;
+use crate::cache::{Cache, CacheKey};
+use crate::config::Cidr;
+
+/// Who may run administrative operations.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// `Authorization: Bearer <token>` grants access.
+    pub token: Option<String>,
+    /// Requests from these addresses need no token (PURGE only).
+    pub allow: Vec<Cidr>,
+}
+
+impl Access {
+    /// Whether the request carries the configured bearer token (compared in constant time).
+    pub fn bearer_ok(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = self.token.as_deref() else {
+            return false;
+        };
+        let Some(given) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        constant_time_eq(given.trim().as_bytes(), token.as_bytes())
+    }
+
+    /// Token, or an allowed peer address.
+    pub fn permits(&self, headers: &HeaderMap, peer: SocketAddr) -> bool {
+        self.bearer_ok(headers) || self.allow.iter().any(|c| c.contains(peer.ip()))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON response (bodies here are small and built by hand).
+pub fn json(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(Body::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn refused() -> Response<Body> {
+    let mut r = json(
+        StatusCode::UNAUTHORIZED,
+        "{\"error\":\"admin token required\"}".into(),
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// The `PURGE` method on a proxy route: removes every variant of the request's URL.
+pub fn purge_method(
+    cache: &Cache,
+    access: &Access,
+    key: &CacheKey,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+) -> Response<Body> {
+    if !access.permits(headers, peer) {
+        return json(
+            StatusCode::FORBIDDEN,
+            "{\"error\":\"purge not allowed\"}".into(),
+        );
+    }
+    let n = usize::from(cache.store.remove(key));
+    let status = if n == 0 {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    json(status, format!("{{\"purged\":{n}}}"))
+}
+
+/// The admin API handler.
+pub struct Admin {
+    cache: Arc<Cache>,
+    access: Access,
+}
+
+impl Admin {
+    pub fn new(cache: Arc<Cache>, token: Option<String>) -> Admin {
+        Admin {
+            cache,
+            access: Access {
+                token,
+                allow: Vec::new(),
+            },
+        }
+    }
+
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
+        if !self.access.bearer_ok(req.headers()) {
+            return refused();
+        }
+        let path = req.uri().path();
+        match (req.method(), path) {
+            (&Method::GET, "/_larder/status") => self.status(),
+            (m, "/_larder/purge") if m == Method::POST || m.as_str() == "PURGE" => {
+                self.purge(req.uri().query().unwrap_or("")).await
+            }
+            (_, "/_larder/status" | "/_larder/purge") => json(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{\"error\":\"method not allowed\"}".into(),
+            ),
+            _ => json(
+                StatusCode::NOT_FOUND,
+                "{\"error\":\"no such admin endpoint\"}".into(),
+            ),
+        }
+    }
+
+    fn status(&self) -> Response<Body> {
+        let s = &self.cache.store;
+        json(
+            StatusCode::OK,
+            format!(
+                "{{\"cache\":{{\"urls\":{},\"bytes\":{},\"capacity\":{},\"fills_in_flight\":{}}}}}",
+                s.len(),
+                s.weight(),
+                s.capacity(),
+                s.inflight.len()
+            ),
+        )
+    }
+
+    async fn purge(&self, query: &str) -> Response<Body> {
+        let Some((kind, value)) = query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            matches!(k, "url" | "prefix" | "tag").then(|| {
+                (
+                    k.to_string(),
+                    percent_decode_str(v).decode_utf8_lossy().into_owned(),
+                )
+            })
+        }) else {
+            return json(
+                StatusCode::BAD_REQUEST,
+                "{\"error\":\"give one of url=, prefix= or tag=\"}".into(),
+            );
+        };
+        if value.is_empty() {
+            return json(
+                StatusCode::BAD_REQUEST,
+                format!("{{\"error\":\"empty {kind}\"}}"),
+            );
+        }
+        let cache = Arc::clone(&self.cache);
+        let purged = match kind.as_str() {
+            "url" => match key_of_url(&value) {
+                Some(k) => usize::from(cache.store.remove(&k)),
+                None => {
+                    return json(
+                        StatusCode::BAD_REQUEST,
+                        "{\"error\":\"url must be absolute: http://host/path\"}".into(),
+                    )
+                }
+            },
+            "prefix" => {
+                let prefix = normalize_url_prefix(&value);
+                tokio::task::spawn_blocking(move || cache.store.remove_prefix(&prefix))
+                    .await
+                    .unwrap_or(0)
+            }
+            _ => tokio::task::spawn_blocking(move || {
+                cache
+                    .store
+                    .purge_where(|_, e| e.tags.iter().any(|t| **t == *value))
+            })
+            .await
+            .unwrap_or(0),
+        };
+        json(StatusCode::OK, format!("{{\"purged\":{purged}}}"))
+    }
+}
+
+/// `http://Host/path?q` → its cache key.
+fn key_of_url(url: &str) -> Option<CacheKey> {
+    let rest = url.strip_prefix("http://")?;
+    let (host, pq) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, "/"),
+    };
+    (!host.is_empty()).then(|| CacheKey::from_parts("http", host, pq))
+}
+
+/// A URL prefix in the form cache keys take (host lowercased).
+fn normalize_url_prefix(prefix: &str) -> String {
+    match prefix.strip_prefix("http://") {
+        Some(rest) => {
+            let (host, path) = match rest.find('/') {
+                Some(i) => rest.split_at(i),
+                None => (rest, ""),
+            };
+            format!("http://{}{path}", host.to_ascii_lowercase())
+        }
+        None => prefix.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_and_allow_list() {
+        let a = Access {
+            token: Some("s3cret".into()),
+            allow: vec!["10.0.0.0/8".parse().unwrap()],
+        };
+        let mut h = HeaderMap::new();
+        let peer: SocketAddr = "192.168.1.1:5".parse().unwrap();
+        assert!(!a.permits(&h, peer));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret"),
+        );
+        assert!(a.permits(&h, peer));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cre"),
+        );
+        assert!(!a.permits(&h, peer));
+        assert!(a.permits(&HeaderMap::new(), "10.1.1.1:5".parse().unwrap()));
+        assert!(!Access::default().bearer_ok(&h));
+    }
+
+    #[test]
+    fn urls_to_keys() {
+        assert_eq!(
+            key_of_url("http://Ex.com/a?b").unwrap().as_str(),
+            "http://ex.com/a?b"
+        );
+        assert_eq!(
+            key_of_url("http://ex.com").unwrap().as_str(),
+            "http://ex.com/"
+        );
+        assert!(key_of_url("/relative").is_none());
+        assert_eq!(
+            normalize_url_prefix("http://EX.com/img/"),
+            "http://ex.com/img/"
+        );
+    }
+}

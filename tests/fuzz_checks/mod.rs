@@ -1,0 +1,137 @@
+//! Invariants of every parser of untrusted input, shared by the libFuzzer targets in `fuzz/`
+//! (nightly, `cargo fuzz run NAME`) and by the bounded smoke run in `tests/fuzz_smoke.rs`.
+//! Each function must never panic, and asserts what its parser guarantees.
+#![allow(dead_code)]
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// Cache-Control and the request directives built from it.
+pub fn cache_control(data: &[u8]) {
+    let Ok(v) = HeaderValue::from_bytes(data) else {
+        return;
+    };
+    let mut h = HeaderMap::new();
+    h.insert(http::header::CACHE_CONTROL, v.clone());
+    h.insert(http::header::PRAGMA, v);
+    let cc = larder::cache::policy::CacheControl::from_headers(&h, &http::header::CACHE_CONTROL);
+    if let Some(m) = cc.max_age {
+        assert!(m <= 2_147_483_648);
+    }
+    let _ = larder::cache::policy::RequestDirectives::from_headers(&h);
+}
+
+/// Accept-Encoding negotiation always yields one of the offered codings or identity.
+pub fn accept_encoding(data: &[u8]) {
+    use larder::compress::{AcceptEncoding, Encoding};
+    let Ok(v) = HeaderValue::from_bytes(data) else {
+        return;
+    };
+    let ae = AcceptEncoding::parse(Some(&v));
+    let offered = [Encoding::Br, Encoding::Gzip];
+    let chosen = ae.choose(&offered);
+    assert!(offered.contains(&chosen) || chosen == Encoding::Identity);
+}
+
+/// Range parsing: every range returned lies inside the representation.
+pub fn range(data: &[u8]) {
+    if data.len() < 8 {
+        return;
+    }
+    let len = u64::from_le_bytes(data[..8].try_into().unwrap()) % (1 << 40);
+    match larder::range::parse(&data[8..], len) {
+        larder::range::Decision::Partial(ranges) => {
+            assert!(!ranges.is_empty() && ranges.len() <= larder::range::MAX_RANGES);
+            for r in ranges {
+                assert!(r.first <= r.last && r.last < len, "{r:?} of {len}");
+            }
+        }
+        larder::range::Decision::Full | larder::range::Decision::Unsatisfiable => {}
+    }
+}
+
+/// A static path either is refused or yields plain segments that cannot climb out of the root.
+pub fn static_path(data: &[u8]) {
+    let Ok(path) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(segments) = larder::static_files::safe_segments(path, false) {
+        for s in segments {
+            assert!(s != ".." && s != "." && !s.is_empty(), "{path:?} -> {s:?}");
+            assert!(!s.contains(['/', '\\', '\0']), "{path:?} -> {s:?}");
+            assert!(!s.starts_with('.'), "dotfile {path:?}");
+        }
+    }
+}
+
+/// Image URL parameters: parse and normalize without panicking; the key is order-independent.
+pub fn image_params(data: &[u8]) {
+    let Ok(q) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = larder::images::params::Params::parse(q);
+    let mut parts: Vec<&str> = q.split('&').collect();
+    parts.reverse();
+    let reversed = parts.join("&");
+    if let (Ok(a), Ok(b)) = (
+        larder::images::params::Params::parse(q),
+        larder::images::params::Params::parse(&reversed),
+    ) {
+        // Duplicated keys may legitimately resolve differently in reverse order.
+        let keys: Vec<&str> = q
+            .split('&')
+            .map(|kv| kv.split('=').next().unwrap_or(""))
+            .collect();
+        let unique = keys.iter().collect::<std::collections::HashSet<_>>().len() == keys.len();
+        if unique {
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{q:?}");
+        }
+    }
+}
+
+/// Image sniffing reads headers only and never panics on any bytes.
+pub fn image_sniff(data: &[u8]) {
+    let _ = larder::images::sniff::format(data);
+    let _ = larder::images::sniff::probe(data);
+}
+
+/// Configuration text never panics the loader.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = larder::config::Config::parse(text, "fuzz");
+}
+
+/// Vary normalization never panics and is deterministic.
+pub fn vary(data: &[u8]) {
+    let Ok(v) = HeaderValue::from_bytes(data) else {
+        return;
+    };
+    let mut resp = HeaderMap::new();
+    resp.insert(http::header::VARY, v.clone());
+    if let Some(names) = larder::cache::vary::selecting_names(&resp) {
+        let mut req = HeaderMap::new();
+        for n in names.iter() {
+            req.append(n.clone(), v.clone());
+        }
+        let a = larder::cache::vary::VaryKey::of(&names, &req);
+        let b = larder::cache::vary::VaryKey::of(&names, &req);
+        assert_eq!(a, b);
+    }
+    let _ = HeaderName::from_bytes(data);
+}
+
+/// A named check.
+pub type Check = (&'static str, fn(&[u8]));
+
+/// All checks by name, for the smoke run.
+pub const ALL: [Check; 8] = [
+    ("cache_control", cache_control),
+    ("accept_encoding", accept_encoding),
+    ("range", range),
+    ("static_path", static_path),
+    ("image_params", image_params),
+    ("image_sniff", image_sniff),
+    ("config", config),
+    ("vary", vary),
+];

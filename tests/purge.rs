@@ -1,0 +1,185 @@
+//! Purge: the PURGE method on proxy routes and the admin API (by URL, prefix and tag), with the
+//! access rules (token, allowed addresses), against a real origin over real sockets.
+
+mod common;
+
+use common::*;
+
+fn config(admin: &str) -> String {
+    format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n{admin}\n{PROXY}")
+}
+
+async fn setup(admin: &str) -> (Origin, larder::server::Handle, Client, String, String) {
+    let origin = Origin::start(|seen, n| {
+        let lang = seen
+            .headers
+            .get("accept-language")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let tags = if seen.path.starts_with("/products/") {
+            "product all"
+        } else {
+            "all"
+        };
+        Reply::ok(format!("{} {lang} {n}", seen.path))
+            .header("cache-control", "max-age=600")
+            .header("vary", "Accept-Language")
+            .header("surrogate-key", tags)
+    })
+    .await;
+    let larder = larder(&config(admin), &origin.url()).await;
+    let base = format!("http://{}", larder.addrs[0]);
+    let admin = format!("http://{}", larder.admin_addr.unwrap());
+    (origin, larder, client(), base, admin)
+}
+
+async fn warm(c: &Client, url: &str) {
+    for lang in ["en", "fr"] {
+        get(c, url, &[("accept-language", lang)]).await;
+        assert_eq!(
+            get(c, url, &[("accept-language", lang)]).await.cache(),
+            "HIT"
+        );
+    }
+}
+
+async fn is_cached(c: &Client, url: &str, lang: &str) -> bool {
+    // only-if-cached answers 504 instead of fetching, so probing does not refill.
+    get(
+        c,
+        url,
+        &[
+            ("accept-language", lang),
+            ("cache-control", "only-if-cached"),
+        ],
+    )
+    .await
+    .status
+        == 200
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purge_method_needs_token_or_allowed_address() {
+    let (_o, _l, c, base, _) = setup("").await;
+    let url = format!("{base}/page");
+    warm(&c, &url).await;
+    let denied = send(&c, "PURGE", &url, &[], b"").await;
+    assert_eq!(denied.status, 403);
+    assert!(is_cached(&c, &url, "en").await);
+    let ok = send(
+        &c,
+        "PURGE",
+        &url,
+        &[("authorization", "Bearer s3cret")],
+        b"",
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body, "{\"purged\":1}");
+    // Every variant of the URL is gone.
+    assert!(!is_cached(&c, &url, "en").await);
+    assert!(!is_cached(&c, &url, "fr").await);
+    let again = send(
+        &c,
+        "PURGE",
+        &url,
+        &[("authorization", "Bearer s3cret")],
+        b"",
+    )
+    .await;
+    assert_eq!(again.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purge_method_from_an_allowed_address() {
+    let (_o, _l, c, base, _) = setup("purge_allow = [\"127.0.0.0/8\"]").await;
+    let url = format!("{base}/page");
+    warm(&c, &url).await;
+    assert_eq!(send(&c, "PURGE", &url, &[], b"").await.status, 200);
+    assert!(!is_cached(&c, &url, "en").await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_api_requires_the_token() {
+    let (_o, _l, c, _base, admin) = setup("").await;
+    let g = get(&c, &format!("{admin}/_larder/status"), &[]).await;
+    assert_eq!(g.status, 401);
+    let g = get(
+        &c,
+        &format!("{admin}/_larder/status"),
+        &[("authorization", "Bearer wrong")],
+    )
+    .await;
+    assert_eq!(g.status, 401);
+    let g = get(
+        &c,
+        &format!("{admin}/_larder/status"),
+        &[("authorization", "Bearer s3cret")],
+    )
+    .await;
+    assert_eq!(g.status, 200);
+    assert!(String::from_utf8_lossy(&g.body).contains("\"urls\":0"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_purge_by_url_prefix_and_tag() {
+    let (_o, larder, c, base, admin) = setup("").await;
+    let host = larder.addrs[0];
+    let urls: Vec<String> = ["/products/1", "/products/2", "/about", "/blog/x"]
+        .iter()
+        .map(|p| format!("{base}{p}"))
+        .collect();
+    for u in &urls {
+        warm(&c, u).await;
+    }
+    let auth = [("authorization", "Bearer s3cret")];
+    let post = |q: String| {
+        let c = c.clone();
+        let admin = admin.clone();
+        async move {
+            send(
+                &c,
+                "POST",
+                &format!("{admin}/_larder/purge?{q}"),
+                &auth,
+                b"",
+            )
+            .await
+        }
+    };
+    // By URL.
+    let r = post(format!("url=http://{host}/about")).await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body[..]),
+        (200, &b"{\"purged\":1}"[..])
+    );
+    assert!(!is_cached(&c, &urls[2], "en").await);
+    assert!(is_cached(&c, &urls[3], "en").await);
+    // By tag: both products, with all their variants.
+    let r = post("tag=product".into()).await;
+    assert_eq!(r.body, "{\"purged\":2}");
+    for u in &urls[..2] {
+        assert!(!is_cached(&c, u, "en").await && !is_cached(&c, u, "fr").await);
+    }
+    assert!(is_cached(&c, &urls[3], "fr").await);
+    // By prefix.
+    let r = post(format!("prefix=http://{host}/blog/")).await;
+    assert_eq!(r.body, "{\"purged\":1}");
+    assert!(!is_cached(&c, &urls[3], "en").await);
+    // Tags are larder's business: never sent on.
+    let g = get(&c, &urls[0], &[]).await;
+    assert_eq!(g.header("surrogate-key"), None);
+    // Bad requests.
+    assert_eq!(post("nothing=1".into()).await.status, 400);
+    assert_eq!(post("url=/relative".into()).await.status, 400);
+}
+
+#[test]
+fn admin_listener_without_token_is_a_config_error() {
+    let text = format!("[admin]\nlisten = \"127.0.0.1:0\"\n{PROXY}")
+        .replace("{origin}", "http://127.0.0.1:1");
+    let e = larder::config::Config::parse(&text, "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("token"), "{e}");
+}
