@@ -251,13 +251,16 @@ impl StaticFiles {
         // between its stat and its opening, is resolved once more.
         for _ in 0..2 {
             let resolved = match self.resolved.get(path) {
-                Some(r) => self.recheck(root, path, r).await,
+                // The fast path awaits nothing; the slow paths are boxed so that the
+                // request future (held per connection by hyper) stays small.
+                Some(r) if !self.due(&r) => r,
+                Some(r) => Box::pin(self.recheck(root, path, r)).await,
                 None => {
                     let segments = match safe_segments(path, self.settings.dotfiles) {
                         Ok(s) => s,
                         Err(status) => return refusal(status),
                     };
-                    match self.resolve(root, path, segments).await {
+                    match Box::pin(self.resolve(root, path, segments)).await {
                         Some(r) => r,
                         None => return refusal(StatusCode::INTERNAL_SERVER_ERROR),
                     }
@@ -266,11 +269,11 @@ impl StaticFiles {
             match &resolved.kind {
                 Kind::Refused(status) => return refusal(*status),
                 Kind::Redirect => return redirect(full_path, req.uri().query()),
-                Kind::Listing(dir) => return self.listing(dir.clone(), full_path).await,
+                Kind::Listing(dir) => return Box::pin(self.listing(dir.clone(), full_path)).await,
                 Kind::Memory(key, plan) => {
                     let entry = match self.cache.store.get(key) {
                         Some(e) => e,
-                        None => match self.load_memory(plan.clone(), key.clone()).await {
+                        None => match Box::pin(self.load_memory(plan.clone(), key.clone())).await {
                             Some(e) => e,
                             None => {
                                 self.resolved.remove(path);
@@ -280,13 +283,15 @@ impl StaticFiles {
                     };
                     return deliver(&entry, req.method(), req.headers());
                 }
-                Kind::Disk(file) => match deliver_disk(file, req.method(), req.headers()).await {
-                    Some(r) => return r,
-                    None => {
-                        self.resolved.remove(path);
-                        continue;
+                Kind::Disk(file) => {
+                    match Box::pin(deliver_disk(file, req.method(), req.headers())).await {
+                        Some(r) => return r,
+                        None => {
+                            self.resolved.remove(path);
+                            continue;
+                        }
                     }
-                },
+                }
             }
         }
         refusal(StatusCode::SERVICE_UNAVAILABLE)
@@ -298,6 +303,14 @@ impl StaticFiles {
 
     /// Returns `r` if it is recent, else stats again (one request per path does; others keep
     /// using `r` meanwhile) and reloads when the files changed.
+    /// Whether a resolution is older than [`RECHECK`].
+    #[inline]
+    fn due(&self, r: &Resolved) -> bool {
+        self.now_ms()
+            .saturating_sub(r.checked.load(Ordering::Relaxed))
+            >= RECHECK.as_millis() as u64
+    }
+
     async fn recheck(&self, root: &Path, path: &str, r: Arc<Resolved>) -> Arc<Resolved> {
         let now = self.now_ms();
         let checked = r.checked.load(Ordering::Relaxed);
