@@ -226,7 +226,7 @@ impl Default for ServerConfig {
             idle_timeout: Dur(Duration::from_secs(60)),
             shutdown_grace: Dur(Duration::from_secs(10)),
             h2c: true,
-            threading: Threading::PerCore,
+            threading: Threading::WorkStealing,
         }
     }
 }

@@ -688,7 +688,15 @@ async fn two_thousand_keepalive_connections() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.html"), "<p>a</p>").unwrap();
     std::fs::write(dir.path().join("b.txt"), "b".repeat(5000)).unwrap();
-    let (h, addr) = start(dir.path()).await;
+    // Per-core layout with two workers (SO_REUSEPORT): connections land on both threads.
+    let mut config = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
+    );
+    config.server.workers = 2;
+    config.server.threading = larder::config::Threading::PerCore;
+    let h = larder::server::start(config).await.unwrap();
+    let addr = h.addrs[0];
     const N: usize = 2000;
     let mut conns = Vec::with_capacity(N);
     for _ in 0..N {
