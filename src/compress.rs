@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tokio::sync::Semaphore;
 
+use crate::body::Body;
 use crate::config::CompressionConfig;
 
 /// A content coding larder stores.
@@ -127,6 +128,15 @@ impl AcceptEncoding {
         self.q[e as usize] > 0
     }
 
+    /// The coding to compress a response with on the fly: the acceptable one with the highest
+    /// q-value, preferring zstd, then br, then gzip on ties (cheapest to produce for its ratio).
+    pub fn dynamic_choice(&self) -> Option<Encoding> {
+        [Encoding::Zstd, Encoding::Br, Encoding::Gzip]
+            .into_iter()
+            .filter(|e| self.accepts(*e))
+            .max_by_key(|e| (self.q[*e as usize], *e as u8))
+    }
+
     /// Picks from `by_size` (available codings, smallest body first) the first acceptable one;
     /// identity if none is.
     #[inline]
@@ -202,6 +212,10 @@ impl Compressor {
         }
     }
 
+    pub fn config(&self) -> &CompressionConfig {
+        &self.cfg
+    }
+
     /// Whether a body of this Content-Type and length gets compressed variants.
     pub fn wants(&self, content_type: Option<&HeaderValue>, len: usize) -> bool {
         if !self.cfg.enabled || (len as u64) < self.cfg.min_length.0 {
@@ -257,6 +271,42 @@ impl Compressor {
             .await
             .unwrap_or(Err(DecodeError::TooLarge(limit)))
     }
+}
+
+/// Compresses a streamed body on the fly (for responses that are not stored).
+pub fn encode_stream(body: Body, e: Encoding, cfg: &CompressionConfig) -> Body {
+    use async_compression::tokio::bufread::{BrotliEncoder, GzipEncoder, ZstdEncoder};
+    use async_compression::Level;
+    use futures_util::TryStreamExt;
+    use tokio_util::io::StreamReader;
+
+    let data =
+        http_body_util::BodyDataStream::new(body).map_err(|e| std::io::Error::other(e.to_string()));
+    let reader = StreamReader::new(data);
+    let level = |l: i64| Level::Precise(l as i32);
+    match e {
+        Encoding::Gzip => frames(GzipEncoder::with_quality(
+            reader,
+            level(cfg.dynamic_gzip_level.get()),
+        )),
+        Encoding::Br => frames(BrotliEncoder::with_quality(
+            reader,
+            level(cfg.dynamic_brotli_level.get()),
+        )),
+        Encoding::Zstd => frames(ZstdEncoder::with_quality(
+            reader,
+            level(cfg.dynamic_zstd_level.get()),
+        )),
+        Encoding::Identity => frames(reader),
+    }
+}
+
+/// An `AsyncRead` as a streamed body.
+fn frames<R: tokio::io::AsyncRead + Send + Sync + 'static>(r: R) -> Body {
+    use futures_util::TryStreamExt;
+    Body::stream(http_body_util::StreamBody::new(
+        tokio_util::io::ReaderStream::new(r).map_ok(http_body::Frame::data),
+    ))
 }
 
 /// Encodes `data` with one coding at the configured level.

@@ -295,6 +295,12 @@ pub struct CompressionConfig {
     pub zstd_level: Bounded<1, 22>,
     /// Compressions running at once (off the async workers); 0 means one per core.
     pub threads: usize,
+    /// Compress responses that are not stored (passed through) on the fly, per request.
+    pub dynamic: bool,
+    /// Levels for on-the-fly compression: cheap, since they are paid on every request.
+    pub dynamic_gzip_level: Bounded<1, 9>,
+    pub dynamic_brotli_level: Bounded<0, 11>,
+    pub dynamic_zstd_level: Bounded<1, 22>,
 }
 
 impl Default for CompressionConfig {
@@ -324,6 +330,10 @@ impl Default for CompressionConfig {
             brotli_level: Bounded(11),
             zstd_level: Bounded(19),
             threads: 0,
+            dynamic: true,
+            dynamic_gzip_level: Bounded(1),
+            dynamic_brotli_level: Bounded(4),
+            dynamic_zstd_level: Bounded(3),
         }
     }
 }

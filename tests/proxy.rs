@@ -695,3 +695,57 @@ async fn vary_selects_variants_and_vary_star_never_matches() {
         assert_ne!(a.body, b.body, "{path}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uncacheable_responses_are_compressed_on_the_fly() {
+    let text = "on the fly ".repeat(2400);
+    let t2 = text.clone();
+    let origin = Origin::start(move |seen, _| {
+        let r = Reply::ok(t2.clone())
+            .header("content-type", "text/html")
+            .header("etag", "\"x\"");
+        match seen.path.as_str() {
+            "/no-transform" => r.header("cache-control", "no-store, no-transform"),
+            "/image" => Reply::ok(vec![0u8; 5000])
+                .header("cache-control", "no-store")
+                .header("content-type", "image/png"),
+            _ => r.header("cache-control", "no-store"),
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/dyn", larder.addrs[0]);
+    for (ae, want) in [
+        ("gzip", Some("gzip")),
+        ("br", Some("br")),
+        ("zstd", Some("zstd")),
+        ("gzip, br, zstd", Some("zstd")),
+        ("gzip;q=1, br;q=0.5", Some("gzip")),
+    ] {
+        let g = get(&c, &url, &[("accept-encoding", ae)]).await;
+        assert_eq!(g.header("content-encoding"), want, "{ae}");
+        assert_eq!(g.header("vary"), Some("Accept-Encoding"));
+        assert_eq!(g.header("etag"), Some("W/\"x\""));
+        assert!(g.body.len() < text.len() / 4);
+        assert_eq!(decode(&g.body, want), text.as_bytes(), "{ae}");
+    }
+    let plain = get(&c, &url, &[]).await;
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(plain.body, text.as_bytes());
+    let nt = get(
+        &c,
+        &format!("http://{}/no-transform", larder.addrs[0]),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    assert_eq!(nt.header("content-encoding"), None);
+    let img = get(
+        &c,
+        &format!("http://{}/image", larder.addrs[0]),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    assert_eq!(img.header("content-encoding"), None);
+    assert_eq!(larder.cache.store.len(), 0);
+}

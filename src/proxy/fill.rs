@@ -135,7 +135,13 @@ impl Proxy {
                     if stale.is_some() {
                         me.cache.store.remove(&key);
                     }
-                    return self.respond_streamed(rparts, rbody, &client_method, status);
+                    return self.respond_streamed(
+                        rparts,
+                        rbody,
+                        &client_method,
+                        &client_headers,
+                        status,
+                    );
                 }
             };
 
@@ -148,7 +154,7 @@ impl Proxy {
             .and_then(|s| s.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
             drop(guard);
-            return self.respond_streamed(rparts, rbody, &client_method, status);
+            return self.respond_streamed(rparts, rbody, &client_method, &client_headers, status);
         }
         let body = match buffer_up_to(rbody, max).await {
             Buffered::Complete(b) => b,
@@ -259,6 +265,7 @@ impl Proxy {
         mut rparts: response::Parts,
         rbody: Incoming,
         method: &Method,
+        request: &HeaderMap,
         status: CacheStatus,
     ) -> Response<Body> {
         self.0.strip_private_fields(&mut rparts.headers);
@@ -266,7 +273,9 @@ impl Proxy {
         let body = if *method == Method::HEAD {
             Body::empty()
         } else {
-            Body::stream(rbody)
+            let accept = request.get(header::ACCEPT_ENCODING);
+            self.0
+                .compress_on_the_fly(&mut rparts, Body::stream(rbody), accept)
         };
         self.0.tag(Response::from_parts(rparts, body), status)
     }

@@ -265,6 +265,9 @@ impl Proxy {
     ) -> Response<Body> {
         let me = &self.0;
         let (mut parts, body) = req.into_parts();
+        let accept = (parts.method != Method::HEAD)
+            .then(|| parts.headers.get(header::ACCEPT_ENCODING).cloned())
+            .flatten();
         upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
         match upstream::send(
             &me.client,
@@ -278,7 +281,9 @@ impl Proxy {
                 upstream::strip_hop_by_hop(&mut rparts.headers);
                 me.strip_private_fields(&mut rparts.headers);
                 rparts.headers.append(header::VIA, VIA);
-                me.tag(Response::from_parts(rparts, Body::stream(rbody)), status)
+                let body =
+                    me.compress_on_the_fly(&mut rparts, Body::stream(rbody), accept.as_ref());
+                me.tag(Response::from_parts(rparts, body), status)
             }
             Err(e) => me.tag(e.response(), status),
         }
@@ -321,6 +326,60 @@ impl Inner {
         r.headers_mut()
             .insert(self.status_header.clone(), status.header_value());
         r
+    }
+
+    /// Compresses a response that is not stored, per request, when the client accepts a coding,
+    /// the origin sent none, the type is compressible and `no-transform` does not forbid it.
+    fn compress_on_the_fly(
+        &self,
+        rparts: &mut http::response::Parts,
+        body: Body,
+        accept: Option<&http::HeaderValue>,
+    ) -> Body {
+        let compressor = &self.cache.compressor;
+        let h = &rparts.headers;
+        let len = h
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.parse::<usize>().ok());
+        let eligible = compressor.config().dynamic
+            && accept.is_some()
+            && matches!(rparts.status.as_u16(), 200..=203)
+            && !h.contains_key(header::CONTENT_ENCODING)
+            && !h.contains_key(header::CONTENT_RANGE)
+            && compressor.wants(h.get(header::CONTENT_TYPE), len.unwrap_or(usize::MAX))
+            && !h
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+            && !crate::cache::policy::CacheControl::from_headers(h, &header::CACHE_CONTROL)
+                .no_transform;
+        if !eligible {
+            return body;
+        }
+        let Some(enc) = crate::compress::AcceptEncoding::parse(accept).dynamic_choice() else {
+            return body;
+        };
+        let h = &mut rparts.headers;
+        h.remove(header::CONTENT_LENGTH);
+        h.insert(
+            header::CONTENT_ENCODING,
+            enc.header_value().expect("a coding"),
+        );
+        if !crate::cache::entry::vary_lists(h, "accept-encoding") {
+            h.append(
+                header::VARY,
+                http::HeaderValue::from_static("Accept-Encoding"),
+            );
+        }
+        if let Some(tag) = h.get(header::ETAG) {
+            if !tag.as_bytes().starts_with(b"W/") {
+                let weak = [b"W/".as_slice(), tag.as_bytes()].concat();
+                if let Ok(v) = http::HeaderValue::from_bytes(&weak) {
+                    h.insert(header::ETAG, v);
+                }
+            }
+        }
+        crate::compress::encode_stream(body, enc, compressor.config())
     }
 
     /// Fields meant for larder alone (targeted cache-control, tags) never go on.

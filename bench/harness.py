@@ -1,0 +1,1370 @@
+#!/usr/bin/env python3
+"""larder benchmark harness; started by bench/run (see docs/benchmarks.md).
+
+Everything it starts listens on 127.0.0.1 only, every load run is wrk with a
+fixed duration, and every process it starts is stopped on exit, whatever
+happens (try/finally, atexit, SIGINT/SIGTERM/SIGHUP handlers, PR_SET_PDEATHSIG
+on each child, and bench/run's own trap over the process groups recorded in
+$LARDER_BENCH_PGFILE).
+"""
+
+import argparse
+import ctypes
+import datetime as dt
+import gzip
+import http.client
+import json
+import os
+import platform
+import random
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+DATA = (REPO / ".." / "shared" / "bench-data").resolve()
+RESULTS = BENCH / "results"
+DOC = REPO / "docs" / "benchmarks.md"
+VENV = BENCH / ".venv"
+HOST = "127.0.0.1"  # the only address this harness ever talks to
+
+PORTS = {
+    "origin": 18081,
+    "nginx": 18082,
+    "nginx-debian": 18083,
+    "varnish": 18084,
+    "larder": 18090,
+    "larder-img": 18091,
+    "thumbor": 18888,
+}
+SUT_CPU = 0   # systems under test
+LOAD_CPU = 1  # wrk (and the origin)
+WRK_THREADS = 1
+NOFILE = 65536
+BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg"]
+SUITE_BUDGET_S = 15 * 60
+WARMUP_S = 1
+RUN_OVERHEAD_S = 1.2    # probes, RSS, origin counter, pauses between runs
+PAIR_OVERHEAD_S = 2.0   # warm-up run and checks per cell and system
+FIXED_OVERHEAD_S = 40   # starting and stopping servers
+
+# --------------------------------------------------------------------------
+# small helpers
+
+
+def log(msg=""):
+    print(msg, flush=True)
+
+
+def warn(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(argv, **kw):
+    """Run a short command, return stdout+stderr text ('' if missing)."""
+    try:
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=kw.pop("timeout", 60), **kw)
+        return r.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def fill(template: Path, out: Path, subst: dict):
+    text = template.read_text()
+    for k, v in subst.items():
+        text = text.replace(f"@@{k}@@", str(v))
+    left = re.findall(r"@@[A-Z_]+@@", text)
+    if left:
+        raise RuntimeError(f"{template}: unfilled placeholders {sorted(set(left))}")
+    out.write_text(text)
+    return out
+
+
+def port_busy(port):
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def cpu_busy_ticks():
+    """(busy, total) jiffies over all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    total = sum(v[:8])  # guest time is already inside user
+    return total - v[3] - v[4], total
+
+
+def tree_ticks(pid):
+    total = 0
+    for p in [pid] + descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def cpu_busy_pct(interval=1.0):
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    t0, i0 = snap()
+    time.sleep(interval)
+    t1, i1 = snap()
+    return 100.0 * (1 - (i1 - i0) / max(1, t1 - t0))
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(hard, NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# --------------------------------------------------------------------------
+# processes
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+class Procs:
+    """Every process the harness starts, each in its own process group."""
+
+    def __init__(self):
+        self.items = []  # (name, Popen)
+        self.pgfile = os.environ.get("LARDER_BENCH_PGFILE")
+
+    def spawn(self, name, argv, logpath, cpu=None, nofile=None, env=None, cwd=None):
+        if cpu is not None:
+            argv = ["taskset", "-c", str(cpu)] + list(argv)
+
+        def pre():
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if nofile:
+                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+
+        out = open(logpath, "ab") if logpath else subprocess.DEVNULL
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=subprocess.STDOUT if logpath else subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=pre, env=env, cwd=cwd)
+        if logpath:
+            out.close()
+        self.items.append((name, p))
+        if self.pgfile:
+            with open(self.pgfile, "a") as f:
+                f.write(f"{p.pid}\n")
+        return p
+
+    def stop(self, p, grace=5.0):
+        if p.poll() is None or group_alive(p.pid):
+            family = descendants(p.pid)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+                for pid in family:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                deadline = time.time() + grace
+                while time.time() < deadline:
+                    p.poll()
+                    if not group_alive(p.pid) and not any(pid_alive(x) for x in family):
+                        break
+                    time.sleep(0.05)
+                else:
+                    continue
+                break
+        try:
+            p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        self.items = [(n, q) for n, q in self.items if q is not p]
+
+    def stop_all(self):
+        for _, p in reversed(list(self.items)):
+            self.stop(p)
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_alive(pgid):
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    return True
+            except (OSError, IndexError, ValueError):
+                pass
+    return False
+
+
+def _ppids():
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    out[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def descendants(pid):
+    pp = _ppids()
+    found, frontier = [], [pid]
+    while frontier:
+        cur = frontier.pop()
+        for child, parent in pp.items():
+            if parent == cur and child not in found:
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def rss_kb(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+# --------------------------------------------------------------------------
+# HTTP probes (exact headers: http.client would otherwise add
+# "Accept-Encoding: identity", which wrk does not send)
+
+
+def http_req(port, path, headers=None, method="GET", body=None, timeout=10):
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        c.putrequest(method, path, skip_accept_encoding=True)
+        for k, v in (headers or {}).items():
+            c.putheader(k, v)
+        if body is not None:
+            c.putheader("Content-Length", str(len(body)))
+        c.endheaders(body)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        c.close()
+
+
+def wait_http(port, path, timeout=15.0, proc=None):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False, f"exited with status {proc.returncode}"
+        try:
+            st, _, _ = http_req(port, path, timeout=2)
+            return True, st
+        except OSError as e:
+            last = e
+        time.sleep(0.1)
+    return False, f"no answer on 127.0.0.1:{port}{path} within {timeout:.0f}s ({last})"
+
+
+def jpeg_info(data):
+    """(width, height, components) from a JPEG's SOF marker, or None."""
+    i = 2
+    if data[:2] != b"\xff\xd8":
+        return None
+    while i + 9 < len(data):
+        if data[i] != 0xFF:
+            i += 1
+            continue
+        m = data[i + 1]
+        if m in (0xD8, 0x01) or 0xD0 <= m <= 0xD7 or m == 0xFF:
+            i += 1 if m == 0xFF else 2
+            continue
+        seglen = int.from_bytes(data[i + 2:i + 4], "big")
+        if m in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+            h = int.from_bytes(data[i + 5:i + 7], "big")
+            w = int.from_bytes(data[i + 7:i + 9], "big")
+            return w, h, data[i + 9]
+        i += 2 + seglen
+    return None
+
+
+def origin_requests():
+    """Total requests the origin has served (nginx stub_status)."""
+    try:
+        _, _, body = http_req(PORTS["origin"], "/__origin_status", timeout=3)
+        nums = body.decode().splitlines()[2].split()
+        return int(nums[2])
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------
+# systems under test
+
+
+class System:
+    """A server under test: how to reach it, its cache header, its RSS."""
+
+    def __init__(self, name, port, proc, cache_header=None, rss="tree", version=""):
+        self.name, self.port, self.proc = name, port, proc
+        self.cache_header = cache_header
+        self.rss_mode = rss
+        self.version = version
+
+    def pids(self):
+        if self.rss_mode == "nginx-worker":
+            return [p for p in descendants(self.proc.pid)
+                    if "worker process" in cmdline(p)]
+        return [self.proc.pid] + descendants(self.proc.pid)
+
+    def rss_kb(self):
+        return rss_kb(self.pids())
+
+    def cpu_ticks(self):
+        return tree_ticks(self.proc.pid)
+
+    def wait_idle(self, limit=20.0):
+        """Wait until the server has finished work left by a run's abandoned
+        requests (it uses < 10% of a CPU), so the next run starts clean."""
+        hz = os.sysconf("SC_CLK_TCK")
+        deadline = time.time() + limit
+        last = self.cpu_ticks()
+        while time.time() < deadline:
+            time.sleep(0.2)
+            cur = self.cpu_ticks()
+            if (cur - last) / hz < 0.02:
+                return True
+            last = cur
+        return False
+
+
+class Env:
+    """Per-run temp dir, origin, and lazily started systems."""
+
+    def __init__(self, args, procs):
+        self.args, self.procs = args, procs
+        # bench/run makes LARDER_BENCH_TMP and removes it whatever happens
+        self.run = Path(tempfile.mkdtemp(prefix="larder-bench-",
+                                         dir=os.environ.get("LARDER_BENCH_TMP") or None))
+        os.chmod(self.run, 0o755)  # varnish's child drops privileges
+        self.gen = self.run / "gen"
+        self.gen.mkdir()
+        for d in ("origin-tmp", "nginx-tmp", "nginx-debian-tmp", "larder-images"):
+            (self.run / d).mkdir()
+        self.systems = {}
+        self.skipped = {}   # system name -> reason
+        self.larder_bin = None
+        self.larder_version = ""
+        self.busy_pct = 0.0
+        self.origin_pid = None
+        self.subst = {"RUN": self.run, "DATA": DATA, "GEN": self.gen,
+                      "ORIGIN_PORT": PORTS["origin"]}
+
+    def cleanup(self):
+        shutil.rmtree(self.run, ignore_errors=True)
+
+    def logfile(self, name):
+        return self.run / f"{name}.log"
+
+    def tail(self, name, n=8):
+        try:
+            lines = self.logfile(name).read_text(errors="replace").splitlines()
+            return " | ".join(lines[-n:])
+        except OSError:
+            return ""
+
+    # -- origin -----------------------------------------------------------
+    def start_origin(self):
+        text = gen_text_24k()
+        (self.gen / "text-24k.html").write_text(text)
+        conf = fill(BENCH / "conf/origin.nginx.conf", self.run / "origin.conf", self.subst)
+        p = self.procs.spawn("origin", ["nginx", "-p", str(self.run), "-c", str(conf),
+                                        "-e", str(self.run / "origin-error.log")],
+                             self.logfile("origin"), cpu=LOAD_CPU)
+        self.origin_pid = p.pid
+        ok, why = wait_http(PORTS["origin"], "/small.html", proc=p)
+        if not ok:
+            raise RuntimeError(f"origin nginx did not start: {why} {self.tail('origin')}")
+        st, h, _ = http_req(PORTS["origin"], "/nocache/page.html")
+        assert st == 200 and h.get("cache-control") == "no-store", (st, h)
+
+    # -- systems ------------------------------------------------------------
+    def get(self, name):
+        if name in self.systems:
+            return self.systems[name]
+        if name in self.skipped:
+            return None
+        try:
+            s = getattr(self, "_start_" + name.replace("-", "_"))()
+        except SkipSystem as e:
+            self.skipped[name] = str(e)
+            warn(f"{name}: SKIPPED: {e}")
+            return None
+        self.systems[name] = s
+        return s
+
+    def stop(self, name):
+        s = self.systems.pop(name, None)
+        if s:
+            self.procs.stop(s.proc)
+
+    def _nginx(self, name, template, nofile=None, extra=None):
+        subst = dict(self.subst, PORT=PORTS[name], **(extra or {}))
+        conf = fill(BENCH / "conf" / template, self.run / f"{name}.conf", subst)
+        t = sh(["nginx", "-t", "-p", str(self.run), "-c", str(conf),
+                "-e", str(self.run / f"{name}-error.log")])
+        if "test is successful" not in t:
+            raise SkipSystem(f"nginx -t failed: {t}")
+        p = self.procs.spawn(name, ["nginx", "-p", str(self.run), "-c", str(conf),
+                                    "-e", str(self.run / f"{name}-error.log")],
+                             self.logfile(name), cpu=SUT_CPU, nofile=nofile)
+        ok, why = wait_http(PORTS[name], "/bench-static/small.html", proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not start: {why} {self.tail(name)}")
+        return System(name, PORTS[name], p, cache_header="x-cache-status",
+                      rss="nginx-worker", version=nginx_version())
+
+    def _start_nginx(self):
+        load, conf = "# brotli filter module not installed", ""
+        if BROTLI_MODULE.exists():
+            load = f"load_module {BROTLI_MODULE};"
+            conf = ("    brotli on;\n"
+                    "    brotli_types text/plain text/css text/xml application/json "
+                    "application/javascript application/xml image/svg+xml;")
+        return self._nginx("nginx", "nginx.conf", extra={"BROTLI_LOAD": load, "BROTLI_CONF": conf})
+
+    def _start_nginx_debian(self):
+        # systemd starts Debian's nginx.service with a soft RLIMIT_NOFILE of 1024
+        return self._nginx("nginx-debian", "nginx-debian.conf", nofile=1024)
+
+    def _start_varnish(self):
+        if not shutil.which("varnishd"):
+            raise SkipSystem("varnishd not installed")
+        vcl = fill(BENCH / "conf/varnish.vcl", self.run / "varnish.vcl", self.subst)
+        argv = ["varnishd", "-F", "-n", str(self.run / "varnish"),
+                "-a", f"{HOST}:{PORTS['varnish']}", "-T", f"{HOST}:0",
+                "-f", str(vcl), "-s", "malloc,256m",
+                "-p", "http_gzip_support=on",
+                "-p", "thread_pools=1", "-p", "thread_pool_min=200",
+                "-p", "thread_pool_max=5000"]
+        p = self.procs.spawn("varnish", argv, self.logfile("varnish"), cpu=SUT_CPU)
+        ok, why = wait_http(PORTS["varnish"], "/small.html", timeout=30, proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not start: {why} {self.tail('varnish')}")
+        return System("varnish", PORTS["varnish"], p, cache_header="x-cache",
+                      version=varnish_version())
+
+    def _larder_binary(self):
+        if self.larder_bin is None:
+            self.larder_bin = build_larder(self.args)
+            if not isinstance(self.larder_bin, str):
+                v = sh([str(self.larder_bin), "--version"], timeout=10).split()
+                self.larder_version = v[-1] if v else "unknown"
+        if isinstance(self.larder_bin, str):
+            raise SkipSystem(self.larder_bin)
+        return self.larder_bin
+
+    def _larder(self, name, template, probe_path):
+        binary = self._larder_binary()
+        conf = fill(BENCH / "conf" / template, self.run / f"{name}.toml",
+                    dict(self.subst, PORT=PORTS[name]))
+        chk = subprocess.run([str(binary), "check", str(conf)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=30)
+        if chk.returncode != 0:
+            raise SkipSystem(f"`larder check {conf.name}` failed (exit {chk.returncode}): "
+                             f"{chk.stdout.strip()[-400:] or 'no output'}")
+        p = self.procs.spawn(name, [str(binary), "--config", str(conf)],
+                             self.logfile(name), cpu=SUT_CPU)
+        ok, why = wait_http(PORTS[name], probe_path, timeout=15, proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"binary did not answer: {why} {self.tail(name)}")
+        return System(name, PORTS[name], p, cache_header="x-cache",
+                      version=self.larder_version)
+
+    def _start_larder(self):
+        s = self._larder("larder", "larder.toml", "/ping")
+        st, _, body = http_req(s.port, "/ping")
+        if st != 200:
+            self.procs.stop(s.proc)
+            raise SkipSystem(f"/ping answered {st} {body[:80]!r}")
+        return s
+
+    def _start_larder_img(self):
+        s = self._larder("larder-img", "larder-images.toml", "/")
+        try:
+            st, h, body = http_req(s.port, "/upload", method="POST",
+                                   headers={"Content-Type": "image/jpeg"},
+                                   body=(DATA / "photo-640x856.jpg").read_bytes())
+            md5 = json.loads(body)["md5"] if st == 200 else None
+        except Exception as e:  # noqa: BLE001 - any failure means "not built yet"
+            st, md5, body = f"error {e}", None, b""
+        if not md5:
+            self.procs.stop(s.proc)
+            raise SkipSystem(f"POST /upload did not return JSON with md5 "
+                             f"(status {st}, {body[:120]!r}): image server not built yet?")
+        s.md5 = md5
+        return s
+
+    def _start_thumbor(self):
+        exe = VENV / "bin" / "thumbor"
+        if not exe.exists():
+            ok = pip_install(["thumbor"])
+            if not ok or not exe.exists():
+                raise SkipSystem("thumbor could not be installed from PyPI into bench/.venv")
+        conf = fill(BENCH / "conf/thumbor.conf", self.run / "thumbor.conf", self.subst)
+        argv = [str(exe), "-p", str(PORTS["thumbor"]), "-i", HOST, "-c", str(conf),
+                "-l", "warning", "--processes", "1"]
+        p = self.procs.spawn("thumbor", argv, self.logfile("thumbor"), cpu=SUT_CPU)
+        ok, why = wait_http(PORTS["thumbor"], "/healthcheck", timeout=30, proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not start: {why} {self.tail('thumbor')}")
+        ver = sh([str(VENV / "bin" / "python"), "-c",
+                  "import thumbor; print(thumbor.__version__)"])
+        return System("thumbor", PORTS["thumbor"], p, version=f"thumbor {ver}")
+
+
+class SkipSystem(Exception):
+    pass
+
+
+def gen_text_24k():
+    """Deterministic 24 KB HTML-ish text that compresses roughly like a page."""
+    rnd = random.Random(5)
+    words = ("cache proxy origin header gzip brotli zstd request response vary "
+             "encoding latency throughput connection socket buffer stream body "
+             "accelerator static image thumbnail worker thread kernel loopback "
+             "the a of to and in is for on with as by at from").split()
+    out = ["<!doctype html><html><head><title>larder bench 24k</title></head><body>\n"]
+    size = len(out[0])
+    n = 0
+    while size < 24 * 1024 - 200:
+        n += 1
+        sent = " ".join(rnd.choice(words) for _ in range(rnd.randint(8, 20)))
+        line = f'<p id="p{n}" class="c{rnd.randint(0, 9)}">{sent.capitalize()}. {rnd.randint(0, 10**6)}</p>\n'
+        out.append(line)
+        size += len(line)
+    out.append("</body></html>\n")
+    text = "".join(out)
+    return (text + " " * (24 * 1024 - len(text)))[: 24 * 1024 - 1] + "\n"
+
+
+# --------------------------------------------------------------------------
+# installs and versions
+
+
+def pip_install(pkgs):
+    pip = VENV / "bin" / "pip"
+    if not pip.exists():
+        if subprocess.run([sys.executable, "-m", "venv", str(VENV)]).returncode != 0:
+            return False
+    log(f"bench: pip install {' '.join(pkgs)} into bench/.venv")
+    r = subprocess.run([str(pip), "install", "-q", *pkgs], timeout=900)
+    return r.returncode == 0
+
+
+def build_larder(args):
+    """Path of a freshly built release binary, or a str saying why not."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or Path.home() / ".cache" / "larder-target")
+    binary = target / "release" / "larder"
+    if args.no_build:
+        if not binary.exists():
+            return f"--no-build given and {binary} does not exist"
+    else:
+        if not shutil.which("cargo"):
+            return "cargo not found"
+        log(f"bench: cargo build --release (CARGO_TARGET_DIR={target})")
+        env = dict(os.environ, CARGO_TARGET_DIR=str(target))
+        t0 = time.time()
+        r = subprocess.run(["cargo", "build", "--release", "--bin", "larder"], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=3600)
+        if r.returncode != 0:
+            tail = " | ".join(r.stdout.strip().splitlines()[-6:])
+            return f"cargo build --release failed: {tail}"
+        args.build_s = time.time() - t0
+        log(f"bench: built in {args.build_s:.0f}s")
+        if not binary.exists():
+            return f"build succeeded but {binary} is missing"
+    return binary
+
+
+def nginx_version():
+    return sh(["nginx", "-v"]).replace("nginx version: ", "")
+
+
+def varnish_version():
+    m = re.search(r"\((varnish-[^ ]+)", sh(["varnishd", "-V"]))
+    return m.group(1) if m else ""
+
+
+def wrk_version():
+    m = re.search(r"wrk (\S+)", sh(["wrk", "-v"]))
+    return m.group(1) if m else ""
+
+
+def machine_facts(env):
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    git = sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "cpu_busy_pct_at_start": round(env.busy_pct, 1),
+        "somaxconn": Path("/proc/sys/net/core/somaxconn").read_text().strip(),
+        "nginx": nginx_version(),
+        "nginx_brotli_filter": BROTLI_MODULE.exists(),
+        "varnish": varnish_version(),
+        "wrk": wrk_version(),
+        "larder": env.larder_version or "not run",
+        "larder_git": git if re.fullmatch(r"[0-9a-f]{4,40}", git or "") else "no commit",
+        "python": platform.python_version(),
+        "sut_cpu": SUT_CPU,
+        "load_cpu": LOAD_CPU,
+        "wrk_threads": WRK_THREADS,
+    }
+
+
+# --------------------------------------------------------------------------
+# scenarios
+
+
+AE = {"gzip": {"Accept-Encoding": "gzip"},
+      "br": {"Accept-Encoding": "br, gzip"},
+      "br-only": {"Accept-Encoding": "br"},
+      "zstd": {"Accept-Encoding": "zstd"},
+      "identity": {}}
+
+
+def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None,
+      baseline=None, target=None, goal=None, absolute=False):
+    """One cell: the same request at the same concurrency on each system.
+
+    kind: hit (must be a cache hit), static, fixed, pass (uncacheable), image
+    expect_enc: Content-Encoding the response must carry (None = identity);
+                a system that serves something else is recorded as n/a.
+    baseline/target: the goal is larder >= target x the best baseline system,
+                or, with absolute, larder >= target req/s (ratio for information).
+    """
+    return dict(id=cid, label=label, conns=conns, systems=systems, paths=paths, kind=kind,
+                headers=headers or {}, expect_enc=expect_enc, baseline=baseline,
+                target=target, goal=goal, absolute=absolute)
+
+
+def scenario_cells(name):
+    P = lambda p: {s: p for s in ("larder", "nginx", "varnish")}  # noqa: E731
+    if name == "pike":
+        cells = []
+        for enc, label, exp in (("gzip", "Accept-Encoding: gzip", "gzip"),
+                                ("br", "Accept-Encoding: br, gzip", ("br", "gzip")),
+                                ("identity", "no Accept-Encoding", None)):
+            cells.append(C(f"pike-{enc}", f"/data.json 140 KB hit, {label}", 1000,
+                           ["larder", "nginx", "varnish"], P("/data.json"), "hit",
+                           AE[enc], exp, baseline=["nginx", "varnish"], target=1.5,
+                           goal=f"pike {label}: larder >= 1.5x best anchor"))
+        return cells
+    if name == "piper":
+        cells = []
+        path = "/bench-static/small.html"
+        for n in (10, 100, 1000, 4000, 10000):
+            cells.append(C(f"piper-{n}", f"/small.html 100 B static, {n} conns", n,
+                           ["larder", "nginx", "nginx-debian"],
+                           {s: path for s in ("larder", "nginx", "nginx-debian")}, "static",
+                           baseline=["nginx"], target=1.3,
+                           goal=f"piper {n} conns: larder >= 1.3x tuned nginx, 0 socket errors"))
+        return cells
+    if name == "pingap":
+        return [
+            C("pingap-fixed", "fixed tiny response (/ping, nginx return 200)", 100,
+              ["larder", "nginx"], {"larder": "/ping", "nginx": "/ping"}, "fixed",
+              baseline=["nginx"], target=0.9,
+              goal="pingap fixed response: larder within 10% of nginx return 200"),
+            C("pingap-8k-gzip", "/page.html 8 KB hit, Accept-Encoding: gzip", 100,
+              ["larder", "nginx", "varnish"], P("/page.html"), "hit", AE["gzip"], "gzip",
+              baseline=["nginx", "varnish"], target=1.3,
+              goal="pingap 8 KB hit, gzip: larder >= 1.3x best anchor"),
+            C("pingap-8k-identity", "/page.html 8 KB hit, no Accept-Encoding", 100,
+              ["larder", "nginx", "varnish"], P("/page.html"), "hit", {}, None,
+              baseline=["nginx", "varnish"], target=1.3,
+              goal="pingap 8 KB hit, identity: larder >= 1.3x best anchor"),
+            C("pingap-nocache", "/nocache/page.html 8 KB uncacheable (proxied every time)", 10,
+              ["larder", "nginx"], {s: "/nocache/page.html" for s in ("larder", "nginx")},
+              "pass", {}, None, baseline=["nginx"], target=1.0,
+              goal="pingap uncacheable proxied page: larder >= 1.0x nginx"),
+        ] + [
+            C(f"pingap-otf-{enc}", f"24 KB uncacheable text compressed per request, {enc}", 10,
+              ["larder", "nginx"], {s: "/nocache/gen/text-24k.html" for s in ("larder", "nginx")},
+              "pass", hdr, enc, baseline=["nginx"], target=1.0,
+              goal=f"pingap on-the-fly {enc}: larder >= 1.0x nginx")
+            for enc, hdr in (("gzip", AE["gzip"]), ("br", AE["br-only"]), ("zstd", AE["zstd"]))
+        ]
+    if name == "static-8k":
+        path = "/bench-static/page.html"
+        return [
+            C(f"static-8k-{enc}", f"/page.html 8 KB static file, {label}", 10,
+              ["larder", "nginx"], {"larder": path, "nginx": path}, "static", AE[enc], exp,
+              baseline=["nginx"], target=None, goal=f"static 8 KB {enc}: larder vs nginx (no goal)")
+            for enc, label, exp in (("gzip", "Accept-Encoding: gzip", "gzip"),
+                                    ("identity", "no Accept-Encoding", None))]
+    if name == "zimg":
+        return [C(f"zimg-{n}", f"640x856 JPEG -> 100x100 grayscale JPEG, {n} conns", n,
+                  ["larder-img", "thumbor"],
+                  {"larder-img": "/@@MD5@@?w=100&h=100&g=1&f=jpeg",
+                   "thumbor": "/unsafe/100x100/filters:grayscale():format(jpeg)/photo-640x856.jpg"},
+                  "image", baseline=["thumbor"], target=1000, absolute=True,
+                  goal=f"zimg {n} conns: larder >= 1000 req/s uncached")
+                for n in (10, 100, 500)]
+    raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+
+
+# --------------------------------------------------------------------------
+# measuring
+
+
+def _enc_ok(exp, enc):
+    return enc in exp if isinstance(exp, tuple) else enc == exp
+
+
+def check_response(cell, sysm, path, tries=12):
+    """Warm the cache and check what the measured request gets: retried
+    (about 3 s in all) until it is a 200, a hit where the cell needs one, and
+    in the expected encoding, since a cache may compress its variants in the
+    background after the first miss.
+
+    Returns dict(ok, na, why, status, cache, encoding, length, ...)."""
+    info, body = {}, b""
+    exp = cell["expect_enc"]
+    for i in range(tries):
+        try:
+            st, h, body = http_req(sysm.port, path, cell["headers"])
+        except OSError as e:
+            return dict(ok=False, na=False, why=f"request failed: {e}")
+        info = dict(status=st, cache=h.get(sysm.cache_header) if sysm.cache_header else None,
+                    encoding=h.get("content-encoding"), length=len(body),
+                    content_type=h.get("content-type"), tries=i + 1)
+        enc = (info["encoding"] or "").lower() or None
+        hit_ok = cell["kind"] != "hit" or (info["cache"] or "").upper() == "HIT"
+        if st == 200 and hit_ok and _enc_ok(exp, enc):
+            break
+        time.sleep(0.05 * (i + 1))
+    if info.get("status") != 200:
+        return dict(info, ok=False, na=False, why=f"status {info.get('status')}")
+    enc = (info["encoding"] or "").lower() or None
+    if isinstance(exp, tuple):
+        if enc not in exp:
+            return dict(info, ok=False, na=True, why=f"served Content-Encoding {enc or 'identity'}")
+    elif enc != exp:
+        return dict(info, ok=False, na=True,
+                    why=f"cannot serve {exp or 'identity'} (served {enc or 'identity'})")
+    if enc == "gzip":
+        try:
+            info["decoded_length"] = len(gzip.decompress(body))
+        except (OSError, EOFError, zlib.error) as e:
+            return dict(info, ok=False, na=False, why=f"bad gzip body: {e}")
+    if cell["kind"] == "hit" and (info["cache"] or "").upper() != "HIT":
+        return dict(info, ok=True, na=False, hit=False,
+                    why=f"{sysm.cache_header}: {info['cache']} after {tries} warm-up requests")
+    if cell["kind"] == "image":
+        ji = jpeg_info(body)
+        info["jpeg"] = ji
+        if not ji:
+            return dict(info, ok=False, na=False, why="response is not a JPEG")
+        if ji[:2] != (100, 100):
+            info["note"] = f"output is {ji[0]}x{ji[1]}, {ji[2]} component(s)"
+    return dict(info, ok=True, na=False, hit=cell["kind"] == "hit" or None, why="")
+
+
+def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin_pid=None):
+    url = f"http://{HOST}:{port}{path}"
+    assert url.startswith("http://127.0.0.1:"), url
+    argv = ["taskset", "-c", str(LOAD_CPU), "wrk", f"-t{WRK_THREADS}", f"-c{conns}",
+            f"-d{duration}s", "--timeout", f"{timeout_s}s", "-s", str(BENCH / "latency.lua")]
+    for k, v in headers.items():
+        argv += ["-H", f"{k}: {v}"]
+    argv.append(url)
+    fd, name = tempfile.mkstemp(prefix="wrk-", suffix=".out",
+                                dir=os.environ.get("LARDER_BENCH_TMP") or None)
+    os.close(fd)
+    out_path = Path(name)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.5):
+            peak[0] = max(peak[0], sysm.rss_kb())
+
+    origin_before = origin_requests()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    # CPU accounting: how much of the machine went to processes other than
+    # this run's (server, origin, wrk) -- other work skews the numbers
+    hz = os.sysconf("SC_CLK_TCK")
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ours0 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
+    busy0, total0 = cpu_busy_ticks()
+    p = procs.spawn("wrk", argv, out_path)
+    try:
+        p.wait(timeout=duration + 60)
+    except subprocess.TimeoutExpired:
+        warn(f"wrk did not finish within {duration + 60}s; killed")
+    finally:
+        procs.stop(p)
+        stop.set()
+        th.join()
+    busy1, total1 = cpu_busy_ticks()
+    ours1 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_ticks = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * hz
+    other_pct = max(0.0, 100.0 * (busy1 - busy0 - (ours1 - ours0) - wrk_ticks)
+                    / max(1, total1 - total0))
+    sysm.wait_idle()
+    after = sysm.rss_kb()
+    origin_after = origin_requests()
+    out = out_path.read_text(errors="replace")
+    out_path.unlink()
+    m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
+    if not m:
+        return dict(error="wrk printed no result: " + " | ".join(out.strip().splitlines()[-4:]))
+    r = json.loads(m.group(1))
+    secs = r["duration_us"] / 1e6 or duration
+    delta = None
+    if origin_before is not None and origin_after is not None:
+        delta = origin_after - origin_before - 1  # minus the status request itself
+    return dict(
+        # req/s counts good answers only: wrk's requests include its
+        # "Non-2xx or 3xx" ones (a 503 storm would otherwise look fast)
+        rps=(r["requests"] - r["status"]) / secs, rps_all=r["requests"] / secs,
+        bytes_per_s=r["bytes"] / secs,
+        p50_ms=r["p50_us"] / 1000, p90_ms=r["p90_us"] / 1000, p99_ms=r["p99_us"] / 1000,
+        max_ms=r["max_us"] / 1000, requests=r["requests"],
+        connect=r["connect"], read=r["read"], write=r["write"], timeout=r["timeout"],
+        non2xx=r["status"], rss_peak_kb=max(peak[0], after), rss_after_kb=after,
+        origin_requests=delta, other_cpu_pct=round(other_pct, 1), wrk=r,
+    )
+
+
+def summarize(runs):
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return dict(error=runs[0].get("error", "no runs") if runs else "no runs")
+    mean = lambda k: sum(r[k] for r in ok) / len(ok)  # noqa: E731
+    s = dict(rps=mean("rps"), bytes_per_s=mean("bytes_per_s"), p50_ms=mean("p50_ms"),
+             p99_ms=mean("p99_ms"), rps_runs=[round(r["rps"]) for r in ok])
+    for k in ("connect", "read", "write", "timeout", "non2xx", "requests"):
+        s[k] = sum(r[k] for r in ok)
+    s["other_cpu_pct"] = max(r.get("other_cpu_pct", 0) for r in ok)
+    s["rss_peak_kb"] = max(r["rss_peak_kb"] for r in ok)
+    s["rss_after_kb"] = ok[-1]["rss_after_kb"]
+    o = [r["origin_requests"] for r in ok if r["origin_requests"] is not None]
+    s["origin_requests"] = sum(o) if o else None
+    return s
+
+
+def run_scenario(name, env, args, duration):
+    cells = scenario_cells(name)
+    if args.systems:
+        keep = set(args.systems.split(","))
+        for c in cells:
+            c["systems"] = [s for s in c["systems"] if s in keep or s.split("-")[0] in keep]
+    log(f"\n=== scenario {name}: {len(cells)} cells, {args.reps} runs each, {duration}s per run ===")
+    timeout_s = 10 if name == "zimg" else 2
+    results = []
+    for cell in cells:
+        log(f"--- {cell['id']}: {cell['label']} @ {cell['conns']} conns")
+        res = {}
+        active = []
+        for sname in cell["systems"]:
+            sysm = env.get(sname)
+            if sysm is None:
+                res[sname] = dict(skipped=env.skipped.get(sname, "not started"))
+                continue
+            path = cell["paths"][sname].replace("@@MD5@@", getattr(sysm, "md5", ""))
+            chk = check_response(cell, sysm, path)
+            res[sname] = dict(path=path, check=chk, runs=[])
+            if chk.get("na"):
+                res[sname]["na"] = chk["why"]
+                log(f"    {sname:13s} n/a: {chk['why']}")
+            elif not chk["ok"]:
+                res[sname]["skipped"] = f"check failed: {chk['why']}"
+                log(f"    {sname:13s} SKIPPED, check failed: {chk['why']}")
+            else:
+                if chk.get("hit") is False:
+                    log(f"    {sname:13s} WARNING: not a cache hit: {chk['why']}")
+                active.append((sname, sysm, path))
+        for sname, sysm, path in active:  # 1 s unrecorded warm-up at the cell's concurrency
+            run_wrk(sysm.port, path, cell["conns"], WARMUP_S, cell["headers"], timeout_s,
+                    env.procs, sysm)
+            time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
+        for rep in range(args.reps):
+            for sname, sysm, path in active:
+                r = run_wrk(sysm.port, path, cell["conns"], duration, cell["headers"],
+                            timeout_s, env.procs, sysm, env.origin_pid)
+                res[sname]["runs"].append(r)
+                if "error" in r:
+                    log(f"    {sname:13s} run {rep + 1}: ERROR {r['error']}")
+                else:
+                    log(f"    {sname:13s} run {rep + 1}: {r['rps']:>10,.0f} req/s  "
+                        f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+                        f"err c/r/w/t {r['connect']}/{r['read']}/{r['write']}/{r['timeout']}  "
+                        f"non2xx {r['non2xx']}  origin {r['origin_requests']}  "
+                        f"rss {r['rss_after_kb'] / 1024:.1f} MiB  other CPU {r['other_cpu_pct']:.0f}%")
+                time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
+        for sname, sysm, path in active:
+            res[sname]["summary"] = summarize(res[sname]["runs"])
+            if cell["kind"] == "hit":
+                after = check_response(dict(cell, kind="hit"), sysm, path, tries=1)
+                res[sname]["check_after"] = after
+        results.append(dict(cell, results=res))
+    return results
+
+
+# --------------------------------------------------------------------------
+# goals, tables, charts
+
+
+def goals(name, cells):
+    out = []
+    for c in cells:
+        if not c.get("goal"):
+            continue
+        res = c["results"]
+        lr = next((res[s] for s in ("larder", "larder-img") if s in res), None)
+        lsum = lr.get("summary") if lr else None
+        row = dict(goal=c["goal"], cell=c["id"], target=c["target"], larder=None,
+                   baseline=None, baseline_system=None, ratio=None, met=None, note="")
+        if not lsum or "error" in lsum:
+            row["note"] = "larder " + ((lr or {}).get("na") and "n/a" or "not measured")
+            out.append(row)
+            continue
+        row["larder"] = lsum["rps"]
+        if c.get("absolute"):
+            row["met"] = lsum["rps"] >= c["target"]
+        if c["baseline"]:
+            best = None
+            for b in c["baseline"]:
+                bs = res.get(b, {}).get("summary")
+                if bs and "error" not in bs and (best is None or bs["rps"] > best[1]):
+                    best = (b, bs["rps"])
+            if best is None and c.get("absolute"):
+                out.append(row)
+                continue
+            if best is None:
+                row["note"] = "no baseline measured (" + ", ".join(
+                    f"{b}: {res.get(b, {}).get('na') or res.get(b, {}).get('skipped') or 'none'}"
+                    for b in c["baseline"]) + ")"
+                out.append(row)
+                continue
+            row["baseline_system"], row["baseline"] = best
+            row["ratio"] = lsum["rps"] / best[1] if best[1] else None
+            if row["ratio"] is not None and c["target"] is not None and not c.get("absolute"):
+                row["met"] = row["ratio"] >= c["target"]
+        if name == "piper":
+            socket_errs = lsum["connect"] + lsum["read"] + lsum["write"]
+            row["note"] = f"larder socket errors {socket_errs}"
+            if row["met"] is not None:
+                row["met"] = row["met"] and socket_errs == 0
+        out.append(row)
+    return out
+
+
+def human_bytes(n):
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def fmt_mib(kb):
+    return f"{kb / 1024:.1f}" if kb else "-"
+
+
+def markdown(doc):
+    L = []
+    L.append(f"### {doc['scenario']} ({doc['date']}, {doc['duration_s']} s x {doc['reps']} runs per cell)")
+    L.append("")
+    L.append("| cell | conns | system | req/s | transfer/s | p50 ms | p99 ms | socket err c/r/w | timeouts | non-2xx | RSS peak/after MiB | served | origin reqs | other CPU % |")
+    L.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|")
+    for c in doc["cells"]:
+        for sname, r in c["results"].items():
+            head = f"| {c['id']} | {c['conns']} | {sname} |"
+            if "summary" in r and "error" not in r["summary"]:
+                s = r["summary"]
+                chk = r.get("check", {})
+                served = chk.get("encoding") or "identity"
+                if chk.get("cache"):
+                    served += f", {chk['cache']}"
+                    after = r.get("check_after", {}).get("cache")
+                    if after and after != chk["cache"]:
+                        served += f"->{after}"
+                if chk.get("jpeg"):
+                    served = "{}x{} {}ch".format(*chk["jpeg"])
+                if chk.get("hit") is False:
+                    served += " (NOT A HIT)"
+                lat = (f"{s['p50_ms']:.2f} | {s['p99_ms']:.2f}" if s["requests"] else "- | -")
+                L.append(f"{head} {s['rps']:,.0f} | {human_bytes(s['bytes_per_s'])}/s | {lat} | "
+                         f"{s['connect']}/{s['read']}/{s['write']} | {s['timeout']} | {s['non2xx']} | "
+                         f"{fmt_mib(s['rss_peak_kb'])}/{fmt_mib(s['rss_after_kb'])} | {served} | "
+                         f"{'-' if s['origin_requests'] is None else s['origin_requests']} | "
+                         f"{s.get('other_cpu_pct', 0):.0f} |")
+            else:
+                if r.get("na"):
+                    what, why = "n/a", r["na"]
+                elif r.get("skipped") and r["skipped"] == doc.get("skipped_systems", {}).get(sname):
+                    what, why = "skipped", "see below"
+                else:
+                    what = "skipped"
+                    why = r.get("skipped") or r.get("summary", {}).get("error") or "not run"
+                why = why.replace("|", "/")[:160]
+                L.append(f"{head} {what} | - | - | - | - | - | - | - | {why} | - | - |")
+    L.append("")
+    if doc["goals"]:
+        L.append("| goal | larder req/s | baseline | ratio | target | met |")
+        L.append("|---|--:|---|--:|--:|---|")
+        for g in doc["goals"]:
+            lr = f"{g['larder']:,.0f}" if g["larder"] is not None else "-"
+            base = f"{g['baseline_system']} {g['baseline']:,.0f}" if g["baseline"] is not None else "-"
+            ratio = f"{g['ratio']:.2f}x" if g["ratio"] is not None else "-"
+            tgt = "-" if g["target"] is None else (
+                f"{g['target']:g} req/s" if doc["scenario"] == "zimg" else f"{g['target']:g}x")
+            met = {True: "yes", False: "**no**", None: "-"}[g["met"]]
+            note = f" ({g['note']})" if g["note"] else ""
+            L.append(f"| {g['goal']} | {lr} | {base} | {ratio} | {tgt} | {met}{note} |")
+        L.append("")
+    if doc.get("skipped_systems"):
+        for s, why in doc["skipped_systems"].items():
+            L.append(f"- {s} skipped: {why}")
+        L.append("")
+    return "\n".join(L)
+
+
+COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
+          "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd"}
+
+
+def chart(doc, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warn("matplotlib missing: no chart (bench/run installs it into bench/.venv)")
+        return False
+    cells = doc["cells"]
+
+    def val(c, s, k):
+        r = c["results"].get(s, {}).get("summary")
+        if not r or "error" in r or (k != "rps" and not r.get("requests")):
+            return None  # no latency without a single response
+        return r[k]
+
+    systems, missing = [], []
+    for c in cells:
+        for s in c["systems"]:
+            if s in systems or s in missing:
+                continue
+            (systems if any(val(x, s, "rps") is not None for x in cells) else missing).append(s)
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    if doc["scenario"] == "piper":
+        xs = [c["conns"] for c in cells]
+        for s in systems:
+            for ax, k in zip(axes, ("rps", "p99_ms")):
+                pts = [(x, val(c, s, k)) for x, c in zip(xs, cells) if val(c, s, k) is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s,
+                            color=COLORS.get(s))
+        for ax, t in zip(axes, ("req/s", "p99 latency (ms)")):
+            ax.set_xscale("log")
+            ax.set_xlabel("connections")
+            ax.set_title(t)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([str(x) for x in xs])
+            ax.grid(alpha=0.3)
+        axes[1].set_yscale("log")
+    else:
+        labels = [c["id"].replace(doc["scenario"] + "-", "") for c in cells]
+        w = 0.8 / max(1, len(systems))
+        for i, s in enumerate(systems):
+            for ax, k in zip(axes, ("rps", "p99_ms")):
+                xs, ys = [], []
+                for j, c in enumerate(cells):
+                    v = val(c, s, k)
+                    if v is not None:
+                        xs.append(j + (i - (len(systems) - 1) / 2) * w)
+                        ys.append(v)
+                ax.bar(xs, ys, width=w, label=s, color=COLORS.get(s))
+            for j, c in enumerate(cells):  # mark n/a and skipped bars
+                r = c["results"].get(s, {})
+                if s in c["systems"] and val(c, s, "rps") is None:
+                    axes[0].text(j + (i - (len(systems) - 1) / 2) * w, 0,
+                                 "n/a" if r.get("na") else "x", ha="center", va="bottom",
+                                 fontsize=7, rotation=90, color=COLORS.get(s))
+        for ax, t in zip(axes, ("req/s", "p99 latency (ms)")):
+            ax.set_xticks(range(len(cells)))
+            ax.set_xticklabels(labels, rotation=20, ha="right")
+            ax.set_title(t)
+            ax.grid(axis="y", alpha=0.3)
+        if any(val(c, s, "p99_ms") for c in cells for s in systems):
+            axes[1].set_yscale("log")
+    if systems:
+        axes[0].legend()
+    note = f"; not measured: {', '.join(missing)}" if missing else ""
+    fig.suptitle(f"{doc['scenario']} - {doc['date']} - {doc['machine']['cpu']}, "
+                 f"server on 1 core, wrk on the other{note}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+DOC_START = "<!-- bench:results:start -->"
+DOC_END = "<!-- bench:results:end -->"
+
+
+def update_docs():
+    """Put the newest result of every scenario between the markers in docs/benchmarks.md."""
+    if not DOC.exists():
+        warn(f"{DOC} missing; not updated")
+        return
+    parts = []
+    machine = None
+    for name in SCENARIOS:
+        found = sorted(RESULTS.glob(f"*-{name}.json"))
+        found = [f for f in found if re.fullmatch(rf"\d{{4}}-\d\d-\d\d-{re.escape(name)}\.json", f.name)]
+        if not found:
+            parts.append(f"### {name}\n\nnot run yet.\n")
+            continue
+        j = json.loads(found[-1].read_text())
+        machine = machine or j["machine"]
+        md = found[-1].with_suffix(".md").read_text()
+        png = found[-1].with_suffix(".png")
+        parts.append(md)
+        if png.exists():
+            parts.append(f"![{name}](../bench/results/{png.name})\n")
+    if machine:
+        m = machine
+        facts = (f"Machine: {m['nproc']} cores ({m['cpu']}), kernel {m['kernel']}, "
+                 f"{m['mem_gib']} GiB; nginx {m['nginx']} (brotli filter: "
+                 f"{'yes' if m['nginx_brotli_filter'] else 'no'}), {m['varnish']}, wrk {m['wrk']}, "
+                 f"larder {m['larder']} (git {m['larder_git']}). Servers pinned to CPU "
+                 f"{m['sut_cpu']}, wrk ({m['wrk_threads']} thread) and the origin to CPU {m['load_cpu']}.\n")
+        parts.insert(0, facts)
+    text = DOC.read_text()
+    if DOC_START not in text or DOC_END not in text:
+        warn(f"{DOC} has no results markers; not updated")
+        return
+    head, rest = text.split(DOC_START, 1)
+    _, tail = rest.split(DOC_END, 1)
+    DOC.write_text(head + DOC_START + "\n" + "\n".join(parts) + "\n" + DOC_END + tail)
+    log(f"bench: updated {DOC.relative_to(REPO)}")
+
+
+# --------------------------------------------------------------------------
+# main
+
+
+def plan_seconds(names, duration, reps, args):
+    """(estimated seconds, number of cell/system pairs that will run)."""
+    n = 0
+    for name in names:
+        for c in scenario_cells(name):
+            systems = c["systems"]
+            if args.systems:
+                keep = set(args.systems.split(","))
+                systems = [s for s in systems if s in keep or s.split("-")[0] in keep]
+            # cells a system is known to be unable to serve are not run
+            if c["id"] == "pingap-otf-zstd":
+                systems = [s for s in systems if s != "nginx"]
+            if c["id"] == "pingap-otf-br" and not BROTLI_MODULE.exists():
+                systems = [s for s in systems if s != "nginx"]
+            n += len(systems)
+    est = FIXED_OVERHEAD_S + n * PAIR_OVERHEAD_S + n * reps * (duration + RUN_OVERHEAD_S)
+    return est, n
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
+    ap.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                    help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--quick", action="store_true", help="3 s per run instead of 10 s")
+    ap.add_argument("--duration", type=int, help="seconds per wrk run (overrides the default)")
+    ap.add_argument("--reps", type=int, default=2, help="runs per cell and system (default 2)")
+    ap.add_argument("--systems", help="comma list: only these systems (e.g. nginx,varnish)")
+    ap.add_argument("--no-build", action="store_true", help="use the existing larder binary")
+    ap.add_argument("--no-write", action="store_true", help="print only; write no results files")
+    ap.add_argument("--update-docs", action="store_true",
+                    help="rewrite the results section of docs/benchmarks.md (implied by a full, "
+                         "non-quick run of all scenarios)")
+    ap.add_argument("--list", action="store_true", help="list cells and the time plan, then exit")
+    args = ap.parse_args()
+
+    names = args.scenarios or list(SCENARIOS)
+    for n in names:
+        scenario_cells(n)  # validates
+    duration = args.duration or (3 if args.quick else 10)
+    est, nruns = plan_seconds(names, duration, args.reps, args)
+    if not args.duration and not args.quick and est > SUITE_BUDGET_S:
+        # keep the whole suite within its 15-minute budget
+        runs = nruns * args.reps
+        per = (SUITE_BUDGET_S - FIXED_OVERHEAD_S - nruns * PAIR_OVERHEAD_S) / runs - RUN_OVERHEAD_S
+        duration = max(5, int(per))
+        est, _ = plan_seconds(names, duration, args.reps, args)
+        log(f"bench: {nruns} cell/system pairs x {args.reps} runs: {duration}s per run "
+            f"to stay within {SUITE_BUDGET_S // 60} min (use --duration 10 to force 10s)")
+    log(f"bench: plan {nruns} cell/system pairs x {args.reps} runs x {duration}s, "
+        f"about {est / 60:.1f} min of load (plus installs/builds)")
+    if args.list:
+        for name in names:
+            for c in scenario_cells(name):
+                log(f"  {c['id']:22s} {c['conns']:>6} conns  {', '.join(c['systems']):32s} {c['label']}")
+        return 0
+
+    if not DATA.is_dir():
+        raise SystemExit(f"bench data not found at {DATA}")
+    for tool in ("nginx", "wrk", "taskset"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} missing: run bench/run, which installs it")
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("needs at least 2 CPUs (server on CPU 0, wrk on CPU 1)")
+    busy = [f"{n}:{p}" for n, p in PORTS.items() if port_busy(p)]
+    if busy:
+        raise SystemExit(f"ports already in use on 127.0.0.1: {', '.join(busy)}; "
+                         "is another bench/run going? (this harness stops only what it started)")
+    nofile = raise_nofile()
+    if nofile < 10100:
+        warn(f"RLIMIT_NOFILE is only {nofile}; the 10000-connection cells may fail")
+    busy_pct = cpu_busy_pct()
+    if busy_pct > 10:
+        warn(f"the CPUs are {busy_pct:.0f}% busy before starting: other work on this machine "
+             "skews the numbers")
+
+    procs = Procs()
+    env = Env(args, procs)
+    env.busy_pct = busy_pct
+
+    def on_signal(sig, _frame):
+        raise KeyboardInterrupt(f"signal {sig}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    import atexit
+    atexit.register(procs.stop_all)
+
+    date = dt.date.today().isoformat()
+    all_goals = []
+    all_cells = []
+    docs = []
+    t_start = time.time()
+    try:
+        env.start_origin()
+        if any(n in ("pike", "piper", "pingap", "static-8k") for n in names) and \
+                (not args.systems or "larder" in args.systems.split(",")):
+            env.get("larder")  # build + start early so a skip is reported up front
+        for name in names:
+            t0 = time.time()
+            cells = run_scenario(name, env, args, duration)
+            versions = {s.name: s.version for s in env.systems.values()}
+            for sname in list(env.systems):  # each scenario starts every server afresh
+                env.stop(sname)
+            doc = dict(scenario=name, date=date, started_at=dt.datetime.fromtimestamp(t0).isoformat(
+                timespec="seconds"), elapsed_s=round(time.time() - t0), duration_s=duration,
+                reps=args.reps, wrk_threads=WRK_THREADS, quick=args.quick,
+                machine=machine_facts(env),
+                versions=versions,
+                skipped_systems={k: v for k, v in env.skipped.items()
+                                 if any(k in c["systems"] for c in cells)},
+                cells=cells)
+            doc["goals"] = goals(name, cells)
+            all_cells += cells
+            all_goals += doc["goals"]
+            md = markdown(doc)
+            docs.append(md)
+            log("\n" + md)
+            if not args.no_write:
+                RESULTS.mkdir(exist_ok=True)
+                base = RESULTS / f"{date}-{name}"
+                base.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+                base.with_suffix(".md").write_text(md + "\n")
+                chart(doc, base.with_suffix(".png"))
+                log(f"bench: wrote {base.relative_to(REPO)}.{{json,md,png}}")
+    except KeyboardInterrupt as e:
+        warn(f"interrupted ({e}); stopping everything")
+        return 130
+    finally:
+        procs.stop_all()
+        env.cleanup()
+    build_s = getattr(args, "build_s", 0)
+    log(f"\nbench: done in {(time.time() - t_start) / 60:.1f} min"
+        + (f" ({build_s / 60:.1f} min of it building larder)" if build_s else ""))
+    noisy = [(d["id"], sname) for d in all_cells for sname, r in d["results"].items()
+             if r.get("summary", {}).get("other_cpu_pct", 0) > 10]
+    if noisy:
+        warn(f"WARNING: {len(noisy)} cell/system results ran while other processes used more "
+             "than 10% of the machine (column 'other CPU %'): re-run on an idle machine")
+    if all_goals:
+        met = sum(1 for g in all_goals if g["met"])
+        judged = sum(1 for g in all_goals if g["met"] is not None)
+        log(f"bench: goals met {met}/{judged} (of {len(all_goals)} goals; the rest not measurable)")
+    full = set(names) == set(SCENARIOS) and not args.quick and not args.systems
+    if not args.no_write and (args.update_docs or full):
+        update_docs()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
