@@ -684,7 +684,12 @@ async fn directory_listing_escapes_names() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_thousand_keepalive_connections() {
-    larder::server::raise_nofile_limit();
+    // Client and server share this process: two descriptors per connection.
+    let limit = larder::server::raise_nofile_limit().map_or(1024, |(_, new)| new);
+    assert!(
+        limit >= 4200,
+        "open-files hard limit {limit} is too low for 2,000 connections in one process"
+    );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.html"), "<p>a</p>").unwrap();
     std::fs::write(dir.path().join("b.txt"), "b".repeat(5000)).unwrap();
