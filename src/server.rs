@@ -236,9 +236,11 @@ struct Builders {
 }
 
 fn connection_builder(cfg: &ServerConfig) -> Builders {
-    // hyper refuses a request head larger than its read buffer with 431; the buffer cannot be
-    // smaller than 8 KiB.
-    let max_head = (cfg.max_header_size.0 as usize).max(8192);
+    // hyper answers 431 to a request head over `max_header_size`. The read buffer may grow a
+    // little past that so the oversized head is read whole: closing with unread input would
+    // reset the connection and lose the 431.
+    let max_head = cfg.max_header_size.0 as usize;
+    let max_buf = (max_head + 16 * 1024).max(8192);
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .keep_alive(true)
@@ -248,7 +250,8 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         // the response is written.
         .half_close(true)
         .header_read_timeout(cfg.header_read_timeout.0)
-        .max_buf_size(max_head);
+        .max_header_size(max_head)
+        .max_buf_size(max_buf);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)

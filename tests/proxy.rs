@@ -600,20 +600,18 @@ async fn oversized_header_gets_431_and_malformed_gets_400() {
     let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
         .await
         .unwrap();
-    let big = "a".repeat(20_000);
+    let big = "a".repeat(12_000);
     let req = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {big}\r\n\r\n");
     let _ = s.write_all(req.as_bytes()).await;
     let mut out = vec![0u8; 1024];
-    // hyper answers 431 and closes; the unread rest of the request makes the kernel reset the
-    // connection, which may discard the 431 before the client reads it. Either way the request
-    // must never reach the origin.
-    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
+    // The head is read whole (the read buffer may exceed the limit a little), so the 431
+    // reaches the client instead of being lost to a reset.
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
         .await
+        .unwrap()
         .unwrap();
-    if let Ok(n) = r {
-        let head = String::from_utf8_lossy(&out[..n]).to_string();
-        assert!(n == 0 || head.starts_with("HTTP/1.1 431"), "got {head:?}");
-    }
+    let head = String::from_utf8_lossy(&out[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 431"), "got {head:?}");
     let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
         .await
         .unwrap();
