@@ -203,6 +203,9 @@ pub struct ServerConfig {
     pub h2c: bool,
     /// How the worker threads share the work (see docs/design.md, "Threads").
     pub threading: Threading,
+    /// Work-stealing runtime: poll the global task queue every this many tasks. Low values keep
+    /// service fair across thousands of connections (tail latency); tokio's default is 31.
+    pub global_queue_interval: Bounded<1, 255>,
 }
 
 /// The layout of the worker threads.
@@ -227,6 +230,7 @@ impl Default for ServerConfig {
             shutdown_grace: Dur(Duration::from_secs(10)),
             h2c: true,
             threading: Threading::WorkStealing,
+            global_queue_interval: Bounded(2),
         }
     }
 }
