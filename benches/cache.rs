@@ -18,15 +18,7 @@ use larder::config::{ByteSize, CacheConfig, CompressionConfig};
 use larder::deliver::{self, CacheStatus};
 
 fn fresh() -> Freshness {
-    Freshness {
-        lifetime: Duration::from_secs(3600),
-        initial_age: Duration::ZERO,
-        received: Instant::now(),
-        always_revalidate: false,
-        must_revalidate: false,
-        stale_while_revalidate: Duration::ZERO,
-        stale_if_error: Duration::ZERO,
-    }
+    Freshness::own(Duration::from_secs(3600))
 }
 
 fn json_entry() -> Entry {

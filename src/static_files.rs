@@ -153,15 +153,7 @@ fn bundle_time() -> SystemTime {
 
 /// Freshness of a static entry: it never expires by time (the file's stat decides).
 fn static_freshness() -> Freshness {
-    Freshness {
-        lifetime: Duration::from_secs(u32::MAX as u64),
-        initial_age: Duration::ZERO,
-        received: Instant::now(),
-        always_revalidate: false,
-        must_revalidate: false,
-        stale_while_revalidate: Duration::ZERO,
-        stale_if_error: Duration::ZERO,
-    }
+    Freshness::own(Duration::from_secs(u32::MAX as u64))
 }
 
 impl StaticFiles {

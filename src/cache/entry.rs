@@ -203,18 +203,10 @@ pub fn vary_names_other_than_accept_encoding(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 pub(crate) mod tests_support {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     pub(crate) fn fresh() -> Freshness {
-        Freshness {
-            lifetime: Duration::from_secs(60),
-            initial_age: Duration::ZERO,
-            received: Instant::now(),
-            always_revalidate: false,
-            must_revalidate: false,
-            stale_while_revalidate: Duration::ZERO,
-            stale_if_error: Duration::ZERO,
-        }
+        Freshness::own(Duration::from_secs(60))
     }
 }
 

@@ -260,6 +260,20 @@ pub struct Freshness {
 }
 
 impl Freshness {
+    /// A response larder produced itself (a file, an image transform), fresh for `lifetime` from
+    /// now, with no stale serving.
+    pub fn own(lifetime: Duration) -> Freshness {
+        Freshness {
+            lifetime,
+            initial_age: Duration::ZERO,
+            received: Instant::now(),
+            always_revalidate: false,
+            must_revalidate: false,
+            stale_while_revalidate: Duration::ZERO,
+            stale_if_error: Duration::ZERO,
+        }
+    }
+
     /// current_age = corrected_initial_age + resident_time (§4.2.3).
     #[inline]
     pub fn current_age(&self, now: Instant) -> Duration {

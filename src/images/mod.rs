@@ -29,7 +29,7 @@ pub mod upload;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -455,15 +455,7 @@ fn result_entry(
         HeaderName::from_static("x-content-type-options"),
         HeaderValue::from_static("nosniff"),
     );
-    let freshness = Freshness {
-        lifetime: Duration::from_secs(365 * 24 * 3600),
-        initial_age: Duration::ZERO,
-        received: Instant::now(),
-        always_revalidate: false,
-        must_revalidate: false,
-        stale_while_revalidate: Duration::ZERO,
-        stale_if_error: Duration::ZERO,
-    };
+    let freshness = Freshness::own(Duration::from_secs(365 * 24 * 3600));
     Entry::build(
         StatusCode::OK,
         h,
