@@ -71,14 +71,16 @@ async fn expiry_by_max_age_s_maxage_and_expires() {
     let origin = Origin::start(|seen, _| {
         let r = Reply::ok("body");
         match seen.path.as_str() {
-            "/max-age" => r.header("cache-control", "max-age=1"),
+            // Lifetimes of 2-3 s: Date has whole seconds, so up to 1 s of apparent age is
+            // counted from the start (§4.2.3) and a 1 s lifetime could already be spent.
+            "/max-age" => r.header("cache-control", "max-age=2"),
             // s-maxage wins over max-age in a shared cache (§5.2.2.10).
-            "/s-maxage" => r.header("cache-control", "max-age=600, s-maxage=1"),
+            "/s-maxage" => r.header("cache-control", "max-age=600, s-maxage=2"),
             _ => {
                 let now = std::time::SystemTime::now();
                 r.header("date", &httpdate::fmt_http_date(now)).header(
                     "expires",
-                    &httpdate::fmt_http_date(now + Duration::from_secs(1)),
+                    &httpdate::fmt_http_date(now + Duration::from_secs(3)),
                 )
             }
         }
@@ -91,7 +93,7 @@ async fn expiry_by_max_age_s_maxage_and_expires() {
         assert_eq!(get(&c, &url, &[]).await.cache(), "MISS", "{path}");
         assert_eq!(get(&c, &url, &[]).await.cache(), "HIT", "{path}");
     }
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokio::time::sleep(Duration::from_millis(3100)).await;
     for path in ["/max-age", "/s-maxage", "/expires"] {
         let url = format!("http://{}{path}", larder.addrs[0]);
         assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED", "{path}");
