@@ -37,7 +37,8 @@ impl CacheStatus {
     }
 }
 
-/// Builds the response for `entry` to a request with `method` and `req_headers`.
+/// Builds the response for `entry` to a request with `method` and `req_headers`, stamped with
+/// Age and the cache-status header (the caching proxy, the image server).
 #[inline]
 pub fn from_entry(
     entry: &Entry,
@@ -46,24 +47,50 @@ pub fn from_entry(
     status: CacheStatus,
     status_header: &HeaderName,
 ) -> Response<Body> {
+    respond(entry, method, req_headers, Some((status, status_header)))
+}
+
+/// Builds the response for `entry` as its origin would send it: no Age, no cache-status header
+/// (static files held in memory).
+#[inline]
+pub fn as_origin(entry: &Entry, method: &Method, req_headers: &HeaderMap) -> Response<Body> {
+    respond(entry, method, req_headers, None)
+}
+
+#[inline]
+fn respond(
+    entry: &Entry,
+    method: &Method,
+    req_headers: &HeaderMap,
+    stamp: Option<(CacheStatus, &HeaderName)>,
+) -> Response<Body> {
     let accept = AcceptEncoding::parse(req_headers.get(header::ACCEPT_ENCODING));
     let enc = accept.choose(entry.by_size());
     let variant = entry
         .variant(enc)
         .or_else(|| entry.by_size().first().and_then(|e| entry.variant(*e)))
         .expect("an entry has at least one variant");
+    let mark = |h: &mut HeaderMap| {
+        if let Some((status, name)) = stamp {
+            h.insert(
+                header::AGE,
+                age_value(entry.freshness.current_age(Instant::now()).as_secs()),
+            );
+            h.insert(name.clone(), status.header_value());
+        }
+    };
 
-    let age = age_value(entry.freshness.current_age(Instant::now()).as_secs());
     match evaluate_conditionals(entry, variant.head.get(header::ETAG), method, req_headers) {
         Conditional::Proceed => {}
         Conditional::NotModified => {
-            return not_modified(&variant.head, age, status, status_header);
+            let mut r = not_modified(&variant.head);
+            mark(r.headers_mut());
+            return r;
         }
         Conditional::PreconditionFailed => {
             let mut r = Response::new(Body::empty());
             *r.status_mut() = StatusCode::PRECONDITION_FAILED;
-            r.headers_mut()
-                .insert(status_header.clone(), status.header_value());
+            mark(r.headers_mut());
             return r;
         }
     }
@@ -83,14 +110,12 @@ pub fn from_entry(
             Decision::Full => {}
             Decision::Unsatisfiable => {
                 let mut r = range::unsatisfiable(len);
-                r.headers_mut()
-                    .insert(status_header.clone(), status.header_value());
+                mark(r.headers_mut());
                 return r;
             }
             Decision::Partial(ranges) => {
                 let mut head = variant.head.clone();
-                head.insert(header::AGE, age);
-                head.insert(status_header.clone(), status.header_value());
+                mark(&mut head);
                 return range::partial(
                     &ranges,
                     len,
@@ -111,8 +136,7 @@ pub fn from_entry(
     *resp.status_mut() = entry.status;
     let headers = resp.headers_mut();
     *headers = variant.head.clone();
-    headers.insert(header::AGE, age);
-    headers.insert(status_header.clone(), status.header_value());
+    mark(headers);
     resp
 }
 
@@ -219,12 +243,7 @@ fn split_etag(tag: &str) -> (bool, &str) {
 }
 
 /// A 304 carrying the fields RFC 9110 §15.4.5 requires from the 200 it stands for.
-fn not_modified(
-    head: &HeaderMap,
-    age: HeaderValue,
-    status: CacheStatus,
-    status_header: &HeaderName,
-) -> Response<Body> {
+fn not_modified(head: &HeaderMap) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::NOT_MODIFIED;
     let h = r.headers_mut();
@@ -241,8 +260,6 @@ fn not_modified(
             h.append(name.clone(), v.clone());
         }
     }
-    h.insert(header::AGE, age);
-    h.insert(status_header.clone(), status.header_value());
     r
 }
 

@@ -273,7 +273,7 @@ impl StaticFiles {
                             }
                         },
                     };
-                    return deliver(&entry, req.method(), req.headers());
+                    return crate::deliver::as_origin(&entry, req.method(), req.headers());
                 }
                 Kind::Disk(file) => {
                     match Box::pin(deliver_disk(file, req.method(), req.headers())).await {
@@ -428,7 +428,7 @@ impl StaticFiles {
             segments.join("/")
         };
         match files.iter().find(|(p, _)| *p == want) {
-            Some((_, e)) => deliver(e, req.method(), req.headers()),
+            Some((_, e)) => crate::deliver::as_origin(e, req.method(), req.headers()),
             None => refusal(StatusCode::NOT_FOUND),
         }
     }
@@ -677,49 +677,6 @@ fn read_all(
         }
     }
     Some((first_meta?, out))
-}
-
-/// Serves a stored entry: encoding, preconditions, range, HEAD. Everything it sends was prepared
-/// when the entry was built; this clones a header block and a `Bytes` handle.
-#[inline]
-fn deliver(entry: &Entry, method: &Method, req: &HeaderMap) -> Response<Body> {
-    let accept = AcceptEncoding::parse(req.get(header::ACCEPT_ENCODING));
-    let enc = accept.choose(entry.by_size());
-    let Some(variant) = entry
-        .variant(enc)
-        .or_else(|| entry.variant(Encoding::Identity))
-    else {
-        return refusal(StatusCode::INTERNAL_SERVER_ERROR);
-    };
-    let etag = variant.head.get(header::ETAG);
-    if !req.is_empty() {
-        if let Some(status) = preconditions(req, etag, entry.last_modified) {
-            return conditional_response(status, &variant.head);
-        }
-        if *method == Method::GET {
-            match range::evaluate(req, variant.body.len() as u64, etag, entry.last_modified) {
-                Decision::Full => {}
-                Decision::Unsatisfiable => return range::unsatisfiable(variant.body.len() as u64),
-                Decision::Partial(ranges) => {
-                    return range::partial(
-                        &ranges,
-                        variant.body.len() as u64,
-                        variant.head.clone(),
-                        range::Source::Bytes(variant.body.clone()),
-                        false,
-                    )
-                }
-            }
-        }
-    }
-    let body = if *method == Method::HEAD {
-        Body::empty()
-    } else {
-        Body::Full(Some(variant.body.clone()))
-    };
-    let mut resp = Response::new(body);
-    *resp.headers_mut() = variant.head.clone();
-    resp
 }
 
 /// Serves a large file from disk. None when the file no longer matches its resolution.
