@@ -31,25 +31,26 @@ pub struct Access {
 }
 
 impl Access {
-    /// Whether the request carries the configured bearer token (compared in constant time).
+    /// Whether the request carries the configured bearer token.
     pub fn bearer_ok(&self, headers: &HeaderMap) -> bool {
-        let Some(token) = self.token.as_deref() else {
-            return false;
-        };
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-        else {
-            return false;
-        };
-        constant_time_eq(given.trim().as_bytes(), token.as_bytes())
+        self.token
+            .as_deref()
+            .is_some_and(|token| bearer_matches(headers, token))
     }
 
     /// Token, or an allowed peer address.
     pub fn permits(&self, headers: &HeaderMap, peer: SocketAddr) -> bool {
         self.bearer_ok(headers) || self.allow.iter().any(|c| c.contains(peer.ip()))
     }
+}
+
+/// Whether `Authorization: Bearer <token>` carries `token` (compared in constant time).
+pub fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), token.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -87,7 +87,12 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let max_conns = server.max_connections.get() as usize;
     let conns = Arc::new(Semaphore::new(max_conns));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let builder = Arc::new(connection_builder(&server));
+    let serving = Serving {
+        builder: Arc::new(connection_builder(&server)),
+        server: Arc::clone(&server),
+        conns: Arc::clone(&conns),
+        shutdown: shutdown_rx,
+    };
     let extra_threads = match server.threading {
         Threading::PerCore => worker_count(&server).saturating_sub(1),
         Threading::WorkStealing => 0,
@@ -107,14 +112,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         })?);
         let router = Arc::new(Router::new(l, &cache));
         routers.push(Arc::clone(&router));
-        tokio::spawn(accept_loop(
-            listener,
-            router,
-            Arc::clone(&builder),
-            Arc::clone(&server),
-            Arc::clone(&conns),
-            shutdown_rx.clone(),
-        ));
+        tokio::spawn(accept_loop(listener, router, serving.clone()));
     }
     for i in 1..=extra_threads {
         // Bind on this thread so that errors are reported by `start`.
@@ -126,12 +124,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             })?;
             listeners.push((std, Arc::clone(router)));
         }
-        let (builder, server, conns, shutdown) = (
-            Arc::clone(&builder),
-            Arc::clone(&server),
-            Arc::clone(&conns),
-            shutdown_rx.clone(),
-        );
+        let serving = serving.clone();
         std::thread::Builder::new()
             .name(format!("larder-worker-{i}"))
             .spawn(move || {
@@ -149,14 +142,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                     for (std, router) in listeners {
                         match TcpListener::from_std(std) {
                             Ok(l) => {
-                                tokio::spawn(accept_loop(
-                                    l,
-                                    router,
-                                    Arc::clone(&builder),
-                                    Arc::clone(&server),
-                                    Arc::clone(&conns),
-                                    shutdown.clone(),
-                                ));
+                                tokio::spawn(accept_loop(l, router, serving.clone()));
                             }
                             Err(e) => tracing::error!(error = %e, "cannot register listener"),
                         }
@@ -164,7 +150,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                     // Until shutdown (or the Handle is dropped), then until this process's
                     // connections drain or the grace period ends: dropping the runtime earlier
                     // would cut this thread's connections short.
-                    let mut stop = shutdown.clone();
+                    let (server, conns) = (&serving.server, &serving.conns);
+                    let mut stop = serving.shutdown.clone();
                     while !*stop.borrow_and_update() {
                         if stop.changed().await.is_err() {
                             break;
@@ -193,14 +180,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         );
         let router = Arc::new(Router::admin(&cache, config.admin.token.clone()));
         routers.push(Arc::clone(&router));
-        tokio::spawn(accept_loop(
-            listener,
-            router,
-            Arc::clone(&builder),
-            Arc::clone(&server),
-            Arc::clone(&conns),
-            shutdown_rx.clone(),
-        ));
+        tokio::spawn(accept_loop(listener, router, serving.clone()));
     }
     Ok(Handle {
         addrs,
@@ -316,14 +296,23 @@ fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListe
     Ok(socket.into())
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    router: Arc<Router>,
+/// What every accept loop shares: connection builders, server settings, the connection bound
+/// and the shutdown signal.
+#[derive(Clone)]
+struct Serving {
     builder: Arc<Builders>,
     server: Arc<ServerConfig>,
     conns: Arc<Semaphore>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+    shutdown: watch::Receiver<bool>,
+}
+
+async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Serving) {
+    let Serving {
+        builder,
+        server,
+        conns,
+        mut shutdown,
+    } = serving;
     let mut warned_full = false;
     loop {
         let accepted = tokio::select! {

@@ -36,6 +36,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use crate::admin::json;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Join};
@@ -218,14 +219,10 @@ impl Images {
         let Some(token) = self.inner.cfg.admin_token.as_deref() else {
             return Err(ImageError::Forbidden("no [admin] token is configured"));
         };
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
-            _ => Err(ImageError::Unauthorized),
+        if crate::admin::bearer_matches(headers, token) {
+            Ok(())
+        } else {
+            Err(ImageError::Unauthorized)
         }
     }
 
@@ -476,23 +473,6 @@ fn info_json(md5: &Md5Hex, size: usize, p: &Probe) -> String {
     )
 }
 
-fn json(status: StatusCode, body: String) -> Response<Body> {
-    let mut r = Response::new(Body::full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
-}
-
 fn req_path(rest: &str) -> &str {
     &rest[..rest.len().min(64)]
-}
-
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
