@@ -82,17 +82,20 @@ impl Proxy {
                 &me.status_header,
             )
         };
+        // The origin could not be reached or broke off: the stale response if stale-if-error
+        // allows it (RFC 5861 §4, never under must-revalidate), else 502/504. Nothing is stored.
+        let failed = |e: FetchError| match stale
+            .as_ref()
+            .filter(|o| o.freshness.serve_on_error(Instant::now()))
+        {
+            Some(old) => respond(old, CacheStatus::Stale),
+            None => me.tag(e.response(), status),
+        };
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "fill failed");
-                if let Some(old) = stale
-                    .as_ref()
-                    .filter(|o| o.freshness.serve_on_error(Instant::now()))
-                {
-                    return respond(old, CacheStatus::Stale);
-                }
-                return me.tag(e.response(), status);
+                return failed(e);
             }
         };
         let ctx = FetchContext {
@@ -171,13 +174,7 @@ impl Proxy {
             }
             Buffered::Failed(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
-                if let Some(old) = stale
-                    .as_ref()
-                    .filter(|o| o.freshness.serve_on_error(Instant::now()))
-                {
-                    return respond(old, CacheStatus::Stale);
-                }
-                return me.tag(e.response(), status);
+                return failed(e);
             }
         };
 
