@@ -197,6 +197,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Dur,
     /// Keep-alive connections with no traffic for this long are closed.
     pub idle_timeout: Dur,
+    /// An HTTP/1.1 connection idle this long hands its buffers back and waits, kept open, as a
+    /// bare socket until its next request (nginx does the same on keep-alive); 0 keeps them.
+    pub idle_release: Dur,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_grace: Dur,
     /// Accept HTTP/2 with prior knowledge (h2c) on the same port as HTTP/1.1.
@@ -227,6 +230,7 @@ impl Default for ServerConfig {
             max_header_size: ByteSize(16 * 1024),
             header_read_timeout: Dur(Duration::from_secs(10)),
             idle_timeout: Dur(Duration::from_secs(60)),
+            idle_release: Dur(Duration::from_secs(1)),
             shutdown_grace: Dur(Duration::from_secs(10)),
             h2c: true,
             threading: Threading::WorkStealing,
@@ -258,6 +262,11 @@ pub struct CacheConfig {
     /// Serve a stale response when the origin fails or times out, for this long past its
     /// lifetime, when the origin did not say (RFC 5861 stale-if-error). 0 = only when allowed.
     pub stale_if_error: Dur,
+    /// Serve a stale response, for this long past its lifetime, when the origin cannot be
+    /// reached, breaks off or times out (RFC 9111 §4.2.4 "disconnected"), unless the response
+    /// forbids stale reuse (must-revalidate, proxy-revalidate, s-maxage, no-cache). An origin's
+    /// 5xx answer is not a disconnection: that is `stale_if_error`. 0 = never.
+    pub stale_if_disconnected: Dur,
     /// Targeted cache-control fields honoured above Cache-Control, first present wins
     /// (RFC 9213); they are removed before responses go on.
     pub targeted_cache_control: Vec<HeaderNameCfg>,
@@ -277,6 +286,7 @@ impl Default for CacheConfig {
             heuristic_fraction: 0.1,
             stale_while_revalidate: Dur(Duration::ZERO),
             stale_if_error: Dur(Duration::ZERO),
+            stale_if_disconnected: Dur(Duration::from_secs(60)),
             targeted_cache_control: vec![HeaderNameCfg(HeaderName::from_static(
                 "cdn-cache-control",
             ))],
@@ -577,6 +587,10 @@ pub struct ImagesConfig {
     /// Most frames an animated GIF or WebP may have (upload and transform).
     #[serde(default = "ImagesConfig::default_max_frames")]
     pub max_frames: Bounded<1, 100_000>,
+    /// Recently used originals held in memory (bytes, scan-resistant), so a transform of a hot
+    /// image reads no file; 0 reads every original from the store.
+    #[serde(default = "ImagesConfig::default_originals_memory")]
+    pub originals_memory: ByteSize,
     /// Transforms running at once; 0 means one per core.
     #[serde(default)]
     pub workers: usize,
@@ -617,6 +631,7 @@ impl ImagesConfig {
             max_pixels: Self::default_max_pixels(),
             max_output_dimension: Self::default_max_output(),
             max_frames: Self::default_max_frames(),
+            originals_memory: Self::default_originals_memory(),
             workers: 0,
             queue_depth: Self::default_queue_depth(),
             default_format: Self::default_format(),
@@ -639,6 +654,9 @@ impl ImagesConfig {
     }
     fn default_max_frames() -> Bounded<1, 100_000> {
         Bounded(100)
+    }
+    fn default_originals_memory() -> ByteSize {
+        ByteSize(64 << 20)
     }
     fn default_queue_depth() -> Bounded<0, 1_000_000> {
         Bounded(64)

@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -170,6 +172,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                 source,
             })?;
     }
+    tokio::spawn(return_freed_memory(serving.shutdown.clone()));
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
         let listener = bind(addr, false).map_err(|source| Error::Bind { addr, source })?;
@@ -192,6 +195,33 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         max_conns,
         grace: server.shutdown_grace.0,
     })
+}
+
+/// Connections that gave their buffers back since freed memory was last returned.
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc keeps freed memory in its arenas. When many connections have released their buffers
+/// (thousands of clients going idle together), this asks it, at most once a second and off the
+/// async workers, to return the free pages to the system, so that RSS follows what idle
+/// connections really hold.
+async fn return_freed_memory(mut shutdown: watch::Receiver<bool>) {
+    const ENOUGH: usize = 256; // about 4 MiB of buffers
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if RELEASED.load(Ordering::Relaxed) >= ENOUGH {
+            RELEASED.store(0, Ordering::Relaxed);
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            tokio::task::spawn_blocking(|| {
+                // SAFETY: malloc_trim only returns free pages; it has no preconditions.
+                unsafe { libc::malloc_trim(0) };
+            });
+        }
+    }
 }
 
 /// Worker threads the configuration asks for (0 = one per core).
@@ -356,15 +386,19 @@ async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Servin
             }
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
+        let fut = serve_connection(
             stream,
             peer,
             Arc::clone(&router),
             Arc::clone(&builder),
-            server.idle_timeout.0,
+            Idle {
+                timeout: server.idle_timeout.0,
+                release: server.idle_release.0,
+            },
             shutdown.clone(),
             permit,
-        ));
+        );
+        tokio::spawn(fut);
     }
 }
 
@@ -375,13 +409,21 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     )
 }
 
+/// How long a connection may idle: closed after `timeout`; an HTTP/1.1 connection gives its
+/// buffers back after `release` (zero: never).
+#[derive(Clone, Copy)]
+struct Idle {
+    timeout: Duration,
+    release: Duration,
+}
+
 /// Serves one connection until the peer closes, it idles out, or shutdown completes.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     router: Arc<Router>,
     builder: Arc<Builders>,
-    idle_timeout: Duration,
+    idle: Idle,
     mut shutdown: watch::Receiver<bool>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 ) {
@@ -397,32 +439,164 @@ async fn serve_connection(
         false
     };
     let activity = Arc::new(Activity::default());
-    let io = TokioIo::new(Tracked {
-        inner: stream,
-        activity: Arc::clone(&activity),
-    });
     let in_service = Arc::clone(&activity);
+    // The request future is boxed so that it is `Unpin`, which hyper asks of a connection it
+    // hands back (see `serve_h1`).
     let service = service_fn(move |req| {
         let router = Arc::clone(&router);
         let busy = InFlight::enter(Arc::clone(&in_service));
-        async move {
+        Box::pin(async move {
             let resp = router.dispatch(req, peer).await;
             drop(busy);
             Ok::<_, Infallible>(resp)
-        }
+        })
+    });
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        pending: Bytes::new(),
+        activity: Arc::clone(&activity),
     });
     if h2 {
         // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
         let conn = builder.h2.serve_connection(io, service);
-        Box::pin(drive(conn, peer, activity, idle_timeout, shutdown)).await;
+        Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
     } else {
-        let conn = builder.h1.serve_connection(io, service);
-        drive(conn, peer, activity, idle_timeout, shutdown).await;
+        serve_h1(io, service, peer, &builder.h1, activity, idle, shutdown).await;
     }
 }
 
-/// Runs a connection to its end beside the idle watchdog and the shutdown signal.
-async fn drive<C>(
+/// Serves HTTP/1.1 on a connection. While requests come, one hyper connection serves them all;
+/// once the connection has idled for `idle.release`, hyper hands the socket back (with any
+/// bytes it read ahead) and its buffers are freed: the task then waits on the bare socket and
+/// starts a new hyper connection when the client speaks again. Idle keep-alive connections so
+/// cost a few hundred bytes instead of two 8 KiB buffers.
+/// The socket as hyper sees it.
+type H1Io = TokioIo<Tracked<TcpStream>>;
+
+async fn serve_h1<S>(
+    mut io: H1Io,
+    mut service: S,
+    peer: SocketAddr,
+    h1: &http1::Builder,
+    activity: Arc<Activity>,
+    idle: Idle,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
+    S::Future: Unpin,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        // Boxed, so that a released connection leaves nothing of hyper's state in this task.
+        let conn = Box::new(h1.serve_connection(io, service));
+        let (parts, idle_for) = match drive_h1(conn, peer, &activity, idle, &mut shutdown).await {
+            Released::Closed => return,
+            Released::Parked(parts, idle_for) => (parts, idle_for),
+        };
+        RELEASED.fetch_add(1, Ordering::Relaxed);
+        let http1::Parts {
+            io: released,
+            read_buf,
+            service: s,
+            ..
+        } = parts;
+        service = s;
+        let mut tracked = released.into_inner();
+        // An empty `read_buf` still owns hyper's whole read buffer: it must go now, not when
+        // the connection wakes up.
+        if !read_buf.is_empty() {
+            // hyper read ahead (part of a request head): it is read again first.
+            tracked.pending = if tracked.pending.is_empty() {
+                Bytes::copy_from_slice(&read_buf)
+            } else {
+                [&read_buf[..], &tracked.pending[..]].concat().into()
+            };
+        }
+        drop(read_buf);
+        if tracked.pending.is_empty() {
+            tokio::select! {
+                r = tracked.inner.readable() => if r.is_err() { return },
+                _ = tokio::time::sleep(idle.timeout.saturating_sub(idle_for)) => return,
+                _ = shutdown.changed() => return,
+            }
+        }
+        io = TokioIo::new(tracked);
+    }
+}
+
+/// How [`drive_h1`] ended.
+enum Released<S> {
+    /// The connection is over (peer closed, error, idle timeout or shutdown).
+    Closed,
+    /// The connection idled and hyper gave it back, with how long it has been idle.
+    Parked(http1::Parts<H1Io, S>, Duration),
+}
+
+/// Runs an HTTP/1.1 connection beside the idle watchdog and the shutdown signal, until it ends
+/// or, idle for `idle.release`, is handed back.
+async fn drive_h1<S>(
+    mut conn: Box<http1::Connection<H1Io, S>>,
+    peer: SocketAddr,
+    activity: &Activity,
+    idle: Idle,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Released<S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
+    S::Future: Unpin,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut closing = *shutdown.borrow();
+    if closing {
+        Pin::new(&mut *conn).graceful_shutdown();
+    }
+    let release = !idle.release.is_zero() && idle.release < idle.timeout;
+    let tick = if release { idle.release } else { idle.timeout };
+    let mut releasing = false;
+    let mut idle_for = Duration::ZERO;
+    loop {
+        tokio::select! {
+            res = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                match res {
+                    Ok(()) if releasing && !closing => {
+                        return Released::Parked(conn.into_parts(), idle_for);
+                    }
+                    Ok(()) => {
+                        let mut io = conn.into_parts().io;
+                        let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
+                    }
+                    Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                }
+                return Released::Closed;
+            }
+            _ = shutdown.changed(), if !closing => {
+                closing = true;
+                Pin::new(&mut *conn).graceful_shutdown();
+            }
+            _ = tokio::time::sleep(tick), if !closing => {
+                if activity.take_active() || activity.in_flight.load(Ordering::Relaxed) > 0 {
+                    idle_for = Duration::ZERO;
+                    continue;
+                }
+                idle_for += tick;
+                if idle_for >= idle.timeout {
+                    if releasing {
+                        // Handing back waits for a response stalled this long: give up.
+                        return Released::Closed;
+                    }
+                    closing = true;
+                } else if !releasing {
+                    releasing = true;
+                }
+                // An idle connection closes at once; one still writing a response finishes it.
+                Pin::new(&mut *conn).graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Runs an HTTP/2 connection to its end beside the idle watchdog and the shutdown signal.
+async fn drive_h2<C>(
     conn: C,
     peer: SocketAddr,
     activity: Arc<Activity>,
@@ -496,9 +670,11 @@ impl Drop for InFlight {
     }
 }
 
-/// A stream that records activity for the idle watchdog.
+/// A stream that records activity for the idle watchdog, and first replays `pending` (bytes a
+/// released hyper connection had read ahead).
 struct Tracked<S> {
     inner: S,
+    pending: Bytes,
     activity: Arc<Activity>,
 }
 
@@ -508,6 +684,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.pending.is_empty() {
+            let n = self.pending.len().min(buf.remaining());
+            buf.put_slice(&self.pending.split_to(n));
+            self.activity.touch();
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {

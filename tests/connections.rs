@@ -1,5 +1,7 @@
-//! Connection-level limits: the accept loop survives running out of file descriptors, and the
-//! max-connections bound pauses accepting until a connection closes.
+//! Connection-level limits: the accept loop survives running out of file descriptors, the
+//! max-connections bound pauses accepting until a connection closes, and idle keep-alive
+//! connections release their buffers yet keep serving (read-ahead included) until the idle
+//! timeout closes them.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -178,6 +180,78 @@ async fn at_max_connections_accepting_pauses_until_one_closes() {
             .unwrap();
         let n = fifth.read(&mut b).unwrap();
         assert!(b[..n].starts_with(b"HTTP/1.1 200"));
+    })
+    .await
+    .unwrap();
+}
+
+/// A server whose connections release their buffers after 100 ms idle and close after 700 ms.
+async fn releasing_server() -> (larder::server::Handle, SocketAddr) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.keep())),
+    );
+    cfg.server.idle_release = larder::config::Dur(Duration::from_millis(100));
+    cfg.server.idle_timeout = larder::config::Dur(Duration::from_millis(700));
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    (h, addr)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn released_connection_serves_again_and_keeps_a_split_request_head() {
+    let (_h, addr) = releasing_server().await;
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        assert_eq!(request(&mut s, "/a.txt"), Some(200));
+        // Idle past the release: the same connection serves the next request.
+        std::thread::sleep(Duration::from_millis(350));
+        assert_eq!(request(&mut s, "/a.txt"), Some(200));
+        // Half a request head, then a pause long enough for a release, then the rest: the bytes
+        // hyper had read ahead are replayed to the next connection state, nothing is lost.
+        s.write_all(b"GET /a.txt HTTP/1.1\r\nHo").unwrap();
+        std::thread::sleep(Duration::from_millis(350));
+        s.write_all(b"st: t\r\n\r\n").unwrap();
+        let mut b = [0u8; 256];
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let n = s.read(&mut b).unwrap();
+        let text = String::from_utf8_lossy(&b[..n]).to_string();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("hello"), "{text}");
+        // Pipelined requests right after a release both get answers, in order.
+        std::thread::sleep(Duration::from_millis(350));
+        s.write_all(
+            b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\nGET /missing HTTP/1.1\r\nHost: t\r\n\r\n",
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("HTTP/1.1 404") {
+            let n = s.read(&mut b).unwrap();
+            assert!(n > 0, "closed before both answers");
+            got.extend_from_slice(&b[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn released_connection_is_closed_at_the_idle_timeout() {
+    let (_h, addr) = releasing_server().await;
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        assert_eq!(request(&mut s, "/a.txt"), Some(200));
+        let start = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 16];
+        // EOF (0) once the idle timeout passes, not before the release or at once.
+        assert_eq!(s.read(&mut b).unwrap(), 0);
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(500), "{waited:?}");
+        assert!(waited < Duration::from_millis(2500), "{waited:?}");
     })
     .await
     .unwrap();

@@ -136,8 +136,64 @@ pub fn decode(
 const JPEG_EIGHTHS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
 fn decode_jpeg(src: &[u8], p: &Probe, need: (u32, u32), gray: bool) -> Result<Raster, CodecError> {
+    with_decompressor(|d| decode_jpeg_with(d, src, p, need, gray))
+}
+
+thread_local! {
+    /// One libjpeg-turbo decompressor per pool thread, reused from image to image (its setup
+    /// allocates; a transform should not pay for it each time).
+    static DECOMPRESSOR: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
+        const { std::cell::RefCell::new(None) };
+    static COMPRESSOR: std::cell::RefCell<Option<turbojpeg::Compressor>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's decompressor; a handle that failed is dropped, not reused.
+fn with_decompressor<T>(
+    f: impl FnOnce(&mut turbojpeg::Decompressor) -> Result<T, CodecError>,
+) -> Result<T, CodecError> {
     let err = |e: turbojpeg::Error| CodecError::Decode("JPEG", e.to_string());
-    let mut d = turbojpeg::Decompressor::new().map_err(err)?;
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let mut d = match slot.take() {
+            Some(d) => d,
+            None => turbojpeg::Decompressor::new().map_err(err)?,
+        };
+        let out = f(&mut d);
+        if out.is_ok() {
+            *slot = Some(d);
+        }
+        out
+    })
+}
+
+/// Runs `f` with this thread's compressor; a handle that failed is dropped, not reused.
+fn with_compressor<T>(
+    f: impl FnOnce(&mut turbojpeg::Compressor) -> Result<T, CodecError>,
+) -> Result<T, CodecError> {
+    let err = |e: turbojpeg::Error| CodecError::Encode("JPEG", e.to_string());
+    COMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let mut c = match slot.take() {
+            Some(c) => c,
+            None => turbojpeg::Compressor::new().map_err(err)?,
+        };
+        let out = f(&mut c);
+        if out.is_ok() {
+            *slot = Some(c);
+        }
+        out
+    })
+}
+
+fn decode_jpeg_with(
+    d: &mut turbojpeg::Decompressor,
+    src: &[u8],
+    p: &Probe,
+    need: (u32, u32),
+    gray: bool,
+) -> Result<Raster, CodecError> {
+    let err = |e: turbojpeg::Error| CodecError::Decode("JPEG", e.to_string());
     let header = d.read_header(src).map_err(err)?;
     let (hw, hh) = (header.width as u32, header.height as u32);
     if u64::from(hw) * u64::from(hh) > p.pixels() {
@@ -347,17 +403,18 @@ fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
             turbojpeg::Subsamp::Sub2x2,
         )
     };
-    let mut c = turbojpeg::Compressor::new().map_err(err)?;
-    c.set_quality(i32::from(quality));
-    c.set_subsamp(subsamp);
-    c.compress_to_vec(turbojpeg::Image {
-        pixels,
-        width: img.width as usize,
-        pitch: img.width as usize * channels,
-        height: img.height as usize,
-        format,
+    with_compressor(|c| {
+        c.set_quality(i32::from(quality));
+        c.set_subsamp(subsamp);
+        c.compress_to_vec(turbojpeg::Image {
+            pixels,
+            width: img.width as usize,
+            pitch: img.width as usize * channels,
+            height: img.height as usize,
+            format,
+        })
+        .map_err(err)
     })
-    .map_err(err)
 }
 
 fn encode_png(img: &Raster) -> Result<Vec<u8>, CodecError> {

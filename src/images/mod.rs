@@ -47,7 +47,7 @@ use codec::CodecError;
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
 use sniff::{Probe, SniffError};
-use storage::{ImageStore, LocalDir, Md5Hex};
+use storage::{ImageStore, InMemory, LocalDir, Md5Hex};
 use transform::{Limits, TransformError};
 
 /// Why an image request failed; each maps to one status code.
@@ -162,7 +162,10 @@ const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
     pub fn new(cfg: ImagesConfig, prefix: &str, cache: Arc<Cache>) -> Images {
-        let store = LocalDir::new(&cfg.dir);
+        let store: Arc<dyn ImageStore> = match cfg.originals_memory.0 {
+            0 => Arc::new(LocalDir::new(&cfg.dir)),
+            n => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
+        };
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
@@ -172,7 +175,7 @@ impl Images {
             inner: Arc::new(Inner {
                 pool: Pool::new(cfg.workers, cfg.queue_depth.get() as usize),
                 prefix: prefix.to_string(),
-                store: Arc::new(store),
+                store,
                 status_header: cache.cfg.status_header.0.clone(),
                 cache,
                 limits,
@@ -311,12 +314,7 @@ impl Images {
     }
 
     async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
-        let store = Arc::clone(&self.inner.store);
-        let m = md5.clone();
-        tokio::task::spawn_blocking(move || store.get(&m))
-            .await
-            .map_err(|_| ImageError::Internal)??
-            .ok_or(ImageError::NotFound)
+        self.inner.load(md5).await
     }
 
     async fn get(
@@ -386,6 +384,19 @@ impl Images {
 }
 
 impl Inner {
+    /// The original: from memory when held there, else read on the blocking pool.
+    async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
+        if let Some(data) = self.store.get_in_memory(md5) {
+            return Ok(data);
+        }
+        let store = Arc::clone(&self.store);
+        let m = md5.clone();
+        tokio::task::spawn_blocking(move || store.get(&m))
+            .await
+            .map_err(|_| ImageError::Internal)??
+            .ok_or(ImageError::NotFound)
+    }
+
     /// Loads the original and produces the entry for `resolved` (the original itself when
     /// nothing changes, else a transform on the pool).
     async fn make(
@@ -393,12 +404,7 @@ impl Inner {
         md5: Md5Hex,
         resolved: Resolved,
     ) -> Result<Arc<Entry>, ImageError> {
-        let store = Arc::clone(&self.store);
-        let m = md5.clone();
-        let data = tokio::task::spawn_blocking(move || store.get(&m))
-            .await
-            .map_err(|_| ImageError::Internal)??
-            .ok_or(ImageError::NotFound)?;
+        let data = self.load(&md5).await?;
         let probe = sniff::probe(&data)?;
         let resolved = resolved.for_source(probe.format);
         let key = resolved.key();

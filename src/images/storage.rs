@@ -3,7 +3,12 @@
 //! `<dir>/<md5[0..2]>/<md5[2..4]>/<md5>`, written atomically (temp file, fsync, rename), so a
 //! reader never sees a partial original and two uploads of the same bytes store one file.
 //!
-//! The trait is synchronous; callers run it on the blocking pool.
+//! [`InMemory`] fronts any store with a byte-bounded memory cache of recently used originals,
+//! so a transform of a hot image reads no file (zimg keeps originals in memcached for the same
+//! reason).
+//!
+//! The trait is synchronous; callers run it on the blocking pool, except for
+//! [`ImageStore::get_in_memory`], which never blocks.
 
 use std::fs;
 use std::io::{self, Write};
@@ -50,6 +55,75 @@ pub trait ImageStore: Send + Sync {
     fn delete(&self, md5: &Md5Hex) -> io::Result<bool>;
     /// Where the images are, for logs.
     fn describe(&self) -> String;
+    /// The original if it is at hand without blocking (held in memory); callers on the async
+    /// workers try this before going to the blocking pool.
+    fn get_in_memory(&self, _md5: &Md5Hex) -> Option<Bytes> {
+        None
+    }
+}
+
+/// Weighs cached originals by their size.
+#[derive(Clone)]
+struct BySize;
+
+impl quick_cache::Weighter<Md5Hex, Bytes> for BySize {
+    fn weight(&self, key: &Md5Hex, val: &Bytes) -> u64 {
+        (key.0.len() + val.len()) as u64 + 64
+    }
+}
+
+/// A store fronted by a memory cache of originals, at most `capacity` bytes (scan-resistant, as
+/// the response cache is). Writes and deletes go through to the store below first.
+pub struct InMemory<S> {
+    below: S,
+    held: quick_cache::sync::Cache<Md5Hex, Bytes, BySize>,
+}
+
+impl<S: ImageStore> InMemory<S> {
+    pub fn new(below: S, capacity: u64) -> InMemory<S> {
+        // quick_cache wants an estimate of the item count; assume ~256 KiB per original.
+        let estimated = (capacity / (256 * 1024)).clamp(16, 1 << 20) as usize;
+        InMemory {
+            below,
+            held: quick_cache::sync::Cache::with_weighter(estimated, capacity, BySize),
+        }
+    }
+}
+
+impl<S: ImageStore> ImageStore for InMemory<S> {
+    fn put(&self, md5: &Md5Hex, data: &[u8]) -> io::Result<bool> {
+        // Not held on upload: an upload says nothing about whether the image will be asked for.
+        self.below.put(md5, data)
+    }
+
+    fn get(&self, md5: &Md5Hex) -> io::Result<Option<Bytes>> {
+        if let Some(b) = self.held.get(md5) {
+            return Ok(Some(b));
+        }
+        let found = self.below.get(md5)?;
+        if let Some(b) = &found {
+            self.held.insert(md5.clone(), b.clone());
+        }
+        Ok(found)
+    }
+
+    fn delete(&self, md5: &Md5Hex) -> io::Result<bool> {
+        let existed = self.below.delete(md5);
+        self.held.remove(md5);
+        existed
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} (originals held in memory up to {} MiB)",
+            self.below.describe(),
+            self.held.capacity() >> 20
+        )
+    }
+
+    fn get_in_memory(&self, md5: &Md5Hex) -> Option<Bytes> {
+        self.held.get(md5)
+    }
 }
 
 /// Originals in a local directory, sharded two levels deep.
@@ -141,5 +215,25 @@ mod tests {
         assert!(s.delete(&md5).unwrap());
         assert!(s.get(&md5).unwrap().is_none());
         assert!(Md5Hex::parse("XYZ").is_none());
+    }
+
+    #[test]
+    fn in_memory_front_holds_reads_and_forgets_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = InMemory::new(LocalDir::new(dir.path()), 1 << 20);
+        let md5 = Md5Hex::of(b"abc");
+        assert!(s.put(&md5, b"abc").unwrap());
+        assert!(s.get_in_memory(&md5).is_none(), "uploads are not held");
+        assert_eq!(&s.get(&md5).unwrap().unwrap()[..], b"abc");
+        assert_eq!(&s.get_in_memory(&md5).unwrap()[..], b"abc");
+        assert!(s.delete(&md5).unwrap());
+        assert!(s.get_in_memory(&md5).is_none());
+        assert!(s.get(&md5).unwrap().is_none());
+        // An original larger than the whole budget is served but not held.
+        let big = vec![7u8; 2 << 20];
+        let m2 = Md5Hex::of(&big);
+        s.put(&m2, &big).unwrap();
+        assert_eq!(s.get(&m2).unwrap().unwrap().len(), big.len());
+        assert!(s.get_in_memory(&m2).is_none());
     }
 }
