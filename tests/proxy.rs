@@ -247,10 +247,11 @@ async fn coalesces_100_concurrent_misses_into_one_fetch() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_fill_releases_waiters_and_caches_nothing() {
-    // The first fetch sends half its body and dies; every later fetch succeeds.
-    let origin = Origin::start(|_, n| {
+    // The leader's fetch (marked by a request header larder forwards) sends half its body and
+    // dies, also when larder sends it again; every other fetch succeeds.
+    let origin = Origin::start(|seen, _| {
         let r = Reply::ok("complete and correct body").header("cache-control", "max-age=60");
-        if n == 0 {
+        if seen.headers.contains_key("x-leader") {
             r.delay(Duration::from_millis(300)).abort()
         } else {
             r
@@ -262,7 +263,7 @@ async fn failing_fill_releases_waiters_and_caches_nothing() {
     let url = Arc::new(format!("http://{}/flaky", larder.addrs[0]));
     let leader = {
         let (c, url) = (c.clone(), url.clone());
-        tokio::spawn(async move { get(&c, &url, &[]).await })
+        tokio::spawn(async move { get(&c, &url, &[("x-leader", "1")]).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut waiters = Vec::new();
@@ -270,7 +271,8 @@ async fn failing_fill_releases_waiters_and_caches_nothing() {
         let (c, url) = (c.clone(), url.clone());
         waiters.push(tokio::spawn(async move { get(&c, &url, &[]).await }));
     }
-    assert_eq!(leader.await.unwrap().status, 502);
+    let l = leader.await.unwrap();
+    assert_eq!(l.status, 502, "{:?}", String::from_utf8_lossy(&l.body));
     for w in waiters {
         let g = w.await.unwrap();
         assert_eq!(g.status, 200);
@@ -748,4 +750,62 @@ async fn uncacheable_responses_are_compressed_on_the_fly() {
     .await;
     assert_eq!(img.header("content-encoding"), None);
     assert_eq!(larder.cache.store.len(), 0);
+}
+
+/// An origin whose keep-alive connections close when the next request arrives, without an
+/// answer (what an origin's idle timeout racing larder's reuse of a pooled connection looks
+/// like): idempotent bodiless requests are sent again on a new connection; a POST is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_connection_closed_by_the_origin_is_retried_for_idempotent_requests() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                // Answer the first request of each connection, then close on the second.
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = format!("answer {n}");
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
+                // Wait for the next request on this connection, then drop it unanswered.
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let base = format!("http://{}", larder.addrs[0]);
+    let c = client();
+    let first = get(&c, &format!("{base}/a"), &[]).await;
+    assert_eq!(
+        (first.status.as_u16(), &first.body[..]),
+        (200, &b"answer 0"[..])
+    );
+    // The pooled connection is reused, closed by the origin, and the GET sent again.
+    let second = get(&c, &format!("{base}/a"), &[]).await;
+    assert_eq!(
+        (second.status.as_u16(), &second.body[..]),
+        (200, &b"answer 1"[..])
+    );
+    // A POST is never sent twice: the origin's close is a 502.
+    let post = send(&c, "POST", &format!("{base}/a"), &[], b"x").await;
+    assert_eq!(post.status, 502);
 }

@@ -531,6 +531,41 @@ mod stale {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_4_stale_when_disconnected_unless_a_directive_forbids_it() {
+        // After the first response per path, the origin breaks off every response: larder is
+        // "disconnected" and may serve stale (default grace 60 s), except where must-revalidate,
+        // proxy-revalidate, s-maxage or no-cache forbid it (§5.2.2.2, .8, .10, .4).
+        let (_o, _l, c, base) = setup("", |seen, n| {
+            let cc = match seen.path.as_str() {
+                "/mr" => "max-age=1, must-revalidate",
+                "/pr" => "max-age=1, proxy-revalidate",
+                "/sm" => "max-age=1, s-maxage=1",
+                "/nc" => "max-age=1, no-cache",
+                _ => "max-age=1",
+            };
+            let r = Reply::ok("old").header("cache-control", cc);
+            if n < 5 {
+                r
+            } else {
+                r.abort()
+            }
+        })
+        .await;
+        let paths = ["/ok", "/mr", "/pr", "/sm", "/nc"];
+        for p in paths {
+            get(&c, &format!("{base}{p}"), &[]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let ok = get(&c, &format!("{base}/ok"), &[]).await;
+        assert_eq!((ok.status.as_u16(), ok.cache()), (200, "STALE"));
+        assert_eq!(ok.body, "old");
+        for p in &paths[1..] {
+            let g = get(&c, &format!("{base}{p}"), &[]).await;
+            assert_eq!(g.status, 502, "{p} must not be served stale");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn s4_2_4_no_stale_without_permission() {
         let (origin, _l, c, base) = setup("", |_, n| {
             if n == 0 {
@@ -601,6 +636,57 @@ mod headers {
     }
 }
 
+mod stored_fields {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s3_1_unknown_content_coding_and_content_range_on_a_200_are_stored_as_sent() {
+        let (origin, _l, c, base) = setup("", |seen, _| {
+            let r = Reply::ok("opaque-bytes").header("cache-control", "max-age=3600");
+            match seen.path.as_str() {
+                "/ce" => r.header("content-encoding", "x-custom"),
+                _ => r.header("content-range", "meaningless"),
+            }
+        })
+        .await;
+        for (p, name, value) in [
+            ("/ce", "content-encoding", "x-custom"),
+            ("/cr", "content-range", "meaningless"),
+        ] {
+            get(&c, &format!("{base}{p}"), &[]).await;
+            let hit = get(
+                &c,
+                &format!("{base}{p}"),
+                &[("accept-encoding", "gzip, br")],
+            )
+            .await;
+            assert_eq!(hit.cache(), "HIT", "{p}");
+            assert_eq!(hit.header(name), Some(value), "{p}");
+            assert_eq!(hit.body, "opaque-bytes", "{p}: body as the origin sent it");
+        }
+        assert_eq!(origin.hits(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_3_an_age_list_is_read_by_its_first_member() {
+        let (origin, _l, c, base) = setup("", |_, _| {
+            Reply::ok("aged")
+                .header("cache-control", "max-age=3600")
+                .header("age", "7200, 0")
+        })
+        .await;
+        let first = get(&c, &format!("{base}/age"), &[]).await;
+        let age: u64 = first.header("age").unwrap().parse().unwrap();
+        assert!(age >= 7200, "age {age}");
+        // Older than its lifetime: stale at once, fetched again.
+        assert_eq!(
+            get(&c, &format!("{base}/age"), &[]).await.cache(),
+            "EXPIRED"
+        );
+        assert_eq!(origin.hits(), 2);
+    }
+}
+
 mod cdn_cache_control {
     use super::*;
 
@@ -628,6 +714,35 @@ mod cdn_cache_control {
         assert_eq!(miss.cache(), "MISS");
         assert_eq!(miss.header("cdn-cache-control"), None);
         assert_eq!(origin.hits(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc9213_s2_1_an_invalid_structured_field_is_ignored_whole() {
+        let (origin, _l, c, base) = setup("", |seen, _| {
+            let cdn = match seen.path.as_str() {
+                "/wrong-type" => "max-age=\"10000\"",
+                "/unparseable" => "max-age=10000, &&&&&",
+                "/space" => "max-age =100",
+                "/flag-value" => "max-age=100, no-store=1",
+                _ => "max-age=100, private=(\"x-user\"), x-unknown;p=1",
+            };
+            Reply::ok("x")
+                .header("cache-control", "no-store")
+                .header("x-user", "u1")
+                .header("cdn-cache-control", cdn)
+        })
+        .await;
+        for p in ["/wrong-type", "/unparseable", "/space", "/flag-value"] {
+            get(&c, &format!("{base}{p}"), &[]).await;
+            let again = get(&c, &format!("{base}{p}"), &[]).await;
+            assert_eq!(again.cache(), "MISS", "{p}: Cache-Control no-store applies");
+        }
+        // A valid Dictionary with a qualified private and an unknown member is honoured.
+        get(&c, &format!("{base}/valid"), &[]).await;
+        let hit = get(&c, &format!("{base}/valid"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("x-user"), None, "private=(x-user) is not shared");
+        assert_eq!(origin.hits(), 9);
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -68,8 +68,18 @@ impl Entry {
         freshness: Freshness,
         negotiated: bool,
     ) -> Entry {
+        // A coding larder does not know stays on the stored headers: the body (in the identity
+        // slot) is stored and served exactly as the origin coded it.
+        let opaque = headers.get(header::CONTENT_ENCODING).is_some_and(|v| {
+            v.to_str()
+                .ok()
+                .and_then(Encoding::from_content_encoding)
+                .is_none()
+        });
         for h in NOT_STORED {
-            headers.remove(h);
+            if !(opaque && h == header::CONTENT_ENCODING) {
+                headers.remove(h);
+            }
         }
         if negotiated && !vary_lists(&headers, "accept-encoding") {
             headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));

@@ -56,6 +56,86 @@ impl CacheControl {
         cc
     }
 
+    /// Parses a targeted field (RFC 9213 §2.1): a Structured Field Dictionary (RFC 9651). A
+    /// field that is not a valid Dictionary, or whose known directives have the wrong type
+    /// (`max-age="60"`, `no-store=1`), is ignored as a whole: None, so the next targeted field
+    /// or Cache-Control applies. Absent: None.
+    pub fn from_targeted(headers: &HeaderMap, name: &HeaderName) -> Option<Self> {
+        use sfv::{BareItem, ListEntry};
+        let mut lines = headers.get_all(name).iter().peekable();
+        lines.peek()?;
+        let mut dict = sfv::Dictionary::new();
+        for line in lines {
+            sfv::Parser::new(line.as_bytes())
+                .parse_dictionary_with_visitor(&mut dict)
+                .ok()?;
+        }
+        let mut cc = CacheControl::default();
+        for (key, entry) in &dict {
+            let seconds = || match entry {
+                ListEntry::Item(i) => match &i.bare_item {
+                    BareItem::Integer(n) => u64::try_from(i64::from(*n)).ok(),
+                    _ => None,
+                },
+                ListEntry::InnerList(_) => None,
+            };
+            let flag =
+                || matches!(entry, ListEntry::Item(i) if i.bare_item == BareItem::Boolean(true));
+            // `private` and `no-cache` may name fields: an inner list of strings or tokens.
+            let fields = || -> Option<Vec<HeaderName>> {
+                match entry {
+                    ListEntry::InnerList(l) => l
+                        .items
+                        .iter()
+                        .map(|i| {
+                            let n = match &i.bare_item {
+                                BareItem::String(s) => s.as_str(),
+                                BareItem::Token(t) => t.as_str(),
+                                _ => return None,
+                            };
+                            HeaderName::from_bytes(n.as_bytes()).ok()
+                        })
+                        .collect(),
+                    _ => flag().then(Vec::new),
+                }
+            };
+            match key.as_str() {
+                "max-age" => cc.max_age = Some(seconds()?.min(DELTA_MAX)),
+                "s-maxage" => cc.s_maxage = Some(seconds()?.min(DELTA_MAX)),
+                "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+                "stale-if-error" => cc.stale_if_error = Some(seconds()?),
+                "no-store" | "public" | "must-revalidate" | "proxy-revalidate" | "no-transform"
+                | "immutable" | "must-understand" => {
+                    if !flag() {
+                        return None;
+                    }
+                    *match key.as_str() {
+                        "no-store" => &mut cc.no_store,
+                        "public" => &mut cc.public,
+                        "must-revalidate" => &mut cc.must_revalidate,
+                        "proxy-revalidate" => &mut cc.proxy_revalidate,
+                        "no-transform" => &mut cc.no_transform,
+                        "immutable" => &mut cc.immutable,
+                        _ => &mut cc.must_understand,
+                    } = true;
+                }
+                "private" => {
+                    let f = fields()?;
+                    cc.private |= f.is_empty();
+                    cc.private_fields.extend(f);
+                }
+                "no-cache" => {
+                    let f = fields()?;
+                    cc.no_cache |= f.is_empty();
+                    cc.no_cache_fields.extend(f);
+                }
+                // Directives larder does not know are ignored (RFC 9111 §5.2.3).
+                _ => {}
+            }
+        }
+        Some(cc)
+    }
+
     /// Whether any field line of `name` is present.
     pub fn present(headers: &HeaderMap, name: &HeaderName) -> bool {
         headers.contains_key(name)
@@ -299,6 +379,16 @@ impl Freshness {
             && !self.stale_while_revalidate.is_zero()
     }
 
+    /// May be served stale because the origin cannot be reached or broke off the response: the
+    /// "disconnected" case of RFC 9111 §4.2.4, up to `grace` past the lifetime, unless a
+    /// directive forbids stale reuse (must-revalidate, proxy-revalidate, s-maxage, no-cache).
+    pub fn serve_disconnected(&self, now: Instant, grace: Duration) -> bool {
+        !self.must_revalidate
+            && !self.always_revalidate
+            && !grace.is_zero()
+            && self.staleness(now) <= grace
+    }
+
     /// May be served stale because the origin failed (RFC 5861 §4; never under must-revalidate,
     /// RFC 9111 §5.2.2.2).
     pub fn serve_on_error(&self, now: Instant) -> bool {
@@ -345,7 +435,9 @@ pub fn storability(
     if ctx.request_no_store {
         return Err(NoStoreReason::NoStore);
     }
-    if status == StatusCode::PARTIAL_CONTENT || headers.contains_key(header::CONTENT_RANGE) {
+    // §3.3-3.4: a 206 is partial. A Content-Range field on another status means nothing (RFC
+    // 9110 §14.4) and is stored like any other field (§3.1).
+    if status == StatusCode::PARTIAL_CONTENT {
         return Err(NoStoreReason::Partial);
     }
     if status.is_informational() || status == StatusCode::NOT_MODIFIED {
@@ -355,8 +447,7 @@ pub fn storability(
     let targeted = cfg
         .targeted_cache_control
         .iter()
-        .find(|f| headers.contains_key(&f.0))
-        .map(|f| CacheControl::from_headers(headers, &f.0));
+        .find_map(|f| CacheControl::from_targeted(headers, &f.0));
     let is_targeted = targeted.is_some();
     let cc =
         targeted.unwrap_or_else(|| CacheControl::from_headers(headers, &header::CACHE_CONTROL));
@@ -401,10 +492,12 @@ pub fn storability(
     )?;
 
     // §4.2.3 age calculation.
+    // Age is a single value; a list (`Age: 7200, 0`, or several field lines) is read by its
+    // first member rather than thrown away, the conservative reading.
     let age_value = headers
         .get(header::AGE)
         .and_then(|v| v.to_str().ok())
-        .and_then(parse_delta)
+        .and_then(|s| parse_delta(s.split(',').next().unwrap_or("")))
         .unwrap_or(0);
     let date_value = date.unwrap_or(ctx.response_time);
     let apparent_age = ctx

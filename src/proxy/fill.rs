@@ -82,12 +82,14 @@ impl Proxy {
                 &me.status_header,
             )
         };
-        // The origin could not be reached or broke off: the stale response if stale-if-error
-        // allows it (RFC 5861 §4, never under must-revalidate), else 502/504. Nothing is stored.
-        let failed = |e: FetchError| match stale
-            .as_ref()
-            .filter(|o| o.freshness.serve_on_error(Instant::now()))
-        {
+        // The origin could not be reached or broke off: the stale response if stale-if-error or
+        // the disconnected grace allows it (RFC 5861 §4, RFC 9111 §4.2.4; never under
+        // must-revalidate), else 502/504. Nothing is stored.
+        let grace = me.cache.cfg.stale_if_disconnected.0;
+        let failed = |e: FetchError| match stale.as_ref().filter(|o| {
+            let now = Instant::now();
+            o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
+        }) {
             Some(old) => respond(old, CacheStatus::Stale),
             None => me.tag(e.response(), status),
         };
@@ -204,12 +206,9 @@ impl Proxy {
                     return me.tag(Response::from_parts(rparts, Body::full(body)), status);
                 }
             },
-            // An unknown or stacked coding is passed on untouched.
-            None => {
-                drop(guard);
-                me.strip_private_fields(&mut rparts.headers);
-                return me.tag(Response::from_parts(rparts, Body::full(body)), status);
-            }
+            // An unknown or stacked coding is stored and served exactly as the origin sent it
+            // (its Content-Encoding kept, nothing re-encoded), like a no-transform body.
+            None => bodies.push((Encoding::Identity, body)),
         }
 
         let mut headers = rparts.headers.clone();
@@ -220,6 +219,7 @@ impl Proxy {
         me.strip_private_fields(&mut headers);
         headers.append(header::VIA, VIA);
         let negotiated = !storable.no_transform
+            && coding.is_some()
             && bodies[0].0 == Encoding::Identity
             && me
                 .cache

@@ -71,17 +71,64 @@ pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
 }
 
 /// Sends `req` upstream, waiting at most `timeout` for the response head.
+///
+/// A bodiless request with an idempotent method (RFC 9110 §9.2.2) is sent once more, on a new
+/// connection, when a pooled keep-alive connection turns out to have been closed by the origin
+/// before any response came back (the origin's idle timeout racing the reuse); nginx does the
+/// same. Anything else fails at once.
 pub async fn send(
     client: &Client,
     req: Request<Body>,
     timeout: Duration,
 ) -> Result<Response<hyper::body::Incoming>, FetchError> {
-    match tokio::time::timeout(timeout, client.request(req)).await {
+    use http_body::Body as _;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let retry = (req.method().is_idempotent() && req.body().is_end_stream()).then(|| {
+        let mut again = Request::new(Body::empty());
+        *again.method_mut() = req.method().clone();
+        *again.uri_mut() = req.uri().clone();
+        *again.version_mut() = req.version();
+        *again.headers_mut() = req.headers().clone();
+        again
+    });
+    let first = tokio::time::timeout_at(deadline, client.request(req)).await;
+    let result = match (first, retry) {
+        (Ok(Err(e)), Some(again)) if closed_before_answer(&e) => {
+            tracing::debug!(error = %source_chain(&e), "pooled upstream connection was closed; retrying once");
+            tokio::time::timeout_at(deadline, client.request(again)).await
+        }
+        (first, _) => first,
+    };
+    match result {
         Err(_) => Err(FetchError::Timeout(timeout)),
         Ok(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
         Ok(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
         Ok(Ok(r)) => Ok(r),
     }
+}
+
+/// Whether the exchange failed because the connection closed before a response head arrived
+/// (nothing was answered, so an idempotent request may be sent again).
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    if e.is_connect() {
+        return false;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            return h.is_incomplete_message() || h.is_canceled() || h.is_closed();
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        cur = c.source();
+    }
+    false
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
