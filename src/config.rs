@@ -267,9 +267,13 @@ pub struct CacheConfig {
     /// forbids stale reuse (must-revalidate, proxy-revalidate, s-maxage, no-cache). An origin's
     /// 5xx answer is not a disconnection: that is `stale_if_error`. 0 = never.
     pub stale_if_disconnected: Dur,
-    /// Targeted cache-control fields honoured above Cache-Control, first present wins
-    /// (RFC 9213); they are removed before responses go on.
+    /// Targeted cache-control fields honoured above Cache-Control, first valid one present wins
+    /// (RFC 9213). Fields of another name than CDN-Cache-Control are removed before responses go
+    /// on.
     pub targeted_cache_control: Vec<HeaderNameCfg>,
+    /// Pass CDN-Cache-Control on to clients (other CDNs on the path use it too, RFC 9213 §3);
+    /// false removes it like larder's own targeted fields.
+    pub forward_cdn_cache_control: bool,
     /// Response field listing a response's tags for purge by tag (space or comma separated);
     /// removed before responses go on.
     pub tag_header: HeaderNameCfg,
@@ -290,6 +294,7 @@ impl Default for CacheConfig {
             targeted_cache_control: vec![HeaderNameCfg(HeaderName::from_static(
                 "cdn-cache-control",
             ))],
+            forward_cdn_cache_control: true,
             tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
         }
     }

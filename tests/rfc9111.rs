@@ -453,6 +453,53 @@ mod validation {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn s4_3_5_a_head_updates_or_invalidates_the_stored_get_response() {
+        let (origin, _l, c, base) = setup("", |seen, n| {
+            let tag = if seen.path == "/changed" && n >= 2 {
+                "\"v2\""
+            } else {
+                "\"v1\""
+            };
+            let r = Reply::ok(if seen.method == "HEAD" {
+                ""
+            } else {
+                "the body"
+            })
+            .header("etag", tag);
+            if seen.method == "HEAD" {
+                r.header("cache-control", "max-age=100")
+                    .header("x-meta", "2")
+            } else {
+                r.header("cache-control", "max-age=1").header("x-meta", "1")
+            }
+        })
+        .await;
+        for p in ["/same", "/changed"] {
+            get(&c, &format!("{base}{p}"), &[]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Same validator: the HEAD goes through as HEAD and freshens the stored GET response.
+        let head = send(&c, "HEAD", &format!("{base}/same"), &[], b"").await;
+        assert_eq!(
+            (head.status.as_u16(), head.header("x-meta")),
+            (200, Some("2"))
+        );
+        let hit = get(&c, &format!("{base}/same"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("x-meta"), Some("2"));
+        assert_eq!(hit.body, "the body");
+        // Another validator: the stored body is outdated and dropped.
+        let head = send(&c, "HEAD", &format!("{base}/changed"), &[], b"").await;
+        assert_eq!(head.header("etag"), Some("\"v2\""));
+        assert_eq!(
+            get(&c, &format!("{base}/changed"), &[]).await.cache(),
+            "MISS"
+        );
+        let methods: Vec<String> = origin.seen().iter().map(|s| s.method.clone()).collect();
+        assert_eq!(methods, ["GET", "GET", "HEAD", "HEAD", "GET"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_3_a_200_replaces_the_stored_response() {
         let (_o, _l, c, base) = setup("", |_, n| {
             Reply::ok(format!("version {n}"))
@@ -691,7 +738,7 @@ mod cdn_cache_control {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn rfc9213_targeted_field_wins_and_is_stripped() {
+    async fn rfc9213_targeted_field_wins_and_is_passed_on() {
         let (origin, _l, c, base) = setup("", |seen, _| {
             let r = Reply::ok("x");
             match seen.path.as_str() {
@@ -707,12 +754,12 @@ mod cdn_cache_control {
         get(&c, &format!("{base}/cdn-store"), &[]).await;
         let hit = get(&c, &format!("{base}/cdn-store"), &[]).await;
         assert_eq!(hit.cache(), "HIT");
-        assert_eq!(hit.header("cdn-cache-control"), None);
+        assert_eq!(hit.header("cdn-cache-control"), Some("max-age=60"));
         assert_eq!(hit.header("cache-control"), Some("no-store"));
         get(&c, &format!("{base}/cdn-nostore"), &[]).await;
         let miss = get(&c, &format!("{base}/cdn-nostore"), &[]).await;
         assert_eq!(miss.cache(), "MISS");
-        assert_eq!(miss.header("cdn-cache-control"), None);
+        assert_eq!(miss.header("cdn-cache-control"), Some("no-store"));
         assert_eq!(origin.hits(), 3);
     }
 
@@ -743,6 +790,25 @@ mod cdn_cache_control {
         assert_eq!(hit.cache(), "HIT");
         assert_eq!(hit.header("x-user"), None, "private=(x-user) is not shared");
         assert_eq!(origin.hits(), 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rfc9213_cdn_cache_control_can_be_kept_from_clients() {
+        let (_o, _l, c, base) = setup("[cache]\nforward_cdn_cache_control = false", |_, _| {
+            Reply::ok("x")
+                .header("cache-control", "no-store")
+                .header("cdn-cache-control", "max-age=60")
+        })
+        .await;
+        assert_eq!(
+            get(&c, &format!("{base}/k"), &[])
+                .await
+                .header("cdn-cache-control"),
+            None
+        );
+        let hit = get(&c, &format!("{base}/k"), &[]).await;
+        assert_eq!(hit.cache(), "HIT");
+        assert_eq!(hit.header("cdn-cache-control"), None);
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -64,8 +64,13 @@ impl Proxy {
                 parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
             }
         }
-        // A HEAD fill fetches the GET response so the body can be stored and served.
-        parts.method = Method::GET;
+        // A HEAD with nothing stored fetches the GET response so the body can be stored and
+        // served. A HEAD revalidating a stored response goes through as HEAD: its answer updates
+        // or invalidates the stored GET response (§4.3.5).
+        let head_through = client_method == Method::HEAD && stale.is_some();
+        if !head_through {
+            parts.method = Method::GET;
+        }
         let request_time = SystemTime::now();
         let sent = upstream::send(
             &me.client,
@@ -128,6 +133,29 @@ impl Proxy {
             // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
             if rparts.status.is_server_error() && old.freshness.serve_on_error(Instant::now()) {
                 return respond(old, CacheStatus::Stale);
+            }
+            if head_through {
+                // §4.3.5: a 200 to the HEAD whose validators match the stored response freshens
+                // it like a 304; one that does not match means the stored body is outdated.
+                if rparts.status == StatusCode::OK {
+                    if head_matches(old, &rparts.headers) {
+                        let headers = refresh_headers(&old.headers, &rparts.headers);
+                        if let Ok(storable) =
+                            policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
+                        {
+                            let entry = Arc::new(old.refreshed(headers, storable.freshness));
+                            me.cache.store.upgrade(&key, old, Arc::clone(&entry));
+                            if let Some(g) = guard {
+                                g.complete(Arc::clone(&entry));
+                            }
+                            return respond(&entry, CacheStatus::Revalidated);
+                        }
+                    }
+                    me.cache.store.remove(&key);
+                }
+                drop(guard);
+                me.strip_private_fields(&mut rparts.headers);
+                return me.tag(Response::from_parts(rparts, Body::empty()), status);
             }
         }
 
@@ -292,6 +320,33 @@ fn parse_tags(headers: &HeaderMap, name: &HeaderName) -> Box<[Box<str>]> {
 
 /// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
 /// replaces the stored one, except those describing the body.
+/// Whether a 200 answer to a HEAD describes the stored response (§4.3.5): the same strong
+/// validator, else the same Last-Modified, else (with no validators on either side) the same
+/// length.
+fn head_matches(stored: &Entry, fresh: &HeaderMap) -> bool {
+    let strong = |v: &http::HeaderValue| !v.as_bytes().starts_with(b"W/");
+    match (&stored.etag, fresh.get(header::ETAG)) {
+        (Some(a), Some(b)) => return a == b && strong(a),
+        (Some(_), None) | (None, Some(_)) => return false,
+        (None, None) => {}
+    }
+    match (
+        stored.headers.get(header::LAST_MODIFIED),
+        fresh.get(header::LAST_MODIFIED),
+    ) {
+        (Some(a), Some(b)) => return a == b,
+        (Some(_), None) | (None, Some(_)) => return false,
+        (None, None) => {}
+    }
+    let stored_len = stored
+        .variant(Encoding::Identity)
+        .map(|v| v.body.len().to_string());
+    let fresh_len = fresh
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok());
+    stored_len.is_some() && stored_len.as_deref() == fresh_len
+}
+
 fn refresh_headers(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
     let mut out = stored.clone();
     let keep: [HeaderName; 4] = [

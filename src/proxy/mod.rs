@@ -384,8 +384,13 @@ impl Inner {
 
     /// Fields meant for larder alone (targeted cache-control, tags) never go on.
     fn strip_private_fields(&self, headers: &mut http::HeaderMap) {
-        for f in &self.cache.cfg.targeted_cache_control {
-            headers.remove(&f.0);
+        let cfg = &self.cache.cfg;
+        for f in &cfg.targeted_cache_control {
+            // CDN-Cache-Control speaks to every CDN on the path (RFC 9213 §3): forwarded unless
+            // configured otherwise. A field of larder's own naming is consumed here.
+            if !(cfg.forward_cdn_cache_control && f.0 == "cdn-cache-control") {
+                headers.remove(&f.0);
+            }
         }
         headers.remove(&self.cache.cfg.tag_header.0);
     }
