@@ -455,17 +455,20 @@ mod validation {
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_5_a_head_updates_or_invalidates_the_stored_get_response() {
         let (origin, _l, c, base) = setup("", |seen, n| {
-            let tag = if seen.path == "/changed" && n >= 2 {
+            let tag = if seen.path == "/changed" && n >= 3 {
                 "\"v2\""
             } else {
                 "\"v1\""
             };
-            let r = Reply::ok(if seen.method == "HEAD" {
+            let body = if seen.method == "HEAD" {
                 ""
             } else {
                 "the body"
-            })
-            .header("etag", tag);
+            };
+            let mut r = Reply::ok(body);
+            if seen.path != "/plain" {
+                r = r.header("etag", tag);
+            }
             if seen.method == "HEAD" {
                 r.header("cache-control", "max-age=100")
                     .header("x-meta", "2")
@@ -474,10 +477,15 @@ mod validation {
             }
         })
         .await;
-        for p in ["/same", "/changed"] {
+        for p in ["/same", "/changed", "/plain"] {
             get(&c, &format!("{base}{p}"), &[]).await;
         }
         tokio::time::sleep(Duration::from_millis(1100)).await;
+        // No validators on either side: the HEAD's fields and freshness are taken over too.
+        let head = send(&c, "HEAD", &format!("{base}/plain"), &[], b"").await;
+        assert_eq!(head.header("x-meta"), Some("2"));
+        let hit = get(&c, &format!("{base}/plain"), &[]).await;
+        assert_eq!((hit.cache(), &hit.body[..]), ("HIT", &b"the body"[..]));
         // Same validator: the HEAD goes through as HEAD and freshens the stored GET response.
         let head = send(&c, "HEAD", &format!("{base}/same"), &[], b"").await;
         assert_eq!(
@@ -496,7 +504,10 @@ mod validation {
             "MISS"
         );
         let methods: Vec<String> = origin.seen().iter().map(|s| s.method.clone()).collect();
-        assert_eq!(methods, ["GET", "GET", "HEAD", "HEAD", "GET"]);
+        assert_eq!(
+            methods,
+            ["GET", "GET", "GET", "HEAD", "HEAD", "HEAD", "GET"]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -88,7 +88,7 @@ impl Entry {
         let last_modified = headers
             .get(header::LAST_MODIFIED)
             .and_then(|v| v.to_str().ok())
-            .and_then(|s| httpdate::parse_http_date(s).ok());
+            .and_then(crate::cache::policy::parse_http_date);
 
         let mut weight = 256u64;
         for (k, v) in headers.iter() {

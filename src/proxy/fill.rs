@@ -320,31 +320,21 @@ fn parse_tags(headers: &HeaderMap, name: &HeaderName) -> Box<[Box<str>]> {
 
 /// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
 /// replaces the stored one, except those describing the body.
-/// Whether a 200 answer to a HEAD describes the stored response (§4.3.5): the same strong
-/// validator, else the same Last-Modified, else (with no validators on either side) the same
-/// length.
+/// Whether a 200 answer to a HEAD describes the stored response (§4.3.5): each validator it
+/// carries (ETag, Last-Modified) equals the stored one, and its Content-Length, if any, is the
+/// stored length.
 fn head_matches(stored: &Entry, fresh: &HeaderMap) -> bool {
-    let strong = |v: &http::HeaderValue| !v.as_bytes().starts_with(b"W/");
-    match (&stored.etag, fresh.get(header::ETAG)) {
-        (Some(a), Some(b)) => return a == b && strong(a),
-        (Some(_), None) | (None, Some(_)) => return false,
-        (None, None) => {}
-    }
-    match (
-        stored.headers.get(header::LAST_MODIFIED),
-        fresh.get(header::LAST_MODIFIED),
-    ) {
-        (Some(a), Some(b)) => return a == b,
-        (Some(_), None) | (None, Some(_)) => return false,
-        (None, None) => {}
-    }
-    let stored_len = stored
-        .variant(Encoding::Identity)
-        .map(|v| v.body.len().to_string());
-    let fresh_len = fresh
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok());
-    stored_len.is_some() && stored_len.as_deref() == fresh_len
+    let same = |name: HeaderName| match fresh.get(&name) {
+        None => true,
+        Some(v) => stored.headers.get(&name) == Some(v),
+    };
+    let length_ok = match fresh.get(header::CONTENT_LENGTH) {
+        None => true,
+        Some(v) => stored
+            .variant(Encoding::Identity)
+            .is_some_and(|i| v.as_bytes() == i.body.len().to_string().as_bytes()),
+    };
+    same(header::ETAG) && same(header::LAST_MODIFIED) && length_ok
 }
 
 fn refresh_headers(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
