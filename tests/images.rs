@@ -1,6 +1,6 @@
 //! The image server over real sockets: upload (raw, multipart, dedup, 415, 413), every `p` mode,
 //! rotation, grayscale, each output format, `f=auto`, the normalized cache key, coalescing,
-//! pixel bombs, presets, parameter errors, DELETE purging cached variants.
+//! pixel bombs, presets, parameter errors, DELETE purging cached variants, AVIF sources.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -162,6 +162,17 @@ fn decode_png(b: &[u8]) -> (u32, u32, png::ColorType, Vec<u8>) {
 fn dims(b: &[u8]) -> (u32, u32) {
     let p = sniff::probe(b).unwrap();
     (p.width, p.height)
+}
+
+/// An AVIF decoded by larder's own decoder.
+fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
+    let p = sniff::probe(b).unwrap();
+    let limits = larder::images::transform::Limits {
+        max_pixels: 50_000_000,
+        max_dim: 4096,
+        max_frames: 1,
+    };
+    larder::images::codec::decode(b, &p, (p.width, p.height), false, &limits).unwrap()
 }
 
 async fn upload_photo(l: &Larder) -> String {
@@ -399,8 +410,10 @@ async fn every_output_format_decodes_at_the_asked_size() {
                 let fr = d.read_next_frame().unwrap().unwrap();
                 (u32::from(fr.width), u32::from(fr.height))
             }
-            // No AVIF decoder in the tree: the container's own header.
-            _ => dims(&r.body),
+            _ => {
+                let i = decode_avif(&r.body);
+                (i.width, i.height)
+            }
         };
         assert_eq!(size, (64, 48), "{f}");
         assert_eq!(sniff::probe(&r.body).unwrap().format.name(), f);
@@ -719,6 +732,240 @@ fn transform_timing() {
     println!(
         "640x856 jpeg -> 100x100 gray jpeg: {:.3} ms/image (decode {:.3}, resize+ops {:.3}, encode {:.3})",
         ms(start.elapsed()),
+        ms(total.decode),
+        ms(total.resize),
+        ms(total.encode)
+    );
+}
+
+/// An AVIF made by larder itself: `src` uploaded, then asked for as `f=avif` with `query`.
+async fn avif_of(l: &Larder, src: Vec<u8>, ctype: &str, query: &str) -> Vec<u8> {
+    let r = upload(l.addr, src, ctype).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?{query}&f=avif", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), "image/avif");
+    r.body.to_vec()
+}
+
+/// A 60×40 RGB PNG: the left half red, the right half blue.
+fn two_colours_png() -> Vec<u8> {
+    let mut px = Vec::new();
+    for _y in 0..40 {
+        for x in 0..60 {
+            px.extend_from_slice(if x < 30 {
+                &[220, 40, 40]
+            } else {
+                &[30, 60, 200]
+            });
+        }
+    }
+    encode_png(60, 40, png::ColorType::Rgb, &px)
+}
+
+fn near(got: &[u8], want: &[u8], tolerance: u8) -> bool {
+    got.iter()
+        .zip(want)
+        .all(|(g, w)| g.abs_diff(*w) <= tolerance)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn avif_sources_are_decoded() {
+    let l = start("").await;
+    // A photo: the JPEG made into a 200×268 AVIF, uploaded as an original of its own.
+    let jpeg_md5 = upload_photo(&l).await;
+    let avif = avif_of(&l, photo(), "image/jpeg", "w=200").await;
+    let r = upload(l.addr, avif.clone(), "image/avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.field("format"), "avif");
+    assert_eq!(
+        (r.field("width"), r.field("height")),
+        ("200".into(), "268".into())
+    );
+    let md5 = r.field("md5");
+
+    let r = get(l.addr, &format!("/{md5}?w=100&h=134&f=jpeg")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), "image/jpeg");
+    let from_avif = turbojpeg::decompress(&r.body, turbojpeg::PixelFormat::RGB).unwrap();
+    assert_eq!((from_avif.width, from_avif.height), (100, 134));
+    // Roughly the colours of the same transform of the JPEG itself.
+    let r = get(l.addr, &format!("/{jpeg_md5}?w=100&h=134&f=jpeg")).await;
+    let from_jpeg = turbojpeg::decompress(&r.body, turbojpeg::PixelFormat::RGB).unwrap();
+    let mean = |px: &[u8], c: usize| {
+        px.iter()
+            .skip(c)
+            .step_by(3)
+            .map(|&v| f64::from(v))
+            .sum::<f64>()
+            / (px.len() / 3) as f64
+    };
+    for c in 0..3 {
+        let (a, j) = (mean(&from_avif.pixels, c), mean(&from_jpeg.pixels, c));
+        assert!(
+            (a - j).abs() < 6.0,
+            "channel {c}: {a:.1} from AVIF, {j:.1} from JPEG"
+        );
+    }
+
+    let r = get(l.addr, &format!("/{md5}?w=50&f=png")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (w, h, color, _) = decode_png(&r.body);
+    assert_eq!((w, h, color), (50, 67, png::ColorType::Rgb));
+
+    // Flat colours come back as they were.
+    let avif = avif_of(&l, two_colours_png(), "image/png", "q=90").await;
+    let r = upload(l.addr, avif.clone(), "image/avif").await;
+    let r = get(l.addr, &format!("/{}?w=30&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (w, h, _, px) = decode_png(&r.body);
+    assert_eq!((w, h), (30, 20));
+    let at = |x: usize, y: usize| &px[(y * 30 + x) * 3..(y * 30 + x) * 3 + 3];
+    assert!(near(at(3, 10), &[220, 40, 40], 10), "{:?}", at(3, 10));
+    assert!(near(at(26, 10), &[30, 60, 200], 10), "{:?}", at(26, 10));
+
+    // Branded as an image sequence (`avis`): its primary image is what is decoded.
+    let mut avis = avif;
+    avis[8..12].copy_from_slice(b"avis");
+    let r = upload(l.addr, avis, "image/avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?w=30&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (30, 20));
+    l.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn avif_alpha_is_kept_in_png() {
+    let l = start("").await;
+    // 40×20: the left half opaque green, the right half fully transparent.
+    let mut px = Vec::new();
+    for _y in 0..20 {
+        for x in 0..40 {
+            px.extend_from_slice(if x < 20 {
+                &[40, 180, 60, 255]
+            } else {
+                &[0, 0, 0, 0]
+            });
+        }
+    }
+    let src = encode_png(40, 20, png::ColorType::Rgba, &px);
+    let avif = avif_of(&l, src, "image/png", "q=90").await;
+    let r = upload(l.addr, avif, "image/avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?w=40&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (w, h, color, px) = decode_png(&r.body);
+    assert_eq!((w, h, color), (40, 20, png::ColorType::Rgba));
+    let at = |x: usize, y: usize| &px[(y * 40 + x) * 4..(y * 40 + x) * 4 + 4];
+    assert!(near(at(5, 10), &[40, 180, 60, 255], 10), "{:?}", at(5, 10));
+    assert!(at(35, 10)[3] < 10, "{:?}", at(35, 10));
+    l.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn avif_pixel_bomb_is_refused_before_decoding() {
+    let l = start("").await;
+    let avif = avif_of(&l, two_colours_png(), "image/png", "q=50").await;
+    // The same file declaring 100,000 × 100,000 pixels in its `ispe`.
+    let mut bomb = avif.clone();
+    let at = bomb.windows(4).position(|w| w == b"ispe").unwrap();
+    bomb[at + 8..at + 12].copy_from_slice(&100_000u32.to_be_bytes());
+    bomb[at + 12..at + 16].copy_from_slice(&100_000u32.to_be_bytes());
+    let r = upload(l.addr, bomb.clone(), "image/avif").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("pixels"), "{}", r.text());
+    let files = stored_files(l.dir.path());
+    // Planted directly in storage: refused on transform, from the header.
+    let md5 = larder::images::storage::Md5Hex::of(&bomb);
+    let s = md5.as_str();
+    let d = l.dir.path().join(&s[0..2]).join(&s[2..4]);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(s), &bomb).unwrap();
+    let start = std::time::Instant::now();
+    let r = get(l.addr, &format!("/{s}?w=10&h=10")).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(stored_files(l.dir.path()), files + 1);
+    l.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_avif_is_4xx() {
+    let l = start("").await;
+    let avif = avif_of(&l, two_colours_png(), "image/png", "q=50").await;
+    // Cut short: the header is whole (the upload is stored), the AV1 data is not.
+    let cut = avif[..avif.len() * 3 / 4].to_vec();
+    let r = upload(l.addr, cut, "image/avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?w=10&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("AVIF"), "{}", r.text());
+    // The AV1 data (the file's end) scrambled.
+    let mut scrambled = avif.clone();
+    let n = scrambled.len();
+    for (i, b) in scrambled[n - 40..].iter_mut().enumerate() {
+        *b ^= 0x5A ^ i as u8;
+    }
+    let r = upload(l.addr, scrambled, "image/avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?w=10&f=png", r.field("md5"))).await;
+    assert!(r.status.is_client_error(), "{}: {}", r.status, r.text());
+    // Its header cut: not an image.
+    let r = upload(l.addr, avif[..40].to_vec(), "image/avif").await;
+    assert_eq!(r.status, 415, "{}", r.text());
+    // The server lives on.
+    let r = upload(l.addr, avif, "image/avif").await;
+    let r = get(l.addr, &format!("/{}?w=10&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    l.handle.shutdown().await;
+}
+
+/// Single-threaded timing of AVIF decoding: the 1000×872 photo as an AVIF source, to a 100×100
+/// JPEG. `cargo test --release --test images -- --ignored --nocapture avif_decode_timing`
+#[test]
+#[ignore]
+fn avif_decode_timing() {
+    use larder::images::codec::{self, Raster};
+    use larder::images::params::{FormatChoice, Params, Resolved};
+    use larder::images::sniff::ImageFormat;
+    use larder::images::transform::{self, Limits};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/bench-data/photo-1000x872.jpg"
+    );
+    let jpeg = std::fs::read(path).expect("bench-data photo beside the clone");
+    let i = turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).unwrap();
+    let img = Raster {
+        width: i.width as u32,
+        height: i.height as u32,
+        channels: 3,
+        data: i.pixels,
+    };
+    let data = codec::encode(&img, ImageFormat::Avif, 75).unwrap();
+    let probe = sniff::probe(&data).unwrap();
+    let p = Params::parse("w=100&h=100&f=jpeg").unwrap();
+    let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
+    let limits = Limits {
+        max_pixels: 50_000_000,
+        max_dim: 4096,
+        max_frames: 100,
+    };
+    let n = 20;
+    let mut total = transform::Timing::default();
+    for _ in 0..n {
+        let (out, t) = transform::run(&data, &probe, &r, &limits).unwrap();
+        assert!(!out.is_empty());
+        total.decode += t.decode;
+        total.resize += t.resize;
+        total.encode += t.encode;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(n);
+    println!(
+        "{}x{} avif ({} bytes, 10-bit 4:4:4) -> 100x100 jpeg: decode {:.2} ms, resize {:.2}, encode {:.2}",
+        probe.width,
+        probe.height,
+        data.len(),
         ms(total.decode),
         ms(total.resize),
         ms(total.encode)

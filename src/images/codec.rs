@@ -1,8 +1,9 @@
 //! Decoding and encoding, one function per format: JPEG through libturbojpeg (DCT-scaled decode,
 //! i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
-//! crates, WebP through libwebp, AVIF encoding through rav1e (`ravif`). Every decoder is guarded
-//! by the header probe (pixel and frame limits) and has its own memory limit where it offers one;
-//! a bad image is an error, never a panic. Output never carries the source's metadata.
+//! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
+//! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
+//! its own memory limit where it offers one; a bad image is an error, never a panic. Output never
+//! carries the source's metadata.
 
 use std::io::Cursor;
 
@@ -128,7 +129,7 @@ pub fn decode(
         ImageFormat::Png => decode_png(src, limits),
         ImageFormat::Gif => decode_gif(src, p, limits),
         ImageFormat::Webp => decode_webp(src, p),
-        ImageFormat::Avif => Err(CodecError::Unsupported("AVIF")),
+        ImageFormat::Avif => super::avif::decode(src, p, limits),
     }
 }
 

@@ -14,11 +14,13 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`pool`] (the bounded blocking pool).
+//! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
+//! YUV to RGB), [`pool`] (the bounded blocking pool).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
 
+pub mod avif;
 pub mod codec;
 pub mod params;
 pub mod pool;

@@ -1,5 +1,5 @@
 //! What an image really is, from its bytes alone: the format (JPEG, PNG, GIF, WebP, AVIF), its
-//! dimensions, frame count and EXIF orientation, read from headers without decoding pixels. This
+//! dimensions, frame count and orientation, read from headers without decoding pixels. This
 //! is what refuses pixel bombs and frame bombs before any large allocation.
 
 /// The image formats larder stores and produces.
@@ -44,7 +44,7 @@ pub struct Probe {
     pub height: u32,
     /// Frames (1 for still images; counted without decoding for GIF and WebP).
     pub frames: u32,
-    /// EXIF orientation 1-8 (JPEG only; 1 when absent).
+    /// EXIF orientation 1-8: JPEG's EXIF tag, or AVIF's `irot`/`imir` properties; 1 when absent.
     pub orientation: u8,
 }
 
@@ -284,15 +284,220 @@ fn webp(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
     Ok(())
 }
 
-/// The first `ispe` (image spatial extents) property.
+/// The colour description of an AVIF `colr` box of type `nclx` (ITU-T H.273 code points).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nclx {
+    pub primaries: u16,
+    pub transfer: u16,
+    pub matrix: u16,
+    pub full_range: bool,
+}
+
+/// What an AVIF's `meta` box says of its primary item: its size (`ispe`), its colour
+/// description (`colr` nclx) and the EXIF orientation equivalent of its `irot`/`imir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvifHeader {
+    pub width: u32,
+    pub height: u32,
+    pub nclx: Option<Nclx>,
+    pub orientation: u8,
+}
+
+/// One ISOBMFF box: its type and the range of its payload in the buffer.
+struct Bmff {
+    kind: [u8; 4],
+    body: std::ops::Range<usize>,
+}
+
+/// The boxes in `b[range]`, in order; `None` at the first one that does not fit.
+fn boxes(b: &[u8], range: std::ops::Range<usize>) -> impl Iterator<Item = Option<Bmff>> + '_ {
+    let end = range.end.min(b.len());
+    let mut at = range.start;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let parsed = (|| {
+            let size = be32(b, at)?;
+            let kind: [u8; 4] = b.get(at + 4..at + 8)?.try_into().ok()?;
+            let (head, len) = match size {
+                0 => (8, end - at),
+                1 => {
+                    let large = (u64::from(be32(b, at + 8)?) << 32) | u64::from(be32(b, at + 12)?);
+                    (16, usize::try_from(large).ok()?)
+                }
+                n => (8, n as usize),
+            };
+            let stop = at.checked_add(len)?;
+            if len < head || stop > end {
+                return None;
+            }
+            Some((
+                Bmff {
+                    kind,
+                    body: at + head..stop,
+                },
+                stop,
+            ))
+        })();
+        match parsed {
+            Some((bx, next)) => {
+                at = next;
+                Some(Some(bx))
+            }
+            None => {
+                at = end;
+                Some(None)
+            }
+        }
+    })
+}
+
+/// Whether every top-level box of an ISOBMFF file lies within it: none claims more bytes than
+/// the file has (a parser that sizes buffers by what boxes claim is then bounded by the file).
+pub fn boxes_fit(b: &[u8]) -> bool {
+    boxes(b, 0..b.len()).all(|bx| bx.is_some())
+}
+
+/// The primary item's properties: `meta` → `pitm` (which item), `iprp` → `ipma` (its property
+/// indices) → `ipco` (the properties). Reads headers only; every offset is checked.
+pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
+    let err = SniffError::Malformed("AVIF");
+    let find =
+        |range: std::ops::Range<usize>, kind: &[u8; 4]| -> Result<Option<Bmff>, SniffError> {
+            for bx in boxes(b, range) {
+                let bx = bx.ok_or(err.clone())?;
+                if &bx.kind == kind {
+                    return Ok(Some(bx));
+                }
+            }
+            Ok(None)
+        };
+    let meta = find(0..b.len(), b"meta")?.ok_or(err.clone())?;
+    // `meta` is a full box: version and flags before its children.
+    let children = meta.body.start + 4..meta.body.end;
+    // Each box's payload: every read below stays inside the box it belongs to.
+    let body = |bx: &Bmff| &b[bx.body.clone()];
+    let pitm = find(children.clone(), b"pitm")?.ok_or(err.clone())?;
+    let pitm = body(&pitm);
+    let primary = match pitm.first() {
+        Some(0) => u32::from(be16(pitm, 4).ok_or(err.clone())?),
+        Some(_) => be32(pitm, 4).ok_or(err.clone())?,
+        None => return Err(err),
+    };
+    let iprp = find(children, b"iprp")?.ok_or(err.clone())?;
+    let ipco = find(iprp.body.clone(), b"ipco")?.ok_or(err.clone())?;
+
+    // The 1-based property indices associated with the primary item, in order.
+    let mut indices = Vec::new();
+    for bx in boxes(b, iprp.body.clone()) {
+        let bx = bx.ok_or(err.clone())?;
+        if &bx.kind != b"ipma" {
+            continue;
+        }
+        let ipma = body(&bx);
+        let version = *ipma.first().ok_or(err.clone())?;
+        let wide_index = ipma.get(3).ok_or(err.clone())? & 1 == 1;
+        let count = be32(ipma, 4).ok_or(err.clone())?;
+        let mut at = 8;
+        // Each entry takes at least 3 bytes: a count past the box's end fails on reading.
+        for _ in 0..count {
+            let item = if version < 1 {
+                at += 2;
+                u32::from(be16(ipma, at - 2).ok_or(err.clone())?)
+            } else {
+                at += 4;
+                be32(ipma, at - 4).ok_or(err.clone())?
+            };
+            let n = usize::from(*ipma.get(at).ok_or(err.clone())?);
+            at += 1;
+            let width = if wide_index { 2 } else { 1 };
+            let associations = ipma.get(at..at + n * width).ok_or(err.clone())?;
+            if item == primary {
+                indices.extend(associations.chunks_exact(width).map(|a| match a {
+                    [hi, lo] => usize::from(u16::from_be_bytes([*hi, *lo]) & 0x7FFF),
+                    _ => usize::from(a[0] & 0x7F),
+                }));
+            }
+            at += n * width;
+        }
+    }
+    let props: Vec<Bmff> = boxes(b, ipco.body)
+        .collect::<Option<_>>()
+        .ok_or(err.clone())?;
+
+    let mut header = AvifHeader {
+        width: 0,
+        height: 0,
+        nclx: None,
+        orientation: 1,
+    };
+    let (mut sized, mut rotation, mut mirror) = (false, 0u8, None);
+    for i in indices {
+        // Index 0 means "no property".
+        let Some(p) = i.checked_sub(1).and_then(|i| props.get(i)) else {
+            continue;
+        };
+        let v = body(p);
+        match &p.kind {
+            // A full box: version and flags, then the size.
+            b"ispe" if !sized => {
+                header.width = be32(v, 4).ok_or(err.clone())?;
+                header.height = be32(v, 8).ok_or(err.clone())?;
+                sized = true;
+            }
+            b"colr" if header.nclx.is_none() && v.starts_with(b"nclx") => {
+                header.nclx = Some(Nclx {
+                    primaries: be16(v, 4).ok_or(err.clone())?,
+                    transfer: be16(v, 6).ok_or(err.clone())?,
+                    matrix: be16(v, 8).ok_or(err.clone())?,
+                    full_range: v.get(10).ok_or(err.clone())? & 0x80 != 0,
+                });
+            }
+            b"irot" => rotation = v.first().ok_or(err.clone())? & 3,
+            b"imir" => mirror = Some(v.first().ok_or(err.clone())? & 1),
+            _ => {}
+        }
+    }
+    if !sized {
+        return Err(err);
+    }
+    header.orientation = orientation(rotation, mirror);
+    Ok(header)
+}
+
+/// The EXIF orientation that displays an image stored with `irot` (quarter turns
+/// anticlockwise) then `imir` (0: about the vertical axis, left↔right; 1: about the horizontal
+/// axis, top↔bottom) applied, as ISO/IEC 23008-12 orders them.
+fn orientation(quarter_turns_ccw: u8, mirror: Option<u8>) -> u8 {
+    // Clockwise degrees, then a left↔right flip: what `codec::orient` does for 1-8.
+    let mut cw = (4 - u32::from(quarter_turns_ccw & 3)) % 4 * 90;
+    let flip = match mirror {
+        None => false,
+        Some(0) => true,
+        // Top↔bottom is a left↔right flip of the image turned half a turn more.
+        Some(_) => {
+            cw = (cw + 180) % 360;
+            true
+        }
+    };
+    match (cw, flip) {
+        (0, false) => 1,
+        (90, false) => 6,
+        (180, false) => 3,
+        (270, false) => 8,
+        (0, true) => 2,
+        (90, true) => 5,
+        (180, true) => 4,
+        _ => 7,
+    }
+}
+
 fn avif(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
-    let window = &b[..b.len().min(1 << 20)];
-    let at = window
-        .windows(4)
-        .position(|w| w == b"ispe")
-        .ok_or(SniffError::Malformed("AVIF"))?;
-    p.width = be32(b, at + 8).ok_or(SniffError::Malformed("AVIF"))?;
-    p.height = be32(b, at + 12).ok_or(SniffError::Malformed("AVIF"))?;
+    let h = avif_header(b)?;
+    p.width = h.width;
+    p.height = h.height;
+    p.orientation = h.orientation;
     Ok(())
 }
 
@@ -320,6 +525,102 @@ mod tests {
         let Ok(b) = std::fs::read(path) else { return };
         let p = probe(&b).unwrap();
         assert_eq!((p.width, p.height, p.format), (640, 856, ImageFormat::Jpeg));
+    }
+
+    fn bx(kind: &[u8; 4], body: &[u8]) -> Vec<u8> {
+        let mut b = ((body.len() + 8) as u32).to_be_bytes().to_vec();
+        b.extend_from_slice(kind);
+        b.extend_from_slice(body);
+        b
+    }
+
+    /// An AVIF header: item 1 (a 4000×3000 thumbnail-like item listed first) and item 2, the
+    /// primary, 640×480 with an nclx colour box and the given `irot`/`imir` properties.
+    fn avif_header_with(extra: &[Vec<u8>]) -> Vec<u8> {
+        let ispe = |w: u32, h: u32| {
+            let mut b = vec![0u8; 4];
+            b.extend_from_slice(&w.to_be_bytes());
+            b.extend_from_slice(&h.to_be_bytes());
+            bx(b"ispe", &b)
+        };
+        let mut ipco = ispe(4000, 3000);
+        ipco.extend(ispe(640, 480));
+        ipco.extend(bx(b"colr", b"nclx\0\x01\0\x0d\0\x01\x80"));
+        for e in extra {
+            ipco.extend_from_slice(e);
+        }
+        // Version 0, flags 0: 16-bit item ids, 7-bit property indices (high bit: essential).
+        let mut ipma = vec![0, 0, 0, 0, 0, 0, 0, 2, 0, 1, 1, 0x81, 0, 2];
+        ipma.push(2 + extra.len() as u8);
+        ipma.extend_from_slice(&[0x82, 3]);
+        ipma.extend((0..extra.len() as u8).map(|i| 0x84 + i));
+        let mut iprp = bx(b"ipco", &ipco);
+        iprp.extend(bx(b"ipma", &ipma));
+        let mut meta = vec![0u8; 4];
+        meta.extend(bx(b"hdlr", &[0u8; 24]));
+        meta.extend(bx(b"pitm", &[0, 0, 0, 0, 0, 2]));
+        meta.extend(bx(b"iprp", &iprp));
+        let mut file = bx(b"ftyp", b"avif\0\0\0\0mif1miafavif");
+        file.extend(bx(b"meta", &meta));
+        file.extend(bx(b"mdat", b"not looked at"));
+        file
+    }
+
+    #[test]
+    fn avif_properties_are_the_primary_items() {
+        let b = avif_header_with(&[]);
+        let h = avif_header(&b).unwrap();
+        assert_eq!((h.width, h.height, h.orientation), (640, 480, 1));
+        assert_eq!(
+            h.nclx,
+            Some(Nclx {
+                primaries: 1,
+                transfer: 13,
+                matrix: 1,
+                full_range: true
+            })
+        );
+        let p = probe(&b).unwrap();
+        assert_eq!((p.format, p.width, p.height), (ImageFormat::Avif, 640, 480));
+        // A quarter turn anticlockwise is EXIF's "rotate 270° clockwise" (8); then a
+        // left-right mirror makes it 7. A top-bottom mirror alone is 4.
+        let irot = bx(b"irot", &[1]);
+        assert_eq!(
+            avif_header(&avif_header_with(std::slice::from_ref(&irot)))
+                .unwrap()
+                .orientation,
+            8
+        );
+        let mirror_lr = bx(b"imir", &[0]);
+        assert_eq!(
+            avif_header(&avif_header_with(&[irot, mirror_lr]))
+                .unwrap()
+                .orientation,
+            7
+        );
+        let mirror_tb = bx(b"imir", &[1]);
+        assert_eq!(
+            avif_header(&avif_header_with(&[mirror_tb]))
+                .unwrap()
+                .orientation,
+            4
+        );
+        for cut in [20, 60, b.len() - 40] {
+            assert!(probe(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        // Cut in `mdat`: the header is whole, the file is not.
+        assert!(probe(&b[..b.len() - 4]).is_ok());
+        assert!(boxes_fit(&b) && !boxes_fit(&b[..b.len() - 4]));
+    }
+
+    #[test]
+    fn orientations_compose_like_exif() {
+        assert_eq!(orientation(0, None), 1);
+        assert_eq!(orientation(3, None), 6);
+        assert_eq!(orientation(2, None), 3);
+        assert_eq!(orientation(0, Some(0)), 2);
+        assert_eq!(orientation(3, Some(0)), 5);
+        assert_eq!(orientation(2, Some(1)), 2);
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub fn image_params(data: &[u8]) {
 pub fn image_sniff(data: &[u8]) {
     let _ = larder::images::sniff::format(data);
     let _ = larder::images::sniff::probe(data);
+    let _ = larder::images::sniff::avif_header(data);
+    let _ = larder::images::sniff::boxes_fit(data);
 }
 
 /// Configuration text never panics the loader.
