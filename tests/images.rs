@@ -172,7 +172,9 @@ fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
         max_dim: 4096,
         max_frames: 1,
     };
-    larder::images::codec::decode(b, &p, (p.width, p.height), false, &limits).unwrap()
+    larder::images::codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
+        .unwrap()
+        .0
 }
 
 async fn upload_photo(l: &Larder) -> String {
@@ -970,4 +972,50 @@ fn avif_decode_timing() {
         ms(total.resize),
         ms(total.encode)
     );
+}
+
+/// A cover crop decodes only the band of rows it keeps (libjpeg-turbo cropping): the result
+/// must show exactly the middle rows. A vertical gradient makes a misplaced band visible.
+#[test]
+fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
+    use larder::images::params::{FormatChoice, Params, Resolved};
+    use larder::images::transform::{self, Limits};
+    let (w, h) = (64usize, 400usize);
+    let mut px = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        let v = (y * 255 / (h - 1)) as u8;
+        for _ in 0..w {
+            px.extend_from_slice(&[v, v, v]);
+        }
+    }
+    let jpeg = turbojpeg::compress(
+        turbojpeg::Image {
+            pixels: px.as_slice(),
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        },
+        95,
+        turbojpeg::Subsamp::Sub2x2,
+    )
+    .unwrap();
+    let probe = sniff::probe(&jpeg).unwrap();
+    let limits = Limits {
+        max_pixels: 50_000_000,
+        max_dim: 4096,
+        max_frames: 100,
+    };
+    let p = Params::parse("w=32&h=32&p=1&g=1&f=png").unwrap();
+    let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
+    let (out, _) = transform::run(&jpeg, &probe, &r, &limits).unwrap();
+    let dec = png::Decoder::new(std::io::Cursor::new(out));
+    let mut reader = dec.read_info().unwrap();
+    let mut buf = vec![0u8; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (32, 32));
+    let row = |y: usize| buf[y * info.line_size];
+    // The middle 64 of 400 rows (168..232): brightness about 107 at the top, 148 at the bottom.
+    assert!(row(0).abs_diff(108) <= 4, "top row {}", row(0));
+    assert!(row(31).abs_diff(147) <= 4, "bottom row {}", row(31));
 }

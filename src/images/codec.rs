@@ -1,5 +1,5 @@
-//! Decoding and encoding, one function per format: JPEG through libturbojpeg (DCT-scaled decode,
-//! i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
+//! Decoding and encoding, one function per format: JPEG through libjpeg-turbo (DCT-scaled,
+//! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
 //! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
 //! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
 //! its own memory limit where it offers one; a bad image is an error, never a panic. Output never
@@ -115,123 +115,84 @@ pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {
     Ok(())
 }
 
+/// Rows of a decoded image that were really decoded: `top` is the first row kept, in an image
+/// `full_height` rows tall (the raster holds rows `top..top + height`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Band {
+    pub top: u32,
+    pub full_height: u32,
+}
+
 /// Decodes the first frame. `need` is the smallest size (unoriented) the pipeline needs: a JPEG
-/// decoder may shrink to it. `gray` lets the JPEG decoder skip chroma.
+/// decoder may shrink to it. `gray` lets the JPEG decoder skip chroma. `rows` (fractions of the
+/// unoriented height, top and bottom) is the band the pipeline keeps: a JPEG decoder may decode
+/// only it; other decoders return the whole image.
 pub fn decode(
     src: &[u8],
     p: &Probe,
     need: (u32, u32),
     gray: bool,
+    rows: (f64, f64),
     limits: &Limits,
-) -> Result<Raster, CodecError> {
+) -> Result<(Raster, Band), CodecError> {
+    let whole = |r: Raster| {
+        let band = Band {
+            top: 0,
+            full_height: r.height,
+        };
+        (r, band)
+    };
     match p.format {
-        ImageFormat::Jpeg => decode_jpeg(src, p, need, gray),
-        ImageFormat::Png => decode_png(src, limits),
-        ImageFormat::Gif => decode_gif(src, p, limits),
-        ImageFormat::Webp => decode_webp(src, p),
-        ImageFormat::Avif => super::avif::decode(src, p, limits),
+        ImageFormat::Jpeg => decode_jpeg(src, p, need, gray, rows),
+        ImageFormat::Png => decode_png(src, limits).map(whole),
+        ImageFormat::Gif => decode_gif(src, p, limits).map(whole),
+        ImageFormat::Webp => decode_webp(src, p).map(whole),
+        ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole),
     }
 }
 
-/// The DCT scaling factors libjpeg-turbo 2.x offers below 1, smallest first (num/8).
+/// The DCT scaling factors libjpeg-turbo offers below 1, smallest first (num/8).
 const JPEG_EIGHTHS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
-fn decode_jpeg(src: &[u8], p: &Probe, need: (u32, u32), gray: bool) -> Result<Raster, CodecError> {
-    with_decompressor(|d| decode_jpeg_with(d, src, p, need, gray))
-}
-
-thread_local! {
-    /// One libjpeg-turbo decompressor per pool thread, reused from image to image (its setup
-    /// allocates; a transform should not pay for it each time).
-    static DECOMPRESSOR: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
-        const { std::cell::RefCell::new(None) };
-    static COMPRESSOR: std::cell::RefCell<Option<turbojpeg::Compressor>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Runs `f` with this thread's decompressor; a handle that failed is dropped, not reused.
-fn with_decompressor<T>(
-    f: impl FnOnce(&mut turbojpeg::Decompressor) -> Result<T, CodecError>,
-) -> Result<T, CodecError> {
-    let err = |e: turbojpeg::Error| CodecError::Decode("JPEG", e.to_string());
-    DECOMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let mut d = match slot.take() {
-            Some(d) => d,
-            None => turbojpeg::Decompressor::new().map_err(err)?,
-        };
-        let out = f(&mut d);
-        if out.is_ok() {
-            *slot = Some(d);
-        }
-        out
-    })
-}
-
-/// Runs `f` with this thread's compressor; a handle that failed is dropped, not reused.
-fn with_compressor<T>(
-    f: impl FnOnce(&mut turbojpeg::Compressor) -> Result<T, CodecError>,
-) -> Result<T, CodecError> {
-    let err = |e: turbojpeg::Error| CodecError::Encode("JPEG", e.to_string());
-    COMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let mut c = match slot.take() {
-            Some(c) => c,
-            None => turbojpeg::Compressor::new().map_err(err)?,
-        };
-        let out = f(&mut c);
-        if out.is_ok() {
-            *slot = Some(c);
-        }
-        out
-    })
-}
-
-fn decode_jpeg_with(
-    d: &mut turbojpeg::Decompressor,
+fn decode_jpeg(
     src: &[u8],
     p: &Probe,
     need: (u32, u32),
     gray: bool,
-) -> Result<Raster, CodecError> {
-    let err = |e: turbojpeg::Error| CodecError::Decode("JPEG", e.to_string());
-    let header = d.read_header(src).map_err(err)?;
-    let (hw, hh) = (header.width as u32, header.height as u32);
-    if u64::from(hw) * u64::from(hh) > p.pixels() {
-        // The SOF we probed is not the one libjpeg decodes: refuse rather than guess.
-        return Err(CodecError::Decode(
-            "JPEG",
-            "inconsistent frame headers".into(),
-        ));
-    }
+    rows: (f64, f64),
+) -> Result<(Raster, Band), CodecError> {
+    let err = |e: super::jpeg::JpegError| CodecError::Decode("JPEG", e.to_string());
+    let (hw, hh) = super::jpeg::dimensions(src).map_err(err)?;
     // Shrink on load: the smallest num/8 scale keeping both sides at or above what is needed.
     let scaled = |n: u32, dim: u32| (dim * n).div_ceil(8);
-    let n = JPEG_EIGHTHS
+    let eighths = JPEG_EIGHTHS
         .iter()
         .copied()
         .find(|&n| scaled(n, hw) >= need.0.min(hw) && scaled(n, hh) >= need.1.min(hh))
         .unwrap_or(8);
-    let (w, h) = (scaled(n, hw) as usize, scaled(n, hh) as usize);
-    let (format, channels) = if gray {
-        (turbojpeg::PixelFormat::GRAY, 1)
-    } else {
-        (turbojpeg::PixelFormat::RGB, 3)
-    };
-    let mut data = vec![0u8; w * h * channels];
-    let image = turbojpeg::Image {
-        pixels: data.as_mut_slice(),
-        width: w,
-        pitch: w * channels,
-        height: h,
-        format,
-    };
-    d.decompress(src, image).map_err(err)?;
-    Ok(Raster {
-        width: w as u32,
-        height: h as u32,
-        channels: channels as u8,
-        data,
-    })
+    // The SOF we probed must be the one libjpeg decodes: refuse rather than guess.
+    let d = super::jpeg::decode(
+        src,
+        super::jpeg::Request {
+            eighths,
+            gray,
+            band: rows,
+        },
+        p.pixels(),
+    )
+    .map_err(err)?;
+    Ok((
+        Raster {
+            width: d.width,
+            height: d.height,
+            channels: d.channels,
+            data: d.data,
+        },
+        Band {
+            top: d.top,
+            full_height: d.full_height,
+        },
+    ))
 }
 
 fn decode_png(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
@@ -404,17 +365,32 @@ fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
             turbojpeg::Subsamp::Sub2x2,
         )
     };
-    with_compressor(|c| {
-        c.set_quality(i32::from(quality));
-        c.set_subsamp(subsamp);
-        c.compress_to_vec(turbojpeg::Image {
-            pixels,
-            width: img.width as usize,
-            pitch: img.width as usize * channels,
-            height: img.height as usize,
-            format,
-        })
-        .map_err(err)
+    thread_local! {
+        /// One compressor per pool thread, reused (its setup allocates).
+        static COMPRESSOR: std::cell::RefCell<Option<turbojpeg::Compressor>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    COMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let mut c = match slot.take() {
+            Some(c) => c,
+            None => turbojpeg::Compressor::new().map_err(err)?,
+        };
+        c.set_quality(i32::from(quality)).map_err(err)?;
+        c.set_subsamp(subsamp).map_err(err)?;
+        let out = c
+            .compress_to_owned(turbojpeg::Image {
+                pixels,
+                width: img.width as usize,
+                pitch: img.width as usize * channels,
+                height: img.height as usize,
+                format,
+            })
+            .map_err(err)?
+            .to_vec();
+        // A handle is kept only after a success.
+        *slot = Some(c);
+        Ok(out)
     })
 }
 
@@ -507,10 +483,27 @@ mod tests {
             max_frames: 1,
         };
         // 100×134 needed: 2/8 (160×214) is the smallest scale at or above it.
-        let r = decode(&b, &p, (100, 134), true, &limits).unwrap();
+        let (r, band) = decode(&b, &p, (100, 134), true, (0.0, 1.0), &limits).unwrap();
         assert_eq!((r.width, r.height, r.channels), (160, 214, 1));
-        let r = decode(&b, &p, (640, 856), false, &limits).unwrap();
+        assert_eq!(
+            band,
+            Band {
+                top: 0,
+                full_height: 214
+            }
+        );
+        let (r, _) = decode(&b, &p, (640, 856), false, (0.0, 1.0), &limits).unwrap();
         assert_eq!((r.width, r.height, r.channels), (640, 856, 3));
+        // A cover crop to 100×100 keeps the middle rows: only they (plus two each side) decode.
+        let (r, band) = decode(&b, &p, (100, 134), true, (0.1262, 0.8738), &limits).unwrap();
+        assert_eq!(
+            band,
+            Band {
+                top: 25,
+                full_height: 214
+            }
+        );
+        assert_eq!((r.width, r.height), (160, 189 - 25));
     }
 
     #[test]
@@ -523,10 +516,10 @@ mod tests {
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x10\0\0\0\x10\x08\x02\0\0\0".to_vec();
         png.extend_from_slice(b"garbage garbage garbage");
         let p = sniff::probe(&png).unwrap();
-        assert!(decode(&png, &p, (1, 1), false, &limits).is_err());
+        assert!(decode(&png, &p, (1, 1), false, (0.0, 1.0), &limits).is_err());
         let jpeg =
             b"\xFF\xD8\xFF\xC0\0\x11\x08\0\x10\0\x10\x03\x01\x22\0\x02\x11\x01\x03\x11\x01junk";
         let p = sniff::probe(jpeg).unwrap();
-        assert!(decode(jpeg, &p, (1, 1), false, &limits).is_err());
+        assert!(decode(jpeg, &p, (1, 1), false, (0.0, 1.0), &limits).is_err());
     }
 }

@@ -22,6 +22,7 @@
 
 pub mod avif;
 pub mod codec;
+pub mod jpeg;
 pub mod params;
 pub mod pool;
 pub mod sniff;

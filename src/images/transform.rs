@@ -198,18 +198,37 @@ pub fn run(
     );
     let need = if swapped { (need.1, need.0) } else { need };
 
+    // Rows the plan keeps, when the source's rows are the output's (no orientation change): a
+    // JPEG decoder then decodes only that band.
+    let rows = if probe.orientation <= 1 {
+        (
+            plan.crop.1 / f64::from(oh),
+            (plan.crop.1 + plan.crop.3) / f64::from(oh),
+        )
+    } else {
+        (0.0, 1.0)
+    };
+
     let start = Instant::now();
-    let img = codec::decode(src, probe, need, r.gray, limits)?;
+    let (img, band) = codec::decode(src, probe, need, r.gray, rows, limits)?;
     let img = codec::orient(img, probe.orientation);
     t.decode = start.elapsed();
 
     let start = Instant::now();
+    // Scale from plan (oriented source) coordinates to decoded pixels; a band starts at `top`.
     let k = f64::from(img.width) / f64::from(ow);
     let crop = (
         plan.crop.0 * k,
-        plan.crop.1 * k,
+        plan.crop.1 * k - f64::from(band.top),
         plan.crop.2 * k,
         plan.crop.3 * k,
+    );
+    // Rounding at the band's edges must not reach outside the rows decoded.
+    let crop = (
+        crop.0,
+        crop.1.max(0.0),
+        crop.2,
+        crop.3.min(f64::from(img.height) - crop.1.max(0.0)),
     );
     let mut img = resize(img, crop, plan.out)?;
     if r.r != 0 {
