@@ -768,7 +768,13 @@ def scenario_cells(name):
                    "thumbor": "/unsafe/100x100/filters:grayscale():format(jpeg)/photo-640x856.jpg"},
                   "image", baseline=["thumbor"], target=1000, absolute=True,
                   goal=f"zimg {n} conns: larder >= 1000 req/s uncached")
-                for n in (10, 100, 500)]
+                for n in (10, 100, 500)] + [
+            # The same transform with result caching on: a hit of a stored, prepared
+            # response (compare with static-8k). thumbor stores no results by default.
+            C(f"zimg-cached-{n}", f"the same, results cached (x-cache: HIT), {n} conns", n,
+              ["larder-img"], {"larder-img": "/cached/@@MD5@@?w=100&h=100&g=1&f=jpeg"},
+              "image", baseline=[], target=None, goal=None)
+            for n in (10, 100, 500)]
     raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
 
