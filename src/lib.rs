@@ -15,7 +15,8 @@
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
-//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
+//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type), [`interim`] (1xx
+//! responses forwarded to HTTP/1.1 clients).
 
 pub mod admin;
 pub mod body;
@@ -25,6 +26,7 @@ pub mod compress;
 pub mod config;
 pub mod deliver;
 pub mod images;
+pub mod interim;
 pub mod proxy;
 pub mod range;
 pub mod respond;

@@ -440,13 +440,24 @@ async fn serve_connection(
     };
     let activity = Arc::new(Activity::default());
     let in_service = Arc::clone(&activity);
+    let interim = Arc::new(crate::interim::Shared::default());
+    // HTTP/1.1 only: interim responses are written on the socket between responses, which
+    // HTTP/2's framing does not allow.
+    let sink = (!h2).then(|| {
+        use std::os::fd::AsRawFd;
+        crate::interim::Sink::new(stream.as_raw_fd(), Arc::clone(&interim))
+    });
     // The request future is boxed so that it is `Unpin`, which hyper asks of a connection it
     // hands back (see `serve_h1`).
     let service = service_fn(move |req| {
         let router = Arc::clone(&router);
         let busy = InFlight::enter(Arc::clone(&in_service));
+        let sink = sink.clone();
         Box::pin(async move {
-            let resp = router.dispatch(req, peer).await;
+            let resp = match sink {
+                Some(sink) => sink.scope(router.dispatch(req, peer)).await,
+                None => router.dispatch(req, peer).await,
+            };
             drop(busy);
             Ok::<_, Infallible>(resp)
         })
@@ -455,6 +466,7 @@ async fn serve_connection(
         inner: stream,
         pending: Bytes::new(),
         activity: Arc::clone(&activity),
+        interim,
     });
     if h2 {
         // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
@@ -676,6 +688,40 @@ struct Tracked<S> {
     inner: S,
     pending: Bytes,
     activity: Arc<Activity>,
+    /// 1xx bytes to write before hyper's next output, and whether hyper still owes bytes.
+    interim: Arc<crate::interim::Shared>,
+}
+
+impl<S: AsyncWrite + Unpin> Tracked<S> {
+    /// Writes queued interim bytes first (they precede the final response hyper writes next).
+    fn poll_interim(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.interim.queued.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        let mut q = self
+            .interim
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while !q.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &q) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    q.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.interim.queued.store(false, Ordering::Release);
+        Poll::Ready(Ok(()))
+    }
+
+    /// Records whether hyper's write went out whole (nothing owed) or not.
+    fn note_write(&self, r: &Poll<io::Result<usize>>, offered: usize) {
+        let whole = matches!(r, Poll::Ready(Ok(n)) if *n == offered);
+        self.interim.owed.store(!whole, Ordering::Release);
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
@@ -705,7 +751,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_interim(cx))?;
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note_write(&r, buf.len());
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
@@ -717,7 +765,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_interim(cx))?;
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note_write(&r, bufs.iter().map(|b| b.len()).sum());
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }

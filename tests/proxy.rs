@@ -809,3 +809,78 @@ async fn a_pooled_connection_closed_by_the_origin_is_retried_for_idempotent_requ
     let post = send(&c, "POST", &format!("{base}/a"), &[], b"x").await;
     assert_eq!(post.status, 502);
 }
+
+/// RFC 9110 §15.2: a proxy forwards 1xx interim responses. The origin sends `103 Early Hints`
+/// before its final answer; the HTTP/1.1 client gets the 103 first, then the 200, on a fill
+/// (cacheable) and on a pass (not cacheable). A hit answers from the cache, with no 103.
+#[tokio::test(flavor = "multi_thread")]
+async fn interim_1xx_responses_are_forwarded_before_the_final_response() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    let cc = if got.starts_with(b"GET /cached") {
+                        "max-age=60"
+                    } else {
+                        "no-store"
+                    };
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+                        )
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let _ = s
+                        .write_all(
+                            format!("HTTP/1.1 200 OK\r\ncache-control: {cc}\r\ncontent-length: 5\r\n\r\nfinal")
+                                .as_bytes(),
+                        )
+                        .await;
+                }
+            });
+        }
+    });
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    async fn exchange(c: &mut tokio::net::TcpStream, path: &str) -> String {
+        c.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).ends_with("final") {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    }
+    for path in ["/cached", "/passed"] {
+        let text = exchange(&mut c, path).await;
+        assert!(
+            text.starts_with("HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n"),
+            "{path}: {text}"
+        );
+    }
+    // A hit is answered from the cache: no interim response, on the same connection.
+    let hit = exchange(&mut c, "/cached").await;
+    assert!(hit.starts_with("HTTP/1.1 200 OK\r\n"), "{hit}");
+    assert!(hit.to_ascii_lowercase().contains("x-cache: hit"), "{hit}");
+}

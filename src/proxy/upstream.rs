@@ -82,9 +82,21 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<Response<hyper::body::Incoming>, FetchError> {
     use http_body::Body as _;
+    let mut req = req;
+    // An origin's 1xx interim responses go on to the client being served, if any (HTTP/1.1).
+    if let Some(sink) = crate::interim::Sink::current() {
+        hyper::ext::on_informational(&mut req, move |res| {
+            sink.forward(res.status(), res.headers())
+        });
+    }
     let deadline = tokio::time::Instant::now() + timeout;
     let retry = (req.method().is_idempotent() && req.body().is_end_stream()).then(|| {
         let mut again = Request::new(Body::empty());
+        if let Some(sink) = crate::interim::Sink::current() {
+            hyper::ext::on_informational(&mut again, move |res| {
+                sink.forward(res.status(), res.headers())
+            });
+        }
         *again.method_mut() = req.method().clone();
         *again.uri_mut() = req.uri().clone();
         *again.version_mut() = req.version();

@@ -1,0 +1,135 @@
+//! 1xx interim responses (RFC 9110 §15.2): an origin's `103 Early Hints` (or any 1xx but 100 and
+//! 101) reaches the HTTP/1.1 client before the final response, as a proxy must forward them.
+//!
+//! hyper's server has no way to send an informational response, so the connection's socket is
+//! written directly, and only when that cannot interleave with hyper's own output: while a
+//! request is being handled, hyper writes nothing on its connection until the handler returns,
+//! and the IO wrapper (`server::Tracked`) records whether hyper still owes bytes from an earlier
+//! response (a partial write). If it does, or the socket is full, the rest of the interim block
+//! is queued and the IO wrapper writes it before hyper's next bytes (the final response head).
+//!
+//! The sink travels to the upstream client in a task-local set around each HTTP/1.1 request's
+//! handler; fetches without a client (background revalidation) have none and forward nothing.
+//! Upstream 100 Continue is not forwarded (hyper answers the client's `Expect` itself), nor 101.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{HeaderMap, StatusCode};
+
+tokio::task_local! {
+    static SINK: Sink;
+}
+
+/// What one HTTP/1.1 connection shares between its IO wrapper and its request handlers.
+#[derive(Default)]
+pub struct Shared {
+    /// hyper's last write did not go out whole: it still holds response bytes.
+    pub owed: AtomicBool,
+    /// Interim bytes to write before hyper's next output.
+    pub pending: Mutex<Vec<u8>>,
+    /// `pending` is not empty (read without the lock on every write).
+    pub queued: AtomicBool,
+}
+
+/// Where a request's interim responses go: the client connection's socket.
+#[derive(Clone)]
+pub struct Sink {
+    fd: RawFd,
+    shared: Arc<Shared>,
+}
+
+impl Sink {
+    pub fn new(fd: RawFd, shared: Arc<Shared>) -> Sink {
+        Sink { fd, shared }
+    }
+
+    /// Runs a request's handler with this sink in reach of the upstream client.
+    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        SINK.scope(self, f).await
+    }
+
+    /// The sink of the request being handled on this task, if any.
+    pub fn current() -> Option<Sink> {
+        SINK.try_with(Sink::clone).ok()
+    }
+
+    /// Sends one interim response on to the client.
+    pub fn forward(&self, status: StatusCode, headers: &HeaderMap) {
+        if !status.is_informational()
+            || status == StatusCode::CONTINUE
+            || status == StatusCode::SWITCHING_PROTOCOLS
+        {
+            return;
+        }
+        let block = encode(status, headers);
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut from = 0;
+        if pending.is_empty() && !self.shared.owed.load(Ordering::Acquire) {
+            // SAFETY: `fd` is the client socket, open for as long as the request is handled
+            // (this runs before the final response, while the handler still waits for it);
+            // MSG_DONTWAIT never blocks, MSG_NOSIGNAL turns a closed peer into an error.
+            let n = unsafe {
+                libc::send(
+                    self.fd,
+                    block.as_ptr().cast(),
+                    block.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            from = usize::try_from(n).unwrap_or(0);
+        }
+        if from < block.len() {
+            pending.extend_from_slice(&block[from..]);
+            self.shared.queued.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// `HTTP/1.1 103 Early Hints` and the fields, minus hop-by-hop ones.
+fn encode(status: StatusCode, headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(
+        status
+            .canonical_reason()
+            .unwrap_or("Informational")
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"\r\n");
+    let mut headers = headers.clone();
+    crate::proxy::upstream::strip_hop_by_hop(&mut headers);
+    for (name, value) in &headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_early_hints_without_hop_by_hop_fields() {
+        let mut h = HeaderMap::new();
+        h.insert("link", "</a.css>; rel=preload".parse().unwrap());
+        h.insert("connection", "x-hop".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        let b = encode(StatusCode::from_u16(103).unwrap(), &h);
+        assert_eq!(
+            String::from_utf8(b).unwrap(),
+            "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+        );
+    }
+}
