@@ -771,13 +771,8 @@ async fn a_pooled_connection_closed_by_the_origin_is_retried_for_idempotent_requ
             tokio::spawn(async move {
                 // Answer the first request of each connection, then close on the second.
                 let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    got.extend_from_slice(&buf[..n]);
+                if read_head(&mut s).await.is_none() {
+                    return;
                 }
                 let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let body = format!("answer {n}");
@@ -824,16 +819,10 @@ async fn interim_1xx_responses_are_forwarded_before_the_final_response() {
                 return;
             };
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
                 loop {
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        let n = s.read(&mut buf).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        got.extend_from_slice(&buf[..n]);
-                    }
+                    let Some(got) = read_head(&mut s).await else {
+                        return;
+                    };
                     let cc = if got.starts_with(b"GET /cached") {
                         "max-age=60"
                     } else {
@@ -883,4 +872,19 @@ async fn interim_1xx_responses_are_forwarded_before_the_final_response() {
     let hit = exchange(&mut c, "/cached").await;
     assert!(hit.starts_with("HTTP/1.1 200 OK\r\n"), "{hit}");
     assert!(hit.to_ascii_lowercase().contains("x-cache: hit"), "{hit}");
+}
+
+/// Reads one request head from a raw test origin's socket; None when the peer closed.
+async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Some(got)
 }
