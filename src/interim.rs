@@ -3,10 +3,12 @@
 //!
 //! hyper's server has no way to send an informational response, so the connection's socket is
 //! written directly, and only when that cannot interleave with hyper's own output: while a
-//! request is being handled, hyper writes nothing on its connection until the handler returns,
-//! and the IO wrapper (`server::Tracked`) records whether hyper still owes bytes from an earlier
-//! response (a partial write). If it does, or the socket is full, the rest of the interim block
-//! is queued and the IO wrapper writes it before hyper's next bytes (the final response head).
+//! request is being handled, hyper writes nothing new on its connection until the handler
+//! returns, and the IO wrapper (`server::Tracked`) records whether hyper still owes bytes of an
+//! earlier response (it has written since its last flush; hyper flushes the socket only once its
+//! buffer is drained). If it does, or the socket is full, the rest of the interim block is queued
+//! and the IO wrapper writes it before the first write that follows hyper's flush: the final
+//! response's head.
 //!
 //! The sink travels to the upstream client in a task-local set around each HTTP/1.1 request's
 //! handler; fetches without a client (background revalidation) have none and forward nothing.
@@ -25,7 +27,7 @@ tokio::task_local! {
 /// What one HTTP/1.1 connection shares between its IO wrapper and its request handlers.
 #[derive(Default)]
 pub struct Shared {
-    /// hyper's last write did not go out whole: it still holds response bytes.
+    /// hyper has written since its last flush: it may still hold response bytes.
     pub owed: AtomicBool,
     /// Interim bytes to write before hyper's next output.
     pub pending: Mutex<Vec<u8>>,

@@ -693,9 +693,13 @@ struct Tracked<S> {
 }
 
 impl<S: AsyncWrite + Unpin> Tracked<S> {
-    /// Writes queued interim bytes first (they precede the final response hyper writes next).
+    /// Before hyper's write: queued interim bytes go first when hyper's buffer was empty (this
+    /// write starts new output: the final response's head), and hyper now owes bytes until its
+    /// next flush (hyper flushes the socket only once its buffer is drained).
     fn poll_interim(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.interim.queued.load(Ordering::Acquire) {
+        let owed = self.interim.owed.load(Ordering::Acquire);
+        if owed || !self.interim.queued.load(Ordering::Acquire) {
+            self.interim.owed.store(true, Ordering::Release);
             return Poll::Ready(Ok(()));
         }
         let mut q = self
@@ -714,13 +718,8 @@ impl<S: AsyncWrite + Unpin> Tracked<S> {
             }
         }
         self.interim.queued.store(false, Ordering::Release);
+        self.interim.owed.store(true, Ordering::Release);
         Poll::Ready(Ok(()))
-    }
-
-    /// Records whether hyper's write went out whole (nothing owed) or not.
-    fn note_write(&self, r: &Poll<io::Result<usize>>, offered: usize) {
-        let whole = matches!(r, Poll::Ready(Ok(n)) if *n == offered);
-        self.interim.owed.store(!whole, Ordering::Release);
     }
 }
 
@@ -753,7 +752,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         std::task::ready!(self.poll_interim(cx))?;
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.note_write(&r, buf.len());
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
@@ -767,7 +765,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         std::task::ready!(self.poll_interim(cx))?;
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.note_write(&r, bufs.iter().map(|b| b.len()).sum());
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
@@ -779,6 +776,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // hyper flushes the socket only when its own buffer is empty: nothing owed any more.
+        self.interim.owed.store(false, Ordering::Release);
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
