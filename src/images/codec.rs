@@ -151,9 +151,6 @@ pub fn decode(
     }
 }
 
-/// The DCT scaling factors libjpeg-turbo offers below 1, smallest first (num/8).
-const JPEG_EIGHTHS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
-
 fn decode_jpeg(
     src: &[u8],
     p: &Probe,
@@ -162,19 +159,12 @@ fn decode_jpeg(
     rows: (f64, f64),
 ) -> Result<(Raster, Band), CodecError> {
     let err = |e: super::jpeg::JpegError| CodecError::Decode("JPEG", e.to_string());
-    let (hw, hh) = super::jpeg::dimensions(src).map_err(err)?;
-    // Shrink on load: the smallest num/8 scale keeping both sides at or above what is needed.
-    let scaled = |n: u32, dim: u32| (dim * n).div_ceil(8);
-    let eighths = JPEG_EIGHTHS
-        .iter()
-        .copied()
-        .find(|&n| scaled(n, hw) >= need.0.min(hw) && scaled(n, hh) >= need.1.min(hh))
-        .unwrap_or(8);
-    // The SOF we probed must be the one libjpeg decodes: refuse rather than guess.
+    // The probed pixel count bounds the frame libjpeg really decodes: a second, larger SOF is
+    // refused rather than decoded.
     let d = super::jpeg::decode(
         src,
         super::jpeg::Request {
-            eighths,
+            need,
             gray,
             band: rows,
         },

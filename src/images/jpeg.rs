@@ -55,11 +55,6 @@ thread_local! {
     static HANDLE: RefCell<Option<Handle>> = const { RefCell::new(None) };
 }
 
-/// The size of a JPEG, read from its header.
-pub fn dimensions(src: &[u8]) -> Result<(u32, u32), JpegError> {
-    with_handle(|h| header(h, src))
-}
-
 fn header(h: &Handle, src: &[u8]) -> Result<(u32, u32), JpegError> {
     // SAFETY: the pointer and length describe `src`, which outlives the call.
     h.check(unsafe { raw::tj3DecompressHeader(h.0, src.as_ptr(), src.len() as raw::size_t) })?;
@@ -79,8 +74,9 @@ fn header(h: &Handle, src: &[u8]) -> Result<(u32, u32), JpegError> {
 /// What to decode.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
-    /// Scale num/8 (1 to 8).
-    pub eighths: u32,
+    /// The smallest size the caller needs: the decoder shrinks on load (DCT scaling, num/8) to
+    /// the smallest scale keeping both sides at or above it.
+    pub need: (u32, u32),
     /// One channel (luma) instead of RGB.
     pub gray: bool,
     /// Rows to keep, as fractions of the height (top, bottom); (0, 1) is the whole image.
@@ -105,7 +101,10 @@ pub fn decode(src: &[u8], req: Request, max_pixels: u64) -> Result<Decoded, Jpeg
         if u64::from(w) * u64::from(hgt) > max_pixels {
             return Err(JpegError("image has too many pixels".into()));
         }
-        let n = req.eighths.clamp(1, 8);
+        let fits = |n: u32, d: u32, need: u32| (d * n).div_ceil(8) >= need.min(d);
+        let n = (1..=8)
+            .find(|&n| fits(n, w, req.need.0) && fits(n, hgt, req.need.1))
+            .unwrap_or(8);
         let scaled = |d: u32| (d * n).div_ceil(8);
         let (sw, sh) = (scaled(w), scaled(hgt));
         // libjpeg-turbo lists its factors in lowest terms (2/8 is 1/4).
@@ -216,11 +215,10 @@ mod tests {
     #[test]
     fn scaled_band_is_the_matching_slice_of_the_whole() {
         let jpg = sample(64, 200);
-        assert_eq!(dimensions(&jpg).unwrap(), (64, 200));
         let whole = decode(
             &jpg,
             Request {
-                eighths: 4,
+                need: (32, 100),
                 gray: true,
                 band: (0.0, 1.0),
             },
@@ -231,7 +229,7 @@ mod tests {
         let band = decode(
             &jpg,
             Request {
-                eighths: 4,
+                need: (32, 100),
                 gray: true,
                 band: (0.25, 0.75),
             },
@@ -250,13 +248,13 @@ mod tests {
 
     #[test]
     fn garbage_and_pixel_bombs_are_errors() {
-        assert!(dimensions(b"not a jpeg").is_err());
         let jpg = sample(64, 64);
         let req = Request {
-            eighths: 8,
+            need: (64, 64),
             gray: false,
             band: (0.0, 1.0),
         };
+        assert!(decode(b"not a jpeg", req, u64::MAX).is_err());
         assert!(decode(&jpg, req, 100).is_err());
         let _ = decode(&jpg[..jpg.len() / 2], req, u64::MAX);
         // The handle survives errors: a good decode still works afterwards.

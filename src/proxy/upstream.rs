@@ -83,20 +83,11 @@ pub async fn send(
 ) -> Result<Response<hyper::body::Incoming>, FetchError> {
     use http_body::Body as _;
     let mut req = req;
-    // An origin's 1xx interim responses go on to the client being served, if any (HTTP/1.1).
-    if let Some(sink) = crate::interim::Sink::current() {
-        hyper::ext::on_informational(&mut req, move |res| {
-            sink.forward(res.status(), res.headers())
-        });
-    }
+    forward_interim(&mut req);
     let deadline = tokio::time::Instant::now() + timeout;
     let retry = (req.method().is_idempotent() && req.body().is_end_stream()).then(|| {
         let mut again = Request::new(Body::empty());
-        if let Some(sink) = crate::interim::Sink::current() {
-            hyper::ext::on_informational(&mut again, move |res| {
-                sink.forward(res.status(), res.headers())
-            });
-        }
+        forward_interim(&mut again);
         *again.method_mut() = req.method().clone();
         *again.uri_mut() = req.uri().clone();
         *again.version_mut() = req.version();
@@ -116,6 +107,13 @@ pub async fn send(
         Ok(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
         Ok(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
         Ok(Ok(r)) => Ok(r),
+    }
+}
+
+/// An origin's 1xx interim responses to `req` go on to the client being served, if any.
+fn forward_interim(req: &mut Request<Body>) {
+    if let Some(sink) = crate::interim::Sink::current() {
+        hyper::ext::on_informational(req, move |res| sink.forward(res.status(), res.headers()));
     }
 }
 
