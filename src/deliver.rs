@@ -64,7 +64,8 @@ fn respond(
     req_headers: &HeaderMap,
     stamp: Option<(CacheStatus, &HeaderName)>,
 ) -> Response<Body> {
-    let accept = AcceptEncoding::parse(req_headers.get(header::ACCEPT_ENCODING));
+    let fields = RequestFields::scan(req_headers);
+    let accept = AcceptEncoding::parse(fields.accept_encoding);
     let enc = accept.choose(entry.by_size());
     let variant = entry
         .variant(enc)
@@ -80,7 +81,7 @@ fn respond(
         }
     };
 
-    match evaluate_conditionals(entry, variant.head.get(header::ETAG), method, req_headers) {
+    match evaluate_conditionals(entry, &variant.head, method, &fields) {
         Conditional::Proceed => {}
         Conditional::NotModified => {
             let mut r = not_modified(&variant.head);
@@ -96,10 +97,7 @@ fn respond(
     }
 
     // Range requests are answered from the complete stored body (RFC 9110 §14).
-    if *method == Method::GET
-        && entry.status == StatusCode::OK
-        && req_headers.contains_key(header::RANGE)
-    {
+    if *method == Method::GET && entry.status == StatusCode::OK && fields.range {
         let len = variant.body.len() as u64;
         match range::evaluate(
             req_headers,
@@ -163,21 +161,57 @@ enum Conditional {
     PreconditionFailed,
 }
 
+/// The request fields a delivery looks at, found in one pass over the request's fields: most
+/// requests carry none of them, and a hashed lookup for each would cost more than the pass.
+/// A repeated field counts by its first line, as `HeaderMap::get` would.
+#[derive(Default)]
+struct RequestFields<'a> {
+    accept_encoding: Option<&'a HeaderValue>,
+    if_match: Option<&'a HeaderValue>,
+    if_none_match: Option<&'a HeaderValue>,
+    if_modified_since: Option<&'a HeaderValue>,
+    if_unmodified_since: Option<&'a HeaderValue>,
+    range: bool,
+}
+
+impl<'a> RequestFields<'a> {
+    #[inline]
+    fn scan(req: &'a HeaderMap) -> RequestFields<'a> {
+        let mut f = RequestFields::default();
+        for (name, value) in req {
+            let slot = if name == header::ACCEPT_ENCODING {
+                &mut f.accept_encoding
+            } else if name == header::IF_MATCH {
+                &mut f.if_match
+            } else if name == header::IF_NONE_MATCH {
+                &mut f.if_none_match
+            } else if name == header::IF_MODIFIED_SINCE {
+                &mut f.if_modified_since
+            } else if name == header::IF_UNMODIFIED_SINCE {
+                &mut f.if_unmodified_since
+            } else {
+                f.range |= name == header::RANGE;
+                continue;
+            };
+            slot.get_or_insert(value);
+        }
+        f
+    }
+}
+
 fn evaluate_conditionals(
     entry: &Entry,
-    etag: Option<&HeaderValue>,
+    head: &HeaderMap,
     method: &Method,
-    req: &HeaderMap,
+    req: &RequestFields<'_>,
 ) -> Conditional {
-    if req.is_empty() {
-        return Conditional::Proceed;
-    }
+    let etag = || head.get(header::ETAG);
     // 1. If-Match (strong comparison).
-    if let Some(im) = req.get(header::IF_MATCH) {
-        if !etag_list_matches(im, etag, true) {
+    if let Some(im) = req.if_match {
+        if !etag_list_matches(im, etag(), true) {
             return Conditional::PreconditionFailed;
         }
-    } else if let Some(ius) = req.get(header::IF_UNMODIFIED_SINCE) {
+    } else if let Some(ius) = req.if_unmodified_since {
         // 2. If-Unmodified-Since, only without If-Match.
         if let (Some(since), Some(lm)) = (parse_date(ius), entry.last_modified) {
             if lm > since {
@@ -187,8 +221,8 @@ fn evaluate_conditionals(
     }
     let safe = *method == Method::GET || *method == Method::HEAD;
     // 3. If-None-Match (weak comparison).
-    if let Some(inm) = req.get(header::IF_NONE_MATCH) {
-        if etag_list_matches(inm, etag, false) {
+    if let Some(inm) = req.if_none_match {
+        if etag_list_matches(inm, etag(), false) {
             return if safe {
                 Conditional::NotModified
             } else {
@@ -199,7 +233,7 @@ fn evaluate_conditionals(
     }
     // 4. If-Modified-Since, only without If-None-Match, GET/HEAD only.
     if safe {
-        if let Some(ims) = req.get(header::IF_MODIFIED_SINCE) {
+        if let Some(ims) = req.if_modified_since {
             if let (Some(since), Some(lm)) = (parse_date(ims), entry.last_modified) {
                 if lm <= since {
                     return Conditional::NotModified;
@@ -269,6 +303,29 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn request_fields_are_found_in_one_pass_first_line_first() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, hv("x"));
+        h.append(header::IF_NONE_MATCH, hv("\"a\""));
+        h.append(header::IF_NONE_MATCH, hv("\"b\""));
+        h.insert(header::ACCEPT_ENCODING, hv("br"));
+        h.insert(header::RANGE, hv("bytes=0-1"));
+        h.insert(
+            header::IF_MODIFIED_SINCE,
+            hv("Sat, 21 Nov 2026 13:53:30 GMT"),
+        );
+        let f = RequestFields::scan(&h);
+        assert_eq!(f.if_none_match.unwrap(), "\"a\"");
+        assert_eq!(f.accept_encoding.unwrap(), "br");
+        assert!(f.range);
+        assert!(f.if_modified_since.is_some());
+        assert!(f.if_match.is_none() && f.if_unmodified_since.is_none());
+        let empty = HeaderMap::new();
+        let f = RequestFields::scan(&empty);
+        assert!(!f.range && f.accept_encoding.is_none() && f.if_none_match.is_none());
     }
 
     #[test]

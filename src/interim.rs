@@ -10,8 +10,8 @@
 //! and the IO wrapper writes it before the first write that follows hyper's flush: the final
 //! response's head.
 //!
-//! The sink travels to the upstream client in a task-local set around each HTTP/1.1 request's
-//! handler; fetches without a client (background revalidation) have none and forward nothing.
+//! The sink travels to the upstream client in a task-local set around each proxied HTTP/1.1
+//! request's handler; fetches without a client (background revalidation) have none and forward nothing.
 //! Upstream 100 Continue is not forwarded (hyper answers the client's `Expect` itself), nor 101.
 
 use std::os::fd::RawFd;

@@ -5,8 +5,11 @@
 //! longest path prefix wins, and among equal prefixes the one configured first. Prefixes match
 //! raw path bytes, as nginx's prefix locations do.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -15,43 +18,81 @@ use crate::body::Body;
 use crate::cache::Cache;
 use crate::config::{HandlerConfig, HostPattern, ListenerConfig};
 use crate::images::Images;
+use crate::interim::Sink;
 use crate::proxy::upstream::text_response;
 use crate::proxy::Proxy;
 use crate::respond::Respond;
 use crate::static_files::StaticFiles;
 
-/// What serves a route's requests.
+/// What serves a route's requests. Handlers are shared with the futures serving requests.
 pub enum Handler {
-    Proxy(Proxy),
-    Static(StaticFiles),
+    Proxy(Arc<Proxy>),
+    Static(Arc<StaticFiles>),
     Respond(Respond),
-    Images(Images),
-    Admin(crate::admin::Admin),
+    Images(Arc<Images>),
+    Admin(Arc<crate::admin::Admin>),
+}
+
+/// A request being served: a response at hand, or the handler's future, boxed on its own so
+/// that it holds only what that handler needs (hyper keeps it per connection).
+pub enum Serving {
+    Ready(Option<Response<Body>>),
+    Pending(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
+}
+
+impl Future for Serving {
+    type Output = Response<Body>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Body>> {
+        match self.get_mut() {
+            Serving::Ready(r) => Poll::Ready(r.take().expect("Serving polled after completion")),
+            Serving::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
 }
 
 impl Handler {
     fn build(cfg: &HandlerConfig, prefix: &str, cache: &Arc<Cache>) -> Handler {
         match cfg {
-            HandlerConfig::Proxy(p) => Handler::Proxy(Proxy::new(p.clone(), Arc::clone(cache))),
-            HandlerConfig::Static(s) => {
-                Handler::Static(StaticFiles::new(s.clone(), prefix, Arc::clone(cache)))
+            HandlerConfig::Proxy(p) => {
+                Handler::Proxy(Arc::new(Proxy::new(p.clone(), Arc::clone(cache))))
             }
+            HandlerConfig::Static(s) => Handler::Static(Arc::new(StaticFiles::new(
+                s.clone(),
+                prefix,
+                Arc::clone(cache),
+            ))),
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::Images(i) => {
-                Handler::Images(Images::new(i.clone(), prefix, Arc::clone(cache)))
+                Handler::Images(Arc::new(Images::new(i.clone(), prefix, Arc::clone(cache))))
             }
         }
     }
 
-    async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        match self {
-            Handler::Proxy(p) => p.handle(req, peer).await,
-            Handler::Static(s) => s.handle(req).await,
-            Handler::Respond(r) => r.handle(&req),
-            // Rare or heavy handlers are boxed so they do not grow every request's future.
-            Handler::Images(i) => Box::pin(i.handle(req, peer)).await,
-            Handler::Admin(a) => Box::pin(a.handle(req)).await,
-        }
+    /// Starts serving `req`. The request moves straight into the handler's own future (an
+    /// `async` layer per routing step would keep a copy of it each).
+    fn serve(&self, req: Request<Incoming>, peer: SocketAddr, sink: Option<Sink>) -> Serving {
+        let fut: Pin<Box<dyn Future<Output = Response<Body>> + Send>> = match self {
+            Handler::Respond(r) => return Serving::Ready(Some(r.handle(&req))),
+            Handler::Static(s) => Box::pin(Arc::clone(s).serve(req)),
+            // Only a proxied request can meet an origin's 1xx responses.
+            Handler::Proxy(p) => {
+                let p = Arc::clone(p);
+                match sink {
+                    Some(sink) => Box::pin(async move { sink.scope(p.handle(req, peer)).await }),
+                    None => Box::pin(async move { p.handle(req, peer).await }),
+                }
+            }
+            Handler::Images(i) => {
+                let i = Arc::clone(i);
+                Box::pin(async move { i.handle(req, peer).await })
+            }
+            Handler::Admin(a) => {
+                let a = Arc::clone(a);
+                Box::pin(async move { a.handle(req).await })
+            }
+        };
+        Serving::Pending(fut)
     }
 
     /// A one-line description for the startup log.
@@ -75,6 +116,8 @@ struct Route {
 /// The routes of one listener, in match order.
 pub struct Router {
     routes: Vec<Route>,
+    /// Some route names a host: requests' hosts must be looked up.
+    by_host: bool,
 }
 
 impl Router {
@@ -97,7 +140,8 @@ impl Router {
             };
             (host_rank, usize::MAX - r.prefix.len())
         });
-        Router { routes }
+        let by_host = routes.iter().any(|r| !matches!(r.host, HostPattern::Any));
+        Router { routes, by_host }
     }
 
     /// The admin listener's router: every request goes to the admin API.
@@ -106,8 +150,12 @@ impl Router {
             routes: vec![Route {
                 host: HostPattern::Any,
                 prefix: "/".into(),
-                handler: Handler::Admin(crate::admin::Admin::new(Arc::clone(cache), token)),
+                handler: Handler::Admin(Arc::new(crate::admin::Admin::new(
+                    Arc::clone(cache),
+                    token,
+                ))),
             }],
+            by_host: false,
         }
     }
 
@@ -134,12 +182,21 @@ impl Router {
             .collect()
     }
 
-    /// Routes and serves one request.
-    pub async fn dispatch(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let host = request_host(&req);
+    /// Routes one request; the returned future serves it. `sink` is where an origin's 1xx
+    /// responses go (HTTP/1.1 clients).
+    pub fn dispatch(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        sink: Option<Sink>,
+    ) -> Serving {
+        let host = if self.by_host { request_host(&req) } else { "" };
         match self.find(host, req.uri().path()) {
-            Some(h) => h.handle(req, peer).await,
-            None => text_response(StatusCode::NOT_FOUND, "no route for this request\n"),
+            Some(h) => h.serve(req, peer, sink),
+            None => Serving::Ready(Some(text_response(
+                StatusCode::NOT_FOUND,
+                "no route for this request\n",
+            ))),
         }
     }
 }

@@ -11,13 +11,16 @@
 //! (the kernel's backlog holds newer clients).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+
+use http::Response;
 
 use bytes::Bytes;
 
@@ -29,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
+use crate::body::Body;
 use crate::cache::Cache;
 use crate::config::{Config, ServerConfig, Threading};
 use crate::route::Router;
@@ -252,7 +256,7 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
     let max_head = cfg.max_header_size.0 as usize;
     let max_buf = (max_head + 16 * 1024).max(8192);
     let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
+    h1.timer(WatchdogTimer)
         .keep_alive(true)
         // Without half-close, hyper reads the socket for EOF while a request is in flight,
         // reserving read-buffer space while the request still borrows the buffer: a second
@@ -275,6 +279,42 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         header_read_timeout: cfg.header_read_timeout.0,
     }
 }
+
+/// hyper's timer for HTTP/1.1 connections, where its one use is the request-head deadline
+/// (`header_read_timeout`), set anew for every request. Instead of an entry in tokio's timer
+/// wheel per request, the deadline is compared with the clock whenever hyper polls it: the
+/// connection's watchdog (see [`drive_h1`]) wakes the task at least every `header_read_timeout`,
+/// and hyper polls the deadline each time it finds no complete head, so a slow head is cut off
+/// at most one watchdog tick late.
+#[derive(Clone, Copy)]
+struct WatchdogTimer;
+
+impl hyper::rt::Timer for WatchdogTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(Deadline(std::time::Instant::now() + duration))
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(Deadline(deadline))
+    }
+}
+
+/// A deadline that registers no wakeup of its own (see [`WatchdogTimer`]).
+struct Deadline(std::time::Instant);
+
+impl Future for Deadline {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if std::time::Instant::now() >= self.0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl hyper::rt::Sleep for Deadline {}
 
 /// Whether a new connection starts with the HTTP/2 connection preface (`PRI * HTTP/2.0`),
 /// without consuming anything. None: the peer closed or sent nothing in time.
@@ -394,6 +434,7 @@ async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Servin
             Idle {
                 timeout: server.idle_timeout.0,
                 release: server.idle_release.0,
+                head: server.header_read_timeout.0,
             },
             shutdown.clone(),
             permit,
@@ -410,11 +451,13 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 }
 
 /// How long a connection may idle: closed after `timeout`; an HTTP/1.1 connection gives its
-/// buffers back after `release` (zero: never).
+/// buffers back after `release` (zero: never). `head` is the time a client has to send a
+/// request head, which hyper checks at the watchdog's ticks (see [`WatchdogTimer`]).
 #[derive(Clone, Copy)]
 struct Idle {
     timeout: Duration,
     release: Duration,
+    head: Duration,
 }
 
 /// Serves one connection until the peer closes, it idles out, or shutdown completes.
@@ -447,20 +490,15 @@ async fn serve_connection(
         use std::os::fd::AsRawFd;
         crate::interim::Sink::new(stream.as_raw_fd(), Arc::clone(&interim))
     });
-    // The request future is boxed so that it is `Unpin`, which hyper asks of a connection it
-    // hands back (see `serve_h1`).
+    // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
+    // connection it hands back (see `serve_h1`).
     let service = service_fn(move |req| {
-        let router = Arc::clone(&router);
         let busy = InFlight::enter(Arc::clone(&in_service));
         let sink = sink.clone();
-        Box::pin(async move {
-            let resp = match sink {
-                Some(sink) => sink.scope(router.dispatch(req, peer)).await,
-                None => router.dispatch(req, peer).await,
-            };
-            drop(busy);
-            Ok::<_, Infallible>(resp)
-        })
+        InService {
+            serving: router.dispatch(req, peer, sink),
+            _busy: busy,
+        }
     });
     let io = TokioIo::new(Tracked {
         inner: stream,
@@ -546,6 +584,9 @@ enum Released<S> {
 
 /// Runs an HTTP/1.1 connection beside the idle watchdog and the shutdown signal, until it ends
 /// or, idle for `idle.release`, is handed back.
+///
+/// The connection is polled at every wakeup of the task; the watchdog's timer and the shutdown
+/// signal only after one of them woke it (see [`WatchdogWake`]), not at every request.
 async fn drive_h1<S>(
     mut conn: Box<http1::Connection<H1Io, S>>,
     peer: SocketAddr,
@@ -563,12 +604,40 @@ where
         Pin::new(&mut *conn).graceful_shutdown();
     }
     let release = !idle.release.is_zero() && idle.release < idle.timeout;
-    let tick = if release { idle.release } else { idle.timeout };
+    // The watchdog also wakes hyper to check its request-head deadline.
+    let tick = if release { idle.release } else { idle.timeout }
+        .min(idle.head)
+        .max(Duration::from_millis(10));
     let mut releasing = false;
     let mut idle_for = Duration::ZERO;
+    let wake = Arc::new(WatchdogWake::default());
+    let waker = Waker::from(Arc::clone(&wake));
+    let sleep = tokio::time::sleep(tick);
+    let changed = shutdown.changed();
+    tokio::pin!(sleep, changed);
     loop {
-        tokio::select! {
-            res = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
+                return Poll::Ready(Watch::Done(res));
+            }
+            if closing {
+                return Poll::Pending;
+            }
+            wake.task.register(cx.waker());
+            if wake.woken.swap(false, Ordering::AcqRel) {
+                let mut wcx = Context::from_waker(&waker);
+                if changed.as_mut().poll(&mut wcx).is_ready() {
+                    return Poll::Ready(Watch::Shutdown);
+                }
+                if sleep.as_mut().poll(&mut wcx).is_ready() {
+                    return Poll::Ready(Watch::Tick);
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Watch::Done(res) => {
                 match res {
                     Ok(()) if releasing && !closing => {
                         return Released::Parked(conn.into_parts(), idle_for);
@@ -581,11 +650,14 @@ where
                 }
                 return Released::Closed;
             }
-            _ = shutdown.changed(), if !closing => {
+            Watch::Shutdown => {
                 closing = true;
                 Pin::new(&mut *conn).graceful_shutdown();
             }
-            _ = tokio::time::sleep(tick), if !closing => {
+            Watch::Tick => {
+                sleep.as_mut().reset(tokio::time::Instant::now() + tick);
+                // The new deadline is registered at the next poll.
+                wake.woken.store(true, Ordering::Release);
                 if activity.take_active() || activity.in_flight.load(Ordering::Relaxed) > 0 {
                     idle_for = Duration::ZERO;
                     continue;
@@ -597,13 +669,50 @@ where
                         return Released::Closed;
                     }
                     closing = true;
-                } else if !releasing {
+                } else if release && !releasing && idle_for >= idle.release {
                     releasing = true;
+                } else {
+                    continue;
                 }
                 // An idle connection closes at once; one still writing a response finishes it.
                 Pin::new(&mut *conn).graceful_shutdown();
             }
         }
+    }
+}
+
+/// What woke [`drive_h1`].
+enum Watch {
+    Done(hyper::Result<()>),
+    Shutdown,
+    Tick,
+}
+
+/// The waker the watchdog's futures (timer, shutdown signal) are polled with: it records that
+/// one of them fired and wakes the connection task, whose waker is kept here.
+struct WatchdogWake {
+    woken: AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl Default for WatchdogWake {
+    fn default() -> Self {
+        // Set: the watchdog's futures are polled (and so registered) at the first poll.
+        WatchdogWake {
+            woken: AtomicBool::new(true),
+            task: futures_util::task::AtomicWaker::new(),
+        }
+    }
+}
+
+impl std::task::Wake for WatchdogWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
     }
 }
 
@@ -663,6 +772,21 @@ impl Activity {
     }
     fn take_active(&self) -> bool {
         self.active.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// A request's response future, counted in flight until it is dropped (hyper drops it once
+/// the response is ready, or when the connection goes).
+struct InService {
+    serving: crate::route::Serving,
+    _busy: InFlight,
+}
+
+impl Future for InService {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.serving).poll(cx).map(Ok)
     }
 }
 

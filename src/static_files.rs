@@ -221,7 +221,9 @@ impl StaticFiles {
         }
     }
 
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
+    /// Serves `req`. The future owns a handle on the handler, so that it is a route's whole
+    /// request future.
+    pub async fn serve<B>(self: Arc<Self>, req: Request<B>) -> Response<Body> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut r = text_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             r.headers_mut()

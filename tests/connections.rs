@@ -256,3 +256,34 @@ async fn released_connection_is_closed_at_the_idle_timeout() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_closes_idle_keepalive_connections_and_reports_none_left() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    // Default idle settings: a keep-alive connection would otherwise stay open for 60 s.
+    let cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.keep())),
+    );
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    // One connection in hyper's hands (a request just served), one released (idle past 1 s).
+    let (mut fresh, mut released) = tokio::task::spawn_blocking(move || {
+        let mut released = TcpStream::connect(addr).unwrap();
+        assert_eq!(request(&mut released, "/a.txt"), Some(200));
+        std::thread::sleep(Duration::from_millis(1300));
+        let mut fresh = TcpStream::connect(addr).unwrap();
+        assert_eq!(request(&mut fresh, "/a.txt"), Some(200));
+        (fresh, released)
+    })
+    .await
+    .unwrap();
+    // Both are closed by the shutdown, which so finds no connection left open.
+    assert_eq!(h.shutdown().await, 0);
+    for s in [&mut fresh, &mut released] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(s.read(&mut b).unwrap(), 0, "connection left open");
+    }
+}

@@ -592,18 +592,28 @@ async fn pipelined_requests_are_answered_in_order() {
     assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 3);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn oversized_header_gets_431_and_malformed_gets_400() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// An origin answering "x", larder before it with one `[server]` setting, and a raw client
+/// connection to larder.
+async fn raw_client_with_server_setting(
+    setting: &str,
+) -> (Origin, larder::server::Handle, tokio::net::TcpStream) {
     let origin = Origin::start(|_, _| Reply::ok("x")).await;
     let cfg = PROXY.replace(
         "[compression]",
-        "[server]\nmax_header_size = \"8KiB\"\n[compression]",
+        &format!("[server]\n{setting}\n[compression]"),
     );
     let larder = larder(&cfg, &origin.url()).await;
-    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
+    let s = tokio::net::TcpStream::connect(larder.addrs[0])
         .await
         .unwrap();
+    (origin, larder, s)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_header_gets_431_and_malformed_gets_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (origin, larder, mut s) =
+        raw_client_with_server_setting("max_header_size = \"8KiB\"").await;
     let big = "a".repeat(12_000);
     let req = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {big}\r\n\r\n");
     let _ = s.write_all(req.as_bytes()).await;
@@ -633,15 +643,8 @@ async fn oversized_header_gets_431_and_malformed_gets_400() {
 #[tokio::test(flavor = "multi_thread")]
 async fn slowloris_is_cut_off_by_the_header_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let origin = Origin::start(|_, _| Reply::ok("x")).await;
-    let cfg = PROXY.replace(
-        "[compression]",
-        "[server]\nheader_read_timeout = \"300ms\"\n[compression]",
-    );
-    let larder = larder(&cfg, &origin.url()).await;
-    let mut s = tokio::net::TcpStream::connect(larder.addrs[0])
-        .await
-        .unwrap();
+    let (_origin, _larder, mut s) =
+        raw_client_with_server_setting("header_read_timeout = \"300ms\"").await;
     s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n").await.unwrap();
     let mut buf = [0u8; 256];
     // The server answers 408 or just closes; either way the read ends well before 5 s.
@@ -655,6 +658,42 @@ async fn slowloris_is_cut_off_by_the_header_timeout() {
     })
     .await;
     assert!(r.is_ok(), "connection was held open");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_head_dripped_byte_by_byte_is_cut_off_by_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (origin, _larder, mut s) =
+        raw_client_with_server_setting("header_read_timeout = \"300ms\"").await;
+    // A byte every 50 ms keeps the connection busy, but the head never completes in time.
+    let head = b"GET / HTTP/1.1\r\nHost: t\r\nX-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut cut = false;
+    for b in head.iter() {
+        if s.write_all(&[*b]).await.is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await {
+            Err(_) => continue,
+            Ok(Ok(n)) => {
+                // A 408 or a close: either way the head was refused before it was complete.
+                assert!(
+                    n == 0 || buf.starts_with(b"HTTP/1.1 408"),
+                    "{:?}",
+                    &buf[..n]
+                );
+                cut = true;
+                break;
+            }
+            Ok(Err(_)) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    assert!(cut, "a head taking {} ms was let through", head.len() * 50);
+    assert_eq!(origin.hits(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
