@@ -45,6 +45,7 @@ PORTS = {
     "varnish": 18084,
     "larder": 18090,
     "larder-img": 18091,
+    "ceiling": 18092,
     "thumbor": 18888,
 }
 SUT_CPU = 0   # systems under test
@@ -104,6 +105,21 @@ def cpu_busy_ticks():
         v = [int(x) for x in f.readline().split()[1:]]
     total = sum(v[:8])  # guest time is already inside user
     return total - v[3] - v[4], total
+
+
+def cpu_ticks(cpu):
+    """(busy, total) jiffies of one CPU since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                v = [int(x) for x in line.split()[1:]]
+                total = sum(v[:8])
+                return total - v[3] - v[4], total
+    return 0, 0
+
+
+def busy_pct(before, after):
+    return round(100.0 * (after[0] - before[0]) / max(1, after[1] - before[1]), 1)
 
 
 def tree_ticks(pid):
@@ -500,6 +516,24 @@ class Env:
         return System("varnish", PORTS["varnish"], p, cache_header="x-cache",
                       version=varnish_version())
 
+    def _start_ceiling(self):
+        # bench/ceiling.c: the least a server can do per request (see its header).
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise SkipSystem("no C compiler (cc) to build bench/ceiling.c")
+        exe = self.run / "ceiling"
+        out = sh([cc, "-O2", "-o", str(exe), str(BENCH / "ceiling.c")])
+        if not exe.exists():
+            raise SkipSystem(f"bench/ceiling.c did not compile: {out[-300:]}")
+        p = self.procs.spawn("ceiling", [str(exe), str(PORTS["ceiling"]),
+                                         str(DATA / "small.html")],
+                             self.logfile("ceiling"), cpu=SUT_CPU)
+        ok, why = wait_http(PORTS["ceiling"], "/bench-static/small.html", proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not start: {why} {self.tail('ceiling')}")
+        return System("ceiling", PORTS["ceiling"], p, version="bench/ceiling.c")
+
     def _larder_binary(self):
         if self.larder_bin is None:
             self.larder_bin = build_larder(self.args)
@@ -722,9 +756,12 @@ def scenario_cells(name):
         cells = []
         path = "/bench-static/small.html"
         for n in (10, 100, 1000, 4000, 10000):
+            # "ceiling" is no contender: a minimal server (bench/ceiling.c) showing what the
+            # load generator reaches when the server does almost nothing.
             cells.append(C(f"piper-{n}", f"/small.html 100 B static, {n} conns", n,
-                           ["larder", "nginx", "nginx-debian"],
-                           {s: path for s in ("larder", "nginx", "nginx-debian")}, "static",
+                           ["larder", "nginx", "nginx-debian", "ceiling"],
+                           {s: path for s in ("larder", "nginx", "nginx-debian", "ceiling")},
+                           "static",
                            baseline=["nginx"], target=1.3,
                            goal=f"piper {n} conns: larder >= 1.3x tuned nginx, 0 socket errors"))
         return cells
@@ -863,6 +900,8 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     ours0 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
     busy0, total0 = cpu_busy_ticks()
+    # How busy each pinned CPU was: a load CPU near 100% means wrk set the pace.
+    sut0, load0 = cpu_ticks(SUT_CPU), cpu_ticks(LOAD_CPU)
     p = procs.spawn("wrk", argv, out_path)
     try:
         p.wait(timeout=duration + 60)
@@ -873,6 +912,7 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
         stop.set()
         th.join()
     busy1, total1 = cpu_busy_ticks()
+    sut_pct, load_pct = busy_pct(sut0, cpu_ticks(SUT_CPU)), busy_pct(load0, cpu_ticks(LOAD_CPU))
     ours1 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wrk_ticks = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * hz
@@ -901,6 +941,7 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
         connect=r["connect"], read=r["read"], write=r["write"], timeout=r["timeout"],
         non2xx=r["status"], rss_peak_kb=max(peak[0], after), rss_after_kb=after,
         origin_requests=delta, other_cpu_pct=round(other_pct, 1), wrk=r,
+        sut_cpu_pct=sut_pct, load_cpu_pct=load_pct,
     )
 
 
@@ -914,6 +955,8 @@ def summarize(runs):
     for k in ("connect", "read", "write", "timeout", "non2xx", "requests"):
         s[k] = sum(r[k] for r in ok)
     s["other_cpu_pct"] = max(r.get("other_cpu_pct", 0) for r in ok)
+    for k in ("sut_cpu_pct", "load_cpu_pct"):
+        s[k] = round(sum(r.get(k, 0) for r in ok) / len(ok))
     s["rss_peak_kb"] = max(r["rss_peak_kb"] for r in ok)
     s["rss_after_kb"] = ok[-1]["rss_after_kb"]
     o = [r["origin_requests"] for r in ok if r["origin_requests"] is not None]
@@ -968,7 +1011,8 @@ def run_scenario(name, env, args, duration):
                         f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
                         f"err c/r/w/t {r['connect']}/{r['read']}/{r['write']}/{r['timeout']}  "
                         f"non2xx {r['non2xx']}  origin {r['origin_requests']}  "
-                        f"rss {r['rss_after_kb'] / 1024:.1f} MiB  other CPU {r['other_cpu_pct']:.0f}%")
+                        f"rss {r['rss_after_kb'] / 1024:.1f} MiB  other CPU {r['other_cpu_pct']:.0f}%  "
+                        f"CPU server/wrk {r['sut_cpu_pct']:.0f}/{r['load_cpu_pct']:.0f}%")
                 time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
         for sname, sysm, path in active:
             res[sname]["summary"] = summarize(res[sname]["runs"])
@@ -1022,6 +1066,15 @@ def goals(name, cells):
         if name == "piper":
             socket_errs = lsum["connect"] + lsum["read"] + lsum["write"]
             row["note"] = f"larder socket errors {socket_errs}"
+            # Whether wrk set the pace (its CPU near 100%), and what it reached against a
+            # server that does almost nothing (bench/ceiling.c).
+            loads = [f"{s} {res[s]['summary']['load_cpu_pct']}%" for s in ("larder", "nginx")
+                     if "error" not in res.get(s, {}).get("summary", {"error": 1})]
+            if loads:
+                row["note"] += "; wrk CPU with " + ", ".join(loads)
+            cs = res.get("ceiling", {}).get("summary")
+            if cs and "error" not in cs:
+                row["note"] += f"; minimal server {cs['rps']:,.0f} req/s"
             if row["met"] is not None:
                 row["met"] = row["met"] and socket_errs == 0
         out.append(row)
@@ -1043,8 +1096,8 @@ def markdown(doc):
     L = []
     L.append(f"### {doc['scenario']} ({doc['date']}, {doc['duration_s']} s x {doc['reps']} runs per cell)")
     L.append("")
-    L.append("| cell | conns | system | req/s | transfer/s | p50 ms | p99 ms | socket err c/r/w | timeouts | non-2xx | RSS peak/after MiB | served | origin reqs | other CPU % |")
-    L.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|")
+    L.append("| cell | conns | system | req/s | transfer/s | p50 ms | p99 ms | socket err c/r/w | timeouts | non-2xx | RSS peak/after MiB | served | origin reqs | other CPU % | CPU % server/wrk |")
+    L.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|")
     for c in doc["cells"]:
         for sname, r in c["results"].items():
             head = f"| {c['id']} | {c['conns']} | {sname} |"
@@ -1066,7 +1119,8 @@ def markdown(doc):
                          f"{s['connect']}/{s['read']}/{s['write']} | {s['timeout']} | {s['non2xx']} | "
                          f"{fmt_mib(s['rss_peak_kb'])}/{fmt_mib(s['rss_after_kb'])} | {served} | "
                          f"{'-' if s['origin_requests'] is None else s['origin_requests']} | "
-                         f"{s.get('other_cpu_pct', 0):.0f} |")
+                         f"{s.get('other_cpu_pct', 0):.0f} | "
+                         f"{s.get('sut_cpu_pct', 0)}/{s.get('load_cpu_pct', 0)} |")
             else:
                 if r.get("na"):
                     what, why = "n/a", r["na"]
@@ -1076,7 +1130,7 @@ def markdown(doc):
                     what = "skipped"
                     why = r.get("skipped") or r.get("summary", {}).get("error") or "not run"
                 why = why.replace("|", "/")[:160]
-                L.append(f"{head} {what} | - | - | - | - | - | - | - | {why} | - | - |")
+                L.append(f"{head} {what} | - | - | - | - | - | - | - | {why} | - | - | - |")
     L.append("")
     if doc["goals"]:
         L.append("| goal | larder req/s | baseline | ratio | target | met |")
@@ -1099,7 +1153,8 @@ def markdown(doc):
 
 
 COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
-          "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd"}
+          "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd",
+          "ceiling": "#7f7f7f"}
 
 
 def chart(doc, out):
