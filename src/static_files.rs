@@ -14,7 +14,9 @@
 //! 3. An unknown path is decoded by [`safe_segments`] (percent-decoding once; `..`, encoded
 //!    slashes, backslashes, NUL, bad UTF-8 and hidden names refused), joined below the root and
 //!    canonicalized: a path whose real location is outside the root is refused unless
-//!    `follow_symlinks`.
+//!    `follow_symlinks`. Concurrent first requests for a path share one resolution, and
+//!    requests that find a file's entry missing from the store share one load (the cache's
+//!    miss coalescing), so a cold file under load is stat'ed, read and compressed once.
 //! 4. A file up to `max_memory_file_size` is read once, with its `.br`/`.zst`/`.gz` siblings,
 //!    into an [`Entry`] in the shared [`Cache`]; missing compressed variants are computed once in
 //!    the background ([`Cache::spawn_variants`]). Every header block is prepared then. Larger
@@ -38,7 +40,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTRO
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry};
+use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Inflight, Join};
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::config::{Bundle, StaticConfig};
 use crate::deliver::etag_list_matches;
@@ -67,6 +69,8 @@ pub struct StaticFiles {
     /// Distinguishes this handler's entries in the shared store.
     id: String,
     resolved: quick_cache::sync::Cache<Box<str>, Arc<Resolved>>,
+    /// First resolutions in flight: concurrent first requests for a path share one.
+    resolving: Arc<Inflight<Box<str>, Arc<Resolved>>>,
     epoch: Instant,
 }
 
@@ -210,6 +214,7 @@ impl StaticFiles {
             cache,
             id: format!("static-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
             resolved: quick_cache::sync::Cache::new(RESOLVED_CAPACITY),
+            resolving: Arc::new(Inflight::default()),
             epoch: Instant::now(),
         }
     }
@@ -254,7 +259,7 @@ impl StaticFiles {
                         Ok(s) => s,
                         Err(status) => return refusal(status),
                     };
-                    match Box::pin(self.resolve(root, path, segments)).await {
+                    match Box::pin(self.resolve_once(root, path, segments)).await {
                         Some(r) => r,
                         None => return refusal(StatusCode::INTERNAL_SERVER_ERROR),
                     }
@@ -267,7 +272,7 @@ impl StaticFiles {
                 Kind::Memory(key, plan) => {
                     let entry = match self.cache.store.get(key) {
                         Some(e) => e,
-                        None => match Box::pin(self.load_memory(plan.clone(), key.clone())).await {
+                        None => match Box::pin(self.load_memory_once(plan, key)).await {
                             Some(e) => e,
                             None => {
                                 self.resolved.remove(path);
@@ -323,6 +328,49 @@ impl StaticFiles {
             return r;
         }
         self.install(path, fingerprint, plan).await.unwrap_or(r)
+    }
+
+    /// Resolves `path` the first time: concurrent requests for it wait for one resolution (one
+    /// stat, one read) instead of each doing their own.
+    async fn resolve_once(
+        &self,
+        root: &Path,
+        path: &str,
+        segments: Vec<String>,
+    ) -> Option<Arc<Resolved>> {
+        match self.resolving.join(&Box::from(path)) {
+            Join::Leader(guard) => {
+                // A resolution may have finished between the lookup and the join.
+                let r = match self.resolved.get(path) {
+                    Some(r) => r,
+                    None => self.resolve(root, path, segments).await?,
+                };
+                guard.complete(Arc::clone(&r));
+                Some(r)
+            }
+            Join::Follower(f) => match f.wait(self.cache.cfg.coalesce_timeout.0).await {
+                FillOutcome::Filled(r) => Some(r),
+                FillOutcome::Released => self.resolve(root, path, segments).await,
+            },
+        }
+    }
+
+    /// Loads a file into the store once for all the requests that found it missing.
+    async fn load_memory_once(&self, plan: &Plan, key: &CacheKey) -> Option<Arc<Entry>> {
+        match self.cache.store.inflight.join(key) {
+            Join::Leader(guard) => {
+                let e = match self.cache.store.get(key) {
+                    Some(e) => e,
+                    None => self.load_memory(plan.clone(), key.clone()).await?,
+                };
+                guard.complete(Arc::clone(&e));
+                Some(e)
+            }
+            Join::Follower(f) => match f.wait(self.cache.cfg.coalesce_timeout.0).await {
+                FillOutcome::Filled(e) => Some(e),
+                FillOutcome::Released => self.load_memory(plan.clone(), key.clone()).await,
+            },
+        }
     }
 
     async fn resolve(

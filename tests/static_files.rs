@@ -741,3 +741,95 @@ async fn two_thousand_keepalive_connections() {
     assert!(h.open_connections() >= N, "{}", h.open_connections());
     drop(open);
 }
+
+/// Counts the opens of files watched with inotify, to see how often larder reads them. Closes
+/// are watched too: inotify merges identical successive events, and an open-close-open
+/// sequence keeps the opens apart.
+struct OpenCounter(std::os::fd::OwnedFd);
+
+impl OpenCounter {
+    fn watch(paths: &[&Path]) -> (OpenCounter, Vec<i32>) {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: plain syscalls; the descriptor is owned by the returned OwnedFd.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1");
+        let counter = OpenCounter(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        let wds = paths
+            .iter()
+            .map(|p| {
+                let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+                let wd = unsafe {
+                    libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_OPEN | libc::IN_CLOSE)
+                };
+                assert!(wd >= 0, "inotify_add_watch {}", p.display());
+                wd
+            })
+            .collect();
+        (counter, wds)
+    }
+
+    /// Opens seen so far, per watch descriptor.
+    fn drain(&self) -> HashMap<i32, usize> {
+        use std::os::fd::AsRawFd;
+        let mut seen = HashMap::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: reads into a local buffer of the given length.
+            let n = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return seen;
+            }
+            let mut at = 0;
+            while at + 16 <= n as usize {
+                let wd = i32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
+                let mask = u32::from_ne_bytes(buf[at + 4..at + 8].try_into().unwrap());
+                let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().unwrap()) as usize;
+                if mask & libc::IN_OPEN != 0 {
+                    *seen.entry(wd).or_default() += 1;
+                }
+                at += 16 + len;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_share_one_read_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "<p>cold page</p>\n".repeat(200);
+    for name in ["one.html", "many.html"] {
+        std::fs::write(dir.path().join(name), &text).unwrap();
+    }
+    let (_h, addr) = start(dir.path()).await;
+    let (opens, wds) =
+        OpenCounter::watch(&[&dir.path().join("one.html"), &dir.path().join("many.html")]);
+    // What one first request costs in opens of its file...
+    assert_eq!(get(addr, "GET", "/one.html", &[]).await.status, 200);
+    // ...200 first requests at once cost the same: they wait for one resolution and one read
+    // (and one compression) instead of each doing their own.
+    // All connections open first, then every request written at once, so that they reach
+    // larder together.
+    let mut conns = Vec::new();
+    for _ in 0..200 {
+        conns.push(TcpStream::connect(addr).await.unwrap());
+    }
+    for s in &mut conns {
+        s.write_all(b"GET /many.html HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+    }
+    for mut s in conns {
+        let r = read_response(&mut s, &mut Vec::new(), false).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len(), text.len());
+    }
+    let seen = opens.drain();
+    let one = seen.get(&wds[0]).copied().unwrap_or(0);
+    let many = seen.get(&wds[1]).copied().unwrap_or(0);
+    assert!(one >= 1, "the read of one.html was not seen");
+    assert_eq!(
+        many, one,
+        "200 concurrent first requests opened the file {many} times"
+    );
+}

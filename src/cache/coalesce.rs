@@ -1,4 +1,5 @@
-//! Miss coalescing: concurrent misses for one key make one upstream request.
+//! Miss coalescing: concurrent misses for one key make one upstream request (or, for static
+//! files, one stat and one read of a file).
 //!
 //! The first request for a missing key becomes the leader and holds a [`FillGuard`]; later ones
 //! become followers holding a receiver. The leader either completes the guard with the stored
@@ -7,6 +8,7 @@
 //! uncacheable by a failed fill.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,32 +17,40 @@ use tokio::sync::watch;
 use super::entry::Entry;
 use super::CacheKey;
 
-/// What a follower learns from the leader's fill.
+/// What a follower learns from the leader's fill (`V`: what a fill produces; for the cache, the
+/// stored entry).
 #[derive(Clone)]
-pub enum FillOutcome {
+pub enum FillOutcome<V = Arc<Entry>> {
     /// The fill stored this entry: serve it.
-    Filled(Arc<Entry>),
+    Filled(V),
     /// The fill stored nothing: fetch for yourself.
     Released,
 }
 
-type Slot = watch::Receiver<Option<FillOutcome>>;
+type Slot<V> = watch::Receiver<Option<FillOutcome<V>>>;
 
 /// Fills in flight, by key.
-#[derive(Default)]
-pub struct Inflight {
-    map: Mutex<HashMap<CacheKey, Slot>>,
+pub struct Inflight<K = CacheKey, V = Arc<Entry>> {
+    map: Mutex<HashMap<K, Slot<V>>>,
+}
+
+impl<K, V> Default for Inflight<K, V> {
+    fn default() -> Self {
+        Inflight {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// A request's role for a missing key.
-pub enum Join {
-    Leader(FillGuard),
-    Follower(Follower),
+pub enum Join<K: Hash + Eq + Clone = CacheKey, V: Clone = Arc<Entry>> {
+    Leader(FillGuard<K, V>),
+    Follower(Follower<V>),
 }
 
-impl Inflight {
+impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     /// Joins the fill of `key`, becoming its leader if none is in flight.
-    pub fn join(self: &Arc<Self>, key: &CacheKey) -> Join {
+    pub fn join(self: &Arc<Self>, key: &K) -> Join<K, V> {
         let mut map = self.map.lock().expect("inflight lock");
         if let Some(rx) = map.get(key) {
             return Join::Follower(Follower { rx: rx.clone() });
@@ -63,28 +73,28 @@ impl Inflight {
         self.len() == 0
     }
 
-    fn finish(&self, key: &CacheKey) {
+    fn finish(&self, key: &K) {
         self.map.lock().expect("inflight lock").remove(key);
     }
 }
 
 /// Held by the leader of a fill; dropping it without [`FillGuard::complete`] releases waiters.
-pub struct FillGuard {
-    key: CacheKey,
-    tx: watch::Sender<Option<FillOutcome>>,
-    inflight: Arc<Inflight>,
+pub struct FillGuard<K: Hash + Eq + Clone = CacheKey, V: Clone = Arc<Entry>> {
+    key: K,
+    tx: watch::Sender<Option<FillOutcome<V>>>,
+    inflight: Arc<Inflight<K, V>>,
 }
 
-impl FillGuard {
+impl<K: Hash + Eq + Clone, V: Clone> FillGuard<K, V> {
     /// The fill stored `entry`: followers serve it.
-    pub fn complete(self, entry: Arc<Entry>) {
+    pub fn complete(self, entry: V) {
         self.inflight.finish(&self.key);
         self.tx.send_replace(Some(FillOutcome::Filled(entry)));
         // Drop runs next and finds the outcome already set.
     }
 }
 
-impl Drop for FillGuard {
+impl<K: Hash + Eq + Clone, V: Clone> Drop for FillGuard<K, V> {
     fn drop(&mut self) {
         self.inflight.finish(&self.key);
         if self.tx.borrow().is_none() {
@@ -94,13 +104,13 @@ impl Drop for FillGuard {
 }
 
 /// Waits on another request's fill.
-pub struct Follower {
-    rx: Slot,
+pub struct Follower<V = Arc<Entry>> {
+    rx: Slot<V>,
 }
 
-impl Follower {
+impl<V: Clone> Follower<V> {
     /// The leader's outcome, or `Released` on timeout.
-    pub async fn wait(mut self, timeout: Duration) -> FillOutcome {
+    pub async fn wait(mut self, timeout: Duration) -> FillOutcome<V> {
         match tokio::time::timeout(timeout, self.rx.wait_for(|v| v.is_some())).await {
             Ok(Ok(v)) => v.clone().unwrap_or(FillOutcome::Released),
             _ => FillOutcome::Released,
@@ -114,7 +124,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropped_leader_releases_followers() {
-        let inflight = Arc::new(Inflight::default());
+        let inflight: Arc<Inflight> = Arc::new(Inflight::default());
         let key = CacheKey::from_parts("http", "h", "/x");
         let Join::Leader(guard) = inflight.join(&key) else {
             panic!("first is leader")
@@ -132,7 +142,7 @@ mod tests {
 
     #[tokio::test]
     async fn follower_times_out() {
-        let inflight = Arc::new(Inflight::default());
+        let inflight: Arc<Inflight> = Arc::new(Inflight::default());
         let key = CacheKey::from_parts("http", "h", "/y");
         let _guard = inflight.join(&key);
         let Join::Follower(f) = inflight.join(&key) else {
