@@ -586,11 +586,11 @@ enum Released<S> {
 /// or, idle for `idle.release`, is handed back.
 ///
 /// The connection is polled at every wakeup of the task; the watchdog's timer and the shutdown
-/// signal only after one of them woke it (see [`WatchdogWake`]), not at every request.
+/// signal only after one of them woke it (see [`Activity`]), not at every request.
 async fn drive_h1<S>(
     mut conn: Box<http1::Connection<H1Io, S>>,
     peer: SocketAddr,
-    activity: &Activity,
+    activity: &Arc<Activity>,
     idle: Idle,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Released<S>
@@ -610,8 +610,9 @@ where
         .max(Duration::from_millis(10));
     let mut releasing = false;
     let mut idle_for = Duration::ZERO;
-    let wake = Arc::new(WatchdogWake::default());
-    let waker = Waker::from(Arc::clone(&wake));
+    // Set: the watchdog's futures are polled (and so registered) at the first poll.
+    activity.watchdog_woken.store(true, Ordering::Release);
+    let waker = Waker::from(Arc::clone(activity));
     let sleep = tokio::time::sleep(tick);
     let changed = shutdown.changed();
     tokio::pin!(sleep, changed);
@@ -623,8 +624,8 @@ where
             if closing {
                 return Poll::Pending;
             }
-            wake.task.register(cx.waker());
-            if wake.woken.swap(false, Ordering::AcqRel) {
+            activity.task.register(cx.waker());
+            if activity.watchdog_woken.swap(false, Ordering::AcqRel) {
                 let mut wcx = Context::from_waker(&waker);
                 if changed.as_mut().poll(&mut wcx).is_ready() {
                     return Poll::Ready(Watch::Shutdown);
@@ -657,7 +658,7 @@ where
             Watch::Tick => {
                 sleep.as_mut().reset(tokio::time::Instant::now() + tick);
                 // The new deadline is registered at the next poll.
-                wake.woken.store(true, Ordering::Release);
+                activity.watchdog_woken.store(true, Ordering::Release);
                 if activity.take_active() || activity.in_flight.load(Ordering::Relaxed) > 0 {
                     idle_for = Duration::ZERO;
                     continue;
@@ -686,34 +687,6 @@ enum Watch {
     Done(hyper::Result<()>),
     Shutdown,
     Tick,
-}
-
-/// The waker the watchdog's futures (timer, shutdown signal) are polled with: it records that
-/// one of them fired and wakes the connection task, whose waker is kept here.
-struct WatchdogWake {
-    woken: AtomicBool,
-    task: futures_util::task::AtomicWaker,
-}
-
-impl Default for WatchdogWake {
-    fn default() -> Self {
-        // Set: the watchdog's futures are polled (and so registered) at the first poll.
-        WatchdogWake {
-            woken: AtomicBool::new(true),
-            task: futures_util::task::AtomicWaker::new(),
-        }
-    }
-}
-
-impl std::task::Wake for WatchdogWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.task.wake();
-    }
 }
 
 /// Runs an HTTP/2 connection to its end beside the idle watchdog and the shutdown signal.
@@ -754,13 +727,31 @@ async fn drive_h2<C>(
     }
 }
 
-/// What the idle watchdog knows about a connection.
+/// What the idle watchdog knows about a connection. It is also the waker the watchdog's own
+/// futures (timer, shutdown signal) are polled with: that records that one of them fired and
+/// wakes the connection task, so that [`drive_h1`] polls them only then. One allocation per
+/// connection, touched by every read and write anyway.
 #[derive(Default)]
 struct Activity {
     /// Set by every read or write that moved bytes; cleared by the watchdog.
     active: AtomicBool,
     /// Requests being handled now.
     in_flight: AtomicUsize,
+    /// The watchdog's timer or the shutdown signal woke the task.
+    watchdog_woken: AtomicBool,
+    /// The connection task's waker.
+    task: futures_util::task::AtomicWaker,
+}
+
+impl std::task::Wake for Activity {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.watchdog_woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
 }
 
 impl Activity {
