@@ -174,6 +174,48 @@ async fn admin_purge_by_url_prefix_and_tag() {
     assert_eq!(post("url=/relative".into()).await.status, 400);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revalidated_entry_keeps_its_tags() {
+    // Every request revalidates (no-cache); the origin answers 304 to a matching validator.
+    let origin = Origin::start(|seen, n| {
+        if seen.headers.get("if-none-match").is_some() {
+            return Reply::ok("").status(304).header("etag", "\"v1\"");
+        }
+        Reply::ok(format!("body {n}"))
+            .header("cache-control", "no-cache")
+            .header("etag", "\"v1\"")
+            .header("surrogate-key", "rev")
+    })
+    .await;
+    let larder = larder(&config(""), &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/rev", larder.addrs[0]);
+    let first = get(&c, &url, &[]).await;
+    assert_eq!((first.status.as_u16(), first.cache()), (200, "MISS"));
+    let again = get(&c, &url, &[]).await;
+    assert_eq!(again.cache(), "REVALIDATED");
+    assert_eq!(again.body, first.body);
+    // The refreshed entry answers with larder's stamp, once each.
+    assert_eq!(again.header("age"), Some("0"));
+    for name in ["age", "x-cache"] {
+        assert_eq!(again.headers.get_all(name).iter().count(), 1, "{name}");
+    }
+    let third = get(&c, &url, &[]).await;
+    assert_eq!(third.cache(), "REVALIDATED");
+    // ...and is still found by its tag.
+    let admin = format!("http://{}", larder.admin_addr.unwrap());
+    let r = send(
+        &c,
+        "POST",
+        &format!("{admin}/_larder/purge?tag=rev"),
+        &[("authorization", "Bearer s3cret")],
+        b"",
+    )
+    .await;
+    assert_eq!(r.body, "{\"purged\":1}");
+    assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+}
+
 #[test]
 fn admin_listener_without_token_is_a_config_error() {
     let text = format!("[admin]\nlisten = \"127.0.0.1:0\"\n{PROXY}")

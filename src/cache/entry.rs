@@ -159,6 +159,9 @@ impl Entry {
             self.negotiated,
         );
         e.auth_ok = self.auth_ok;
+        // Tags came from the stored response (the tag field is not stored): a refreshed entry
+        // keeps them, so purge by tag still finds it.
+        e.tags = self.tags.clone();
         e
     }
 
