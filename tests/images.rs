@@ -704,36 +704,45 @@ async fn upload_restrictions() {
     l.handle.shutdown().await;
 }
 
-/// Single-threaded timing of the benchmark's transform (640×856 JPEG → 100×100 gray JPEG).
-/// `cargo test --release --test images -- --ignored --nocapture transform_timing`
-#[test]
-#[ignore]
-fn transform_timing() {
+/// Runs the transform `params` on `data` `n` times on this thread: (wall time, summed steps).
+fn time_transform(
+    data: &[u8],
+    params: &str,
+    n: u32,
+) -> (Duration, larder::images::transform::Timing) {
     use larder::images::params::{FormatChoice, Params, Resolved};
     use larder::images::transform::{self, Limits};
-    let data = photo();
-    let probe = sniff::probe(&data).unwrap();
-    let p = Params::parse("w=100&h=100&g=1&f=jpeg").unwrap();
+    let probe = sniff::probe(data).unwrap();
+    let p = Params::parse(params).unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
     let limits = Limits {
         max_pixels: 50_000_000,
         max_dim: 4096,
         max_frames: 100,
     };
-    let n = 500;
     let mut total = transform::Timing::default();
     let start = std::time::Instant::now();
     for _ in 0..n {
-        let (out, t) = transform::run(&data, &probe, &r, &limits).unwrap();
+        let (out, t) = transform::run(data, &probe, &r, &limits).unwrap();
         assert!(!out.is_empty());
         total.decode += t.decode;
         total.resize += t.resize;
         total.encode += t.encode;
     }
+    (start.elapsed(), total)
+}
+
+/// Single-threaded timing of the benchmark's transform (640×856 JPEG → 100×100 gray JPEG).
+/// `cargo test --release --test images -- --ignored --nocapture transform_timing`
+#[test]
+#[ignore]
+fn transform_timing() {
+    let n = 500;
+    let (wall, total) = time_transform(&photo(), "w=100&h=100&g=1&f=jpeg", n);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(n);
     println!(
         "640x856 jpeg -> 100x100 gray jpeg: {:.3} ms/image (decode {:.3}, resize+ops {:.3}, encode {:.3})",
-        ms(start.elapsed()),
+        ms(wall),
         ms(total.decode),
         ms(total.resize),
         ms(total.encode)
@@ -929,9 +938,7 @@ async fn corrupt_avif_is_4xx() {
 #[ignore]
 fn avif_decode_timing() {
     use larder::images::codec::{self, Raster};
-    use larder::images::params::{FormatChoice, Params, Resolved};
     use larder::images::sniff::ImageFormat;
-    use larder::images::transform::{self, Limits};
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/bench-data/photo-1000x872.jpg"
@@ -946,22 +953,8 @@ fn avif_decode_timing() {
     };
     let data = codec::encode(&img, ImageFormat::Avif, 75).unwrap();
     let probe = sniff::probe(&data).unwrap();
-    let p = Params::parse("w=100&h=100&f=jpeg").unwrap();
-    let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
-    let limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
-        max_frames: 100,
-    };
     let n = 20;
-    let mut total = transform::Timing::default();
-    for _ in 0..n {
-        let (out, t) = transform::run(&data, &probe, &r, &limits).unwrap();
-        assert!(!out.is_empty());
-        total.decode += t.decode;
-        total.resize += t.resize;
-        total.encode += t.encode;
-    }
+    let (_, total) = time_transform(&data, "w=100&h=100&f=jpeg", n);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(n);
     println!(
         "{}x{} avif ({} bytes, 10-bit 4:4:4) -> 100x100 jpeg: decode {:.2} ms, resize {:.2}, encode {:.2}",
