@@ -40,7 +40,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTRO
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Inflight, Join};
+use crate::cache::{Cache, CacheKey, Entry, Inflight};
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::config::{Bundle, StaticConfig};
 use crate::deliver::etag_list_matches;
@@ -338,39 +338,30 @@ impl StaticFiles {
         path: &str,
         segments: Vec<String>,
     ) -> Option<Arc<Resolved>> {
-        match self.resolving.join(&Box::from(path)) {
-            Join::Leader(guard) => {
-                // A resolution may have finished between the lookup and the join.
-                let r = match self.resolved.get(path) {
-                    Some(r) => r,
-                    None => self.resolve(root, path, segments).await?,
-                };
-                guard.complete(Arc::clone(&r));
-                Some(r)
-            }
-            Join::Follower(f) => match f.wait(self.cache.cfg.coalesce_timeout.0).await {
-                FillOutcome::Filled(r) => Some(r),
-                FillOutcome::Released => self.resolve(root, path, segments).await,
-            },
-        }
+        let timeout = self.cache.cfg.coalesce_timeout.0;
+        self.resolving
+            .once(
+                &Box::from(path),
+                timeout,
+                || self.resolved.get(path),
+                || self.resolve(root, path, segments),
+            )
+            .await
     }
 
     /// Loads a file into the store once for all the requests that found it missing.
     async fn load_memory_once(&self, plan: &Plan, key: &CacheKey) -> Option<Arc<Entry>> {
-        match self.cache.store.inflight.join(key) {
-            Join::Leader(guard) => {
-                let e = match self.cache.store.get(key) {
-                    Some(e) => e,
-                    None => self.load_memory(plan.clone(), key.clone()).await?,
-                };
-                guard.complete(Arc::clone(&e));
-                Some(e)
-            }
-            Join::Follower(f) => match f.wait(self.cache.cfg.coalesce_timeout.0).await {
-                FillOutcome::Filled(e) => Some(e),
-                FillOutcome::Released => self.load_memory(plan.clone(), key.clone()).await,
-            },
-        }
+        let timeout = self.cache.cfg.coalesce_timeout.0;
+        self.cache
+            .store
+            .inflight
+            .once(
+                key,
+                timeout,
+                || self.cache.store.get(key),
+                || self.load_memory(plan.clone(), key.clone()),
+            )
+            .await
     }
 
     async fn resolve(

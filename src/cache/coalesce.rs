@@ -64,6 +64,37 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
         })
     }
 
+    /// Produces the value for `key` once for all concurrent callers: the leader takes what
+    /// `existing` finds (a fill may have finished between the caller's lookup and the join)
+    /// or runs `fill` and hands its result to the followers; a follower waits for it and runs
+    /// `fill` itself if the leader produced nothing or took longer than `timeout`.
+    pub async fn once<F, Fut>(
+        self: &Arc<Self>,
+        key: &K,
+        timeout: Duration,
+        existing: impl FnOnce() -> Option<V>,
+        fill: F,
+    ) -> Option<V>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Option<V>>,
+    {
+        match self.join(key) {
+            Join::Leader(guard) => {
+                let v = match existing() {
+                    Some(v) => v,
+                    None => fill().await?,
+                };
+                guard.complete(v.clone());
+                Some(v)
+            }
+            Join::Follower(f) => match f.wait(timeout).await {
+                FillOutcome::Filled(v) => Some(v),
+                FillOutcome::Released => fill().await,
+            },
+        }
+    }
+
     /// Fills in flight now.
     pub fn len(&self) -> usize {
         self.map.lock().expect("inflight lock").len()
@@ -138,6 +169,32 @@ mod tests {
         assert!(inflight.is_empty());
         // The key is not poisoned: the next request leads a new fill.
         assert!(matches!(inflight.join(&key), Join::Leader(_)));
+    }
+
+    #[tokio::test]
+    async fn once_fills_once_for_concurrent_callers() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let inflight: Arc<Inflight<u32, u32>> = Arc::new(Inflight::default());
+        let fills = Arc::new(AtomicUsize::new(0));
+        let call = |inflight: Arc<Inflight<u32, u32>>, fills: Arc<AtomicUsize>| async move {
+            inflight
+                .once(
+                    &7,
+                    Duration::from_secs(5),
+                    || None,
+                    || async {
+                        fills.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Some(42)
+                    },
+                )
+                .await
+        };
+        let a = tokio::spawn(call(Arc::clone(&inflight), Arc::clone(&fills)));
+        let b = tokio::spawn(call(Arc::clone(&inflight), Arc::clone(&fills)));
+        assert_eq!((a.await.unwrap(), b.await.unwrap()), (Some(42), Some(42)));
+        assert_eq!(fills.load(Ordering::SeqCst), 1);
+        assert!(inflight.is_empty());
     }
 
     #[tokio::test]
