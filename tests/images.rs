@@ -548,16 +548,7 @@ async fn pixel_bomb_is_refused_before_decoding() {
     assert!(r.text().contains("pixels"), "{}", r.text());
     assert_eq!(stored_files(l.dir.path()), 0);
     // Planted directly in storage (e.g. stored under a looser limit): refused on transform.
-    let bomb = pixel_bomb();
-    let md5 = larder::images::storage::Md5Hex::of(&bomb);
-    let s = md5.as_str();
-    let d = l.dir.path().join(&s[0..2]).join(&s[2..4]);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join(s), &bomb).unwrap();
-    let start = std::time::Instant::now();
-    let r = get(l.addr, &format!("/{s}?w=10&h=10")).await;
-    assert_eq!(r.status, 422, "{}", r.text());
-    assert!(start.elapsed() < Duration::from_secs(2));
+    planted_bomb_is_refused_quickly(&l, &pixel_bomb()).await;
     l.handle.shutdown().await;
 }
 
@@ -749,6 +740,20 @@ fn transform_timing() {
     );
 }
 
+/// Plants `bomb` straight into storage (as if stored under a looser limit) and checks that a
+/// transform of it is refused with 422 before any decoding work.
+async fn planted_bomb_is_refused_quickly(l: &Larder, bomb: &[u8]) {
+    let md5 = larder::images::storage::Md5Hex::of(bomb);
+    let s = md5.as_str();
+    let d = l.dir.path().join(&s[0..2]).join(&s[2..4]);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(s), bomb).unwrap();
+    let start = std::time::Instant::now();
+    let r = get(l.addr, &format!("/{s}?w=10&h=10")).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
 /// An AVIF made by larder itself: `src` uploaded, then asked for as `f=avif` with `query`.
 async fn avif_of(l: &Larder, src: Vec<u8>, ctype: &str, query: &str) -> Vec<u8> {
     let r = upload(l.addr, src, ctype).await;
@@ -888,15 +893,7 @@ async fn avif_pixel_bomb_is_refused_before_decoding() {
     assert!(r.text().contains("pixels"), "{}", r.text());
     let files = stored_files(l.dir.path());
     // Planted directly in storage: refused on transform, from the header.
-    let md5 = larder::images::storage::Md5Hex::of(&bomb);
-    let s = md5.as_str();
-    let d = l.dir.path().join(&s[0..2]).join(&s[2..4]);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join(s), &bomb).unwrap();
-    let start = std::time::Instant::now();
-    let r = get(l.addr, &format!("/{s}?w=10&h=10")).await;
-    assert_eq!(r.status, 422, "{}", r.text());
-    assert!(start.elapsed() < Duration::from_secs(2));
+    planted_bomb_is_refused_quickly(&l, &bomb).await;
     assert_eq!(stored_files(l.dir.path()), files + 1);
     l.handle.shutdown().await;
 }
