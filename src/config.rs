@@ -200,6 +200,10 @@ pub struct ServerConfig {
     /// An HTTP/1.1 connection idle this long hands its buffers back and waits, kept open, as a
     /// bare socket until its next request (nginx does the same on keep-alive); 0 keeps them.
     pub idle_release: Dur,
+    /// While more connections than this are open, an HTTP/1.1 connection also hands its buffers
+    /// back right after each response: with thousands of connections, state kept between
+    /// requests has left the CPU's caches by the next request (docs/design.md, "Parking").
+    pub release_above_connections: usize,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_grace: Dur,
     /// Accept HTTP/2 with prior knowledge (h2c) on the same port as HTTP/1.1.
@@ -231,6 +235,7 @@ impl Default for ServerConfig {
             header_read_timeout: Dur(Duration::from_secs(10)),
             idle_timeout: Dur(Duration::from_secs(60)),
             idle_release: Dur(Duration::from_secs(1)),
+            release_above_connections: 512,
             shutdown_grace: Dur(Duration::from_secs(10)),
             h2c: true,
             threading: Threading::WorkStealing,

@@ -4,7 +4,7 @@
 //!
 //! Lifecycle: [`start`] binds every listener and spawns one accept loop each on the current
 //! runtime, returning a [`Handle`]. A connection task runs hyper's connection future and, in the
-//! same `select!`, an idle watchdog and the shutdown signal; on shutdown it asks hyper to finish
+//! same poll, an idle watchdog and the shutdown signal; on shutdown it asks hyper to finish
 //! in-flight requests and close. [`Handle::shutdown`] waits for the connections up to the grace
 //! period. A semaphore bounds open connections: at the bound, each accept loop holds the one
 //! connection it accepted last, unserved, and accepts nothing more until a connection closes
@@ -435,6 +435,8 @@ async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Servin
                 timeout: server.idle_timeout.0,
                 release: server.idle_release.0,
                 head: server.header_read_timeout.0,
+                park_above: server.release_above_connections,
+                max_conns: server.max_connections.get() as usize,
             },
             shutdown.clone(),
             permit,
@@ -450,14 +452,18 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     )
 }
 
-/// How long a connection may idle: closed after `timeout`; an HTTP/1.1 connection gives its
-/// buffers back after `release` (zero: never). `head` is the time a client has to send a
-/// request head, which hyper checks at the watchdog's ticks (see [`WatchdogTimer`]).
+/// How long a connection may idle: closed after `timeout`; an HTTP/1.1 connection parks
+/// (gives its buffers back) after `release` (zero: never), or after each response while more
+/// than `park_above` connections are open. `head` is the time a client has to send a request
+/// head, which hyper checks at the watchdog's ticks (see [`WatchdogTimer`]).
 #[derive(Clone, Copy)]
 struct Idle {
     timeout: Duration,
     release: Duration,
     head: Duration,
+    park_above: usize,
+    /// The connection bound (`max_connections`), to count open connections by.
+    max_conns: usize,
 }
 
 /// Serves one connection until the peer closes, it idles out, or shutdown completes.
@@ -468,7 +474,7 @@ async fn serve_connection(
     builder: Arc<Builders>,
     idle: Idle,
     mut shutdown: watch::Receiver<bool>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let h2 = if builder.h2c {
         tokio::select! {
@@ -492,8 +498,9 @@ async fn serve_connection(
     });
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `serve_h1`).
-    let service = service_fn(move |req| {
-        let busy = InFlight::enter(Arc::clone(&in_service));
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        use hyper::body::Body as _;
+        let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
         let sink = sink.clone();
         InService {
             serving: router.dispatch(req, peer, sink),
@@ -511,115 +518,113 @@ async fn serve_connection(
         let conn = builder.h2.serve_connection(io, service);
         Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
     } else {
-        serve_h1(io, service, peer, &builder.h1, activity, idle, shutdown).await;
+        let open = Open {
+            permits: permit.semaphore(),
+            max: idle.max_conns,
+        };
+        serve_h1(io, service, peer, &builder.h1, idle, open, &mut shutdown).await;
     }
 }
 
-/// Serves HTTP/1.1 on a connection. While requests come, one hyper connection serves them all;
-/// once the connection has idled for `idle.release`, hyper hands the socket back (with any
-/// bytes it read ahead) and its buffers are freed: the task then waits on the bare socket and
-/// starts a new hyper connection when the client speaks again. Idle keep-alive connections so
-/// cost a few hundred bytes instead of two 8 KiB buffers.
 /// The socket as hyper sees it.
 type H1Io = TokioIo<Tracked<TcpStream>>;
 
+/// What an HTTP/1.1 connection task holds between wakeups.
+enum Phase<S: hyper::service::HttpService<hyper::body::Incoming>> {
+    /// A hyper connection reads, serves and writes requests.
+    Serving(Box<http1::Connection<H1Io, S>>),
+    /// hyper's state is gone; the task waits on the bare socket for the next request.
+    Parked(Tracked<TcpStream>, S),
+    /// Between the two (only while switching).
+    Switching,
+}
+
+/// Serves HTTP/1.1 on a connection until the peer closes, it idles out, or shutdown completes.
+///
+/// While requests come, a hyper connection serves them. Between requests the connection may
+/// *park*: hyper hands the socket back (with any bytes it read ahead) and its state (two 8 KiB
+/// buffers, the cached header map, the in-flight slot) is freed; the task then waits on the
+/// bare socket and starts a new hyper connection when the client speaks again. It parks
+/// - once idle for `idle.release`, so idle keep-alive connections cost a few hundred bytes
+///   instead of two 8 KiB buffers (nginx frees a keep-alive connection's buffers too);
+/// - right after each response while more than `idle.park_above` connections are open: with
+///   thousands of connections, per-connection state that lives across requests is cold in
+///   the CPU's caches by the time its next request comes, while state built per request comes
+///   from the allocator's recently freed, cache-warm memory (docs/design.md "Parking").
+///
+/// The watchdog (one timer, re-armed at its ticks, and the shutdown signal) is polled only
+/// when one of them woke the task (see [`Activity`]), not at every request.
 async fn serve_h1<S>(
-    mut io: H1Io,
-    mut service: S,
+    io: H1Io,
+    service: S,
     peer: SocketAddr,
     h1: &http1::Builder,
-    activity: Arc<Activity>,
     idle: Idle,
-    mut shutdown: watch::Receiver<bool>,
+    open: Open<'_>,
+    shutdown: &mut watch::Receiver<bool>,
 ) where
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
     S::Future: Unpin,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    loop {
-        // Boxed, so that a released connection leaves nothing of hyper's state in this task.
-        let conn = Box::new(h1.serve_connection(io, service));
-        let (parts, idle_for) = match drive_h1(conn, peer, &activity, idle, &mut shutdown).await {
-            Released::Closed => return,
-            Released::Parked(parts, idle_for) => (parts, idle_for),
-        };
-        RELEASED.fetch_add(1, Ordering::Relaxed);
-        let http1::Parts {
-            io: released,
-            read_buf,
-            service: s,
-            ..
-        } = parts;
-        service = s;
-        let mut tracked = released.into_inner();
-        // An empty `read_buf` still owns hyper's whole read buffer: it must go now, not when
-        // the connection wakes up.
-        if !read_buf.is_empty() {
-            // hyper read ahead (part of a request head): it is read again first.
-            tracked.pending = if tracked.pending.is_empty() {
-                Bytes::copy_from_slice(&read_buf)
-            } else {
-                [&read_buf[..], &tracked.pending[..]].concat().into()
-            };
-        }
-        drop(read_buf);
-        if tracked.pending.is_empty() {
-            tokio::select! {
-                r = tracked.inner.readable() => if r.is_err() { return },
-                _ = tokio::time::sleep(idle.timeout.saturating_sub(idle_for)) => return,
-                _ = shutdown.changed() => return,
-            }
-        }
-        io = TokioIo::new(tracked);
-    }
-}
-
-/// How [`drive_h1`] ended.
-enum Released<S> {
-    /// The connection is over (peer closed, error, idle timeout or shutdown).
-    Closed,
-    /// The connection idled and hyper gave it back, with how long it has been idle.
-    Parked(http1::Parts<H1Io, S>, Duration),
-}
-
-/// Runs an HTTP/1.1 connection beside the idle watchdog and the shutdown signal, until it ends
-/// or, idle for `idle.release`, is handed back.
-///
-/// The connection is polled at every wakeup of the task; the watchdog's timer and the shutdown
-/// signal only after one of them woke it (see [`Activity`]), not at every request.
-async fn drive_h1<S>(
-    mut conn: Box<http1::Connection<H1Io, S>>,
-    peer: SocketAddr,
-    activity: &Arc<Activity>,
-    idle: Idle,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Released<S>
-where
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
-    S::Future: Unpin,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+    let activity = Arc::clone(&io.inner().activity);
+    let mut phase = Phase::Serving(Box::new(h1.serve_connection(io, service)));
+    // Requests served when the current hyper connection started.
+    let mut served_before = activity.served.load(Ordering::Relaxed);
     let mut closing = *shutdown.borrow();
     if closing {
-        Pin::new(&mut *conn).graceful_shutdown();
+        if let Phase::Serving(conn) = &mut phase {
+            Pin::new(&mut **conn).graceful_shutdown();
+        }
     }
     let release = !idle.release.is_zero() && idle.release < idle.timeout;
     // The watchdog also wakes hyper to check its request-head deadline.
     let tick = if release { idle.release } else { idle.timeout }
         .min(idle.head)
         .max(Duration::from_millis(10));
+    // hyper is asked to hand the connection back once it is idle (or done with its response).
     let mut releasing = false;
+    // The release was asked for by the idle watchdog (not per request).
+    let mut idle_release = false;
     let mut idle_for = Duration::ZERO;
     // Set: the watchdog's futures are polled (and so registered) at the first poll.
     activity.watchdog_woken.store(true, Ordering::Release);
-    let waker = Waker::from(Arc::clone(activity));
+    let waker = Waker::from(Arc::clone(&activity));
     let sleep = tokio::time::sleep(tick);
     let changed = shutdown.changed();
     tokio::pin!(sleep, changed);
     loop {
         let event = std::future::poll_fn(|cx| {
-            if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
-                return Poll::Ready(Watch::Done(res));
+            match &mut phase {
+                Phase::Serving(conn) => {
+                    if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
+                        return Poll::Ready(Watch::Done(res));
+                    }
+                    // Nothing in flight and hyper waits: it is idle, or still writing a
+                    // response whose body the service has handed over. Either way hyper
+                    // hands the connection back once its response is out.
+                    // Not before this hyper connection has served a request: bytes it read
+                    // ahead (part of a head) would only be handed back and read again.
+                    if !releasing
+                        && !closing
+                        && activity.in_flight.load(Ordering::Relaxed) == 0
+                        && activity.served.load(Ordering::Relaxed) != served_before
+                        && !activity.with_body.load(Ordering::Relaxed)
+                        && open.above(idle.park_above)
+                    {
+                        releasing = true;
+                        Pin::new(&mut **conn).graceful_shutdown();
+                        if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
+                            return Poll::Ready(Watch::Done(res));
+                        }
+                    }
+                }
+                Phase::Parked(tracked, _) => {
+                    if tracked.inner.poll_read_ready(cx).is_ready() {
+                        return Poll::Ready(Watch::Readable);
+                    }
+                }
+                Phase::Switching => unreachable!("a phase is set before the task yields"),
             }
             if closing {
                 return Poll::Pending;
@@ -638,22 +643,71 @@ where
         })
         .await;
         match event {
+            Watch::Done(Ok(())) if releasing && !closing => {
+                let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
+                    unreachable!("hyper finished, so it was serving")
+                };
+                if idle_release {
+                    RELEASED.fetch_add(1, Ordering::Relaxed);
+                }
+                releasing = false;
+                idle_release = false;
+                let http1::Parts {
+                    io,
+                    read_buf,
+                    service,
+                    ..
+                } = conn.into_parts();
+                let mut tracked = io.into_inner();
+                // An empty `read_buf` still owns hyper's whole read buffer: it goes now.
+                if !read_buf.is_empty() {
+                    // hyper read ahead (part of a request head): it is read again first.
+                    tracked.pending = if tracked.pending.is_empty() {
+                        Bytes::copy_from_slice(&read_buf)
+                    } else {
+                        [&read_buf[..], &tracked.pending[..]].concat().into()
+                    };
+                }
+                drop(read_buf);
+                served_before = activity.served.load(Ordering::Relaxed);
+                activity.with_body.store(false, Ordering::Relaxed);
+                phase = if tracked.pending.is_empty() {
+                    Phase::Parked(tracked, service)
+                } else {
+                    Phase::Serving(Box::new(
+                        h1.serve_connection(TokioIo::new(tracked), service),
+                    ))
+                };
+            }
             Watch::Done(res) => {
                 match res {
-                    Ok(()) if releasing && !closing => {
-                        return Released::Parked(conn.into_parts(), idle_for);
-                    }
                     Ok(()) => {
-                        let mut io = conn.into_parts().io;
-                        let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
+                        if let Phase::Serving(conn) = phase {
+                            let mut io = conn.into_parts().io;
+                            let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
+                        }
                     }
                     Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
                 }
-                return Released::Closed;
+                return;
+            }
+            Watch::Readable => {
+                let Phase::Parked(tracked, service) =
+                    std::mem::replace(&mut phase, Phase::Switching)
+                else {
+                    unreachable!("the socket became readable while parked")
+                };
+                phase = Phase::Serving(Box::new(
+                    h1.serve_connection(TokioIo::new(tracked), service),
+                ));
             }
             Watch::Shutdown => {
                 closing = true;
-                Pin::new(&mut *conn).graceful_shutdown();
+                match &mut phase {
+                    Phase::Serving(conn) => Pin::new(&mut **conn).graceful_shutdown(),
+                    // Nothing in flight: close now.
+                    _ => return,
+                }
             }
             Watch::Tick => {
                 sleep.as_mut().reset(tokio::time::Instant::now() + tick);
@@ -664,27 +718,51 @@ where
                     continue;
                 }
                 idle_for += tick;
+                let Phase::Serving(conn) = &mut phase else {
+                    if idle_for >= idle.timeout {
+                        return;
+                    }
+                    continue;
+                };
                 if idle_for >= idle.timeout {
                     if releasing {
                         // Handing back waits for a response stalled this long: give up.
-                        return Released::Closed;
+                        return;
                     }
                     closing = true;
                 } else if release && !releasing && idle_for >= idle.release {
                     releasing = true;
+                    idle_release = true;
                 } else {
                     continue;
                 }
                 // An idle connection closes at once; one still writing a response finishes it.
-                Pin::new(&mut *conn).graceful_shutdown();
+                Pin::new(&mut **conn).graceful_shutdown();
             }
         }
     }
 }
 
-/// What woke [`drive_h1`].
+/// The count of open connections, as the connection bound's semaphore knows it.
+#[derive(Clone, Copy)]
+struct Open<'a> {
+    permits: &'a Semaphore,
+    max: usize,
+}
+
+impl Open<'_> {
+    /// More than `n` connections are open.
+    #[inline]
+    fn above(&self, n: usize) -> bool {
+        self.max - self.permits.available_permits() > n
+    }
+}
+
+/// What woke [`serve_h1`].
 enum Watch {
     Done(hyper::Result<()>),
+    /// The parked socket has bytes (or EOF) to read.
+    Readable,
     Shutdown,
     Tick,
 }
@@ -737,6 +815,11 @@ struct Activity {
     active: AtomicBool,
     /// Requests being handled now.
     in_flight: AtomicUsize,
+    /// Requests started on this connection (wrapping).
+    served: AtomicUsize,
+    /// A request of the current hyper connection came with a body. hyper may still be reading
+    /// (or draining) it after the response, so the connection does not park after responses.
+    with_body: AtomicBool,
     /// The watchdog's timer or the shutdown signal woke the task.
     watchdog_woken: AtomicBool,
     /// The connection task's waker.
@@ -785,8 +868,12 @@ impl Future for InService {
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn enter(a: Arc<Activity>) -> InFlight {
+    fn enter(a: Arc<Activity>, with_body: bool) -> InFlight {
         a.in_flight.fetch_add(1, Ordering::Relaxed);
+        a.served.fetch_add(1, Ordering::Relaxed);
+        if with_body {
+            a.with_body.store(true, Ordering::Relaxed);
+        }
         InFlight(a)
     }
 }

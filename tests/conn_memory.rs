@@ -54,27 +54,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// The tests count the same process-wide heap: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "current_thread")]
 async fn heap_per_idle_keepalive_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("small.html"), "x".repeat(100)).unwrap();
-    let mut cfg = Config::single_route(
-        "127.0.0.1:0".parse().unwrap(),
-        HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
-    );
-    cfg.server.workers = 1;
-    cfg.server.idle_release = larder::config::Dur(Duration::from_millis(100));
-    let h = larder::server::start(cfg).await.unwrap();
-    let addr = h.addrs[0];
-    async fn open(addr: std::net::SocketAddr) -> TcpStream {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        assert_eq!(request_on(&mut s).await, 200);
-        s
-    }
-    // Warm up (the file is loaded, the runtime's structures grown).
-    let warm: Vec<TcpStream> = futures_util_join(addr, 50, open).await;
-    drop(warm);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (h, addr, _dir) = warm_server(Duration::from_millis(100), 512).await;
     const N: usize = 500;
     let before = LIVE.load(Ordering::Relaxed);
     TRACE.store(true, Ordering::Relaxed);
@@ -110,6 +96,67 @@ async fn heap_per_idle_keepalive_connection() {
         }
     }
     drop(conns);
+}
+
+/// A one-worker static server with the 100-byte file, warmed up (the file loaded, the
+/// runtime's structures grown), with the given `idle_release` and
+/// `release_above_connections`.
+async fn warm_server(
+    idle_release: Duration,
+    release_above: usize,
+) -> (
+    larder::server::Handle,
+    std::net::SocketAddr,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("small.html"), "x".repeat(100)).unwrap();
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
+    );
+    cfg.server.workers = 1;
+    cfg.server.idle_release = larder::config::Dur(idle_release);
+    cfg.server.release_above_connections = release_above;
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    let warm: Vec<TcpStream> = futures_util_join(addr, 50, open).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (h, addr, dir)
+}
+
+/// A connection that has been answered once.
+async fn open(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(request_on(&mut s).await, 200);
+    s
+}
+
+/// Heap per open connection right after each has been answered once (well before
+/// `idle_release`), with `release_above_connections` at `bound`.
+async fn heap_right_after_a_response(bound: usize) -> f64 {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (h, addr, _dir) = warm_server(Duration::from_secs(30), bound).await;
+    const N: usize = 300;
+    let before = LIVE.load(Ordering::Relaxed);
+    let conns = futures_util_join(addr, N, open).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / N as f64;
+    assert!(h.open_connections() >= N);
+    drop(conns);
+    per
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn above_the_bound_connections_hold_no_buffers_between_requests() {
+    // Below the bound, an open connection keeps hyper's buffers between requests (about
+    // 24 KB in a debug build); above it, it gives them back after every response.
+    let kept = heap_right_after_a_response(100_000).await;
+    let released = heap_right_after_a_response(10).await;
+    println!("heap per connection after a response: {kept:.0} bytes kept, {released:.0} released");
+    assert!(kept > 16.0 * 1024.0, "{kept}");
+    assert!(released < 4.0 * 1024.0, "{released}");
 }
 
 async fn request_on(s: &mut TcpStream) -> u16 {

@@ -1,7 +1,7 @@
 //! Connection-level limits: the accept loop survives running out of file descriptors, the
 //! max-connections bound pauses accepting until a connection closes, and idle keep-alive
 //! connections release their buffers yet keep serving (read-ahead included) until the idle
-//! timeout closes them.
+//! timeout closes them; with many connections open, they release them after every response.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,37 +13,36 @@ use larder::config::{Config, HandlerConfig, StaticConfig};
 
 /// One GET on `s`; the status code, or None if nothing came back in time.
 fn request(s: &mut TcpStream, path: &str) -> Option<u16> {
-    s.set_read_timeout(Some(Duration::from_millis(2000))).ok()?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
         .ok()?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
+    response(s).map(|(status, _)| status)
+}
+
+/// Reads one response (with a Content-Length body) from `s`, and not a byte more (pipelined
+/// responses may follow): its status and body length. Panics if the response announces that
+/// the connection closes.
+fn response(s: &mut TcpStream) -> Option<(u16, usize)> {
+    s.set_read_timeout(Some(Duration::from_millis(2000))).ok()?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).ok()? == 0 {
             return None;
         }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let len: usize = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse().unwrap())
-                })
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut chunk).ok()?;
-                if n == 0 {
-                    return None;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            return head.split(' ').nth(1)?.parse().ok();
-        }
+        head.push(byte[0]);
     }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    assert!(!head.contains("connection: close"), "{head}");
+    Some((head.split(' ').nth(1)?.parse().ok()?, len))
 }
 
 fn free_port() -> SocketAddr {
@@ -286,4 +285,75 @@ async fn shutdown_closes_idle_keepalive_connections_and_reports_none_left() {
         let mut b = [0u8; 16];
         assert_eq!(s.read(&mut b).unwrap(), 0, "connection left open");
     }
+}
+
+/// CPU time this process has used (user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn above_the_bound_connections_release_after_every_response_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    // Larger than the in-memory limit: streamed from disk in chunks.
+    let big = 3 * 1024 * 1024 + 17;
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; big]).unwrap();
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Static(StaticConfig::new_root(dir.keep())),
+    );
+    // Every connection releases after each response; never because it idled.
+    cfg.server.release_above_connections = 0;
+    cfg.server.idle_release = larder::config::Dur(Duration::ZERO);
+    let h = larder::server::start(cfg).await.unwrap();
+    let addr = h.addrs[0];
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        for _ in 0..50 {
+            assert_eq!(request(&mut s, "/a.txt"), Some(200));
+        }
+        // A streamed body is written whole before the connection lets go of hyper.
+        s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        assert_eq!(response(&mut s), Some((200, big)));
+        assert_eq!(request(&mut s, "/a.txt"), Some(200));
+        // Pipelined requests in one write: both answered, in order.
+        s.write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\nGET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        assert_eq!(response(&mut s), Some((200, 5)));
+        assert_eq!(response(&mut s).map(|r| r.0), Some(404));
+        // Half a head, then a pause: the connection waits for the rest without spinning on
+        // the bytes it read ahead, then answers.
+        s.write_all(b"GET /a.txt HTTP/1.1\r\nHo").unwrap();
+        let cpu = cpu_time();
+        std::thread::sleep(Duration::from_millis(300));
+        let spent = cpu_time() - cpu;
+        assert!(
+            spent < Duration::from_millis(150),
+            "busy while waiting: {spent:?}"
+        );
+        s.write_all(b"st: t\r\n\r\n").unwrap();
+        assert_eq!(response(&mut s), Some((200, 5)));
+        // A request body the handler never reads, sent in two parts: hyper ends the
+        // connection after the answer; the rest of the body is never taken for a request.
+        s.write_all(b"POST /a.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12345")
+            .unwrap();
+        let mut got = [0u8; 512];
+        let n = s.read(&mut got).unwrap();
+        assert!(got[..n].starts_with(b"HTTP/1.1 405"));
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = s.write_all(b"67890GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+        let mut s = TcpStream::connect(addr).unwrap();
+        assert_eq!(request(&mut s, "/a.txt"), Some(200));
+    })
+    .await
+    .unwrap();
 }
