@@ -602,9 +602,10 @@ async fn serve_h1<S>(
                     }
                     // Nothing in flight and hyper waits: it is idle, or still writing a
                     // response whose body the service has handed over. Either way hyper
-                    // hands the connection back once its response is out.
-                    // Not before this hyper connection has served a request: bytes it read
-                    // ahead (part of a head) would only be handed back and read again.
+                    // hands the connection back once its response is out. Not before this
+                    // hyper connection has served a request (it may hold part of a head it
+                    // read ahead, and letting go would mark that request `connection:
+                    // close`), nor after a request with a body (see `Activity::with_body`).
                     if !releasing
                         && !closing
                         && activity.in_flight.load(Ordering::Relaxed) == 0
