@@ -569,8 +569,6 @@ async fn serve_h1<S>(
 {
     let activity = Arc::clone(&io.inner().activity);
     let mut phase = Phase::Serving(Box::new(h1.serve_connection(io, service)));
-    // Requests served when the current hyper connection started.
-    let mut served_before = activity.served.load(Ordering::Relaxed);
     let mut closing = *shutdown.borrow();
     if closing {
         if let Phase::Serving(conn) = &mut phase {
@@ -609,7 +607,7 @@ async fn serve_h1<S>(
                     if !releasing
                         && !closing
                         && activity.in_flight.load(Ordering::Relaxed) == 0
-                        && activity.served.load(Ordering::Relaxed) != served_before
+                        && activity.served.load(Ordering::Relaxed)
                         && !activity.with_body.load(Ordering::Relaxed)
                         && open.above(idle.park_above)
                     {
@@ -670,7 +668,7 @@ async fn serve_h1<S>(
                     };
                 }
                 drop(read_buf);
-                served_before = activity.served.load(Ordering::Relaxed);
+                activity.served.store(false, Ordering::Relaxed);
                 activity.with_body.store(false, Ordering::Relaxed);
                 phase = if tracked.pending.is_empty() {
                     Phase::Parked(tracked, service)
@@ -816,8 +814,8 @@ struct Activity {
     active: AtomicBool,
     /// Requests being handled now.
     in_flight: AtomicUsize,
-    /// Requests started on this connection (wrapping).
-    served: AtomicUsize,
+    /// The current hyper connection has started a request.
+    served: AtomicBool,
     /// A request of the current hyper connection came with a body. hyper may still be reading
     /// (or draining) it after the response, so the connection does not park after responses.
     with_body: AtomicBool,
@@ -871,7 +869,7 @@ struct InFlight(Arc<Activity>);
 impl InFlight {
     fn enter(a: Arc<Activity>, with_body: bool) -> InFlight {
         a.in_flight.fetch_add(1, Ordering::Relaxed);
-        a.served.fetch_add(1, Ordering::Relaxed);
+        a.served.store(true, Ordering::Relaxed);
         if with_body {
             a.with_body.store(true, Ordering::Relaxed);
         }
