@@ -32,7 +32,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-DATA = (REPO / ".." / "shared" / "bench-data").resolve()
+DATA = BENCH / "data"
 RESULTS = BENCH / "results"
 DOC = REPO / "docs" / "benchmarks.md"
 VENV = BENCH / ".venv"

@@ -5,9 +5,10 @@ Starts larder (or attaches to a running server with --pid/--port), opens N keep-
 connections to 127.0.0.1, sends one GET on each and reads the response, leaves them idle, and
 reads the server's RSS from /proc before and after. Prints KiB per connection.
 
-    bench/idle_conns.py --server target/release/larder --root /work/shared/bench-data -n 10000
+    bench/idle_conns.py --server target/release/larder --root bench/data -n 10000
 """
 import argparse, asyncio, os, resource, socket, subprocess, sys, time
+from pathlib import Path
 
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
@@ -37,7 +38,7 @@ async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=10000)
     ap.add_argument("--server", help="larder binary to start")
-    ap.add_argument("--root", default="/work/shared/bench-data")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent / "data"))
     ap.add_argument("--workers", default="1")
     ap.add_argument("--pid", type=int); ap.add_argument("--port", type=int)
     ap.add_argument("--path", default="/small.html")

@@ -5,7 +5,7 @@
 # (small.html, held in memory) and the 8 KB page, at 100 and 1000 connections.
 set -euo pipefail
 bin=${1:?larder binary}; rounds=${2:-3}
-data=${BENCH_DATA:-/work/shared/bench-data}
+data=${BENCH_DATA:-$(cd "$(dirname "$0")" && pwd)/data}
 tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 port=18300
 for mode in per-core work-stealing; do

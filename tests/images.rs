@@ -15,7 +15,7 @@ use larder::images::sniff;
 
 const PHOTO: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/bench-data/photo-640x856.jpg"
+    "/bench/data/photo-640x856.jpg"
 );
 const TOKEN: &str = "test-token";
 
@@ -123,7 +123,7 @@ async fn upload(addr: SocketAddr, data: impl Into<Bytes>, ctype: &str) -> Reply 
 }
 
 fn photo() -> Vec<u8> {
-    std::fs::read(PHOTO).expect("bench-data photo beside the clone")
+    std::fs::read(PHOTO).expect("bench/data photo in the repository")
 }
 
 /// An RGB PNG where each pixel is (x, y, 128): crops can be checked by their corner.
@@ -938,9 +938,9 @@ fn avif_decode_timing() {
     use larder::images::sniff::ImageFormat;
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/bench-data/photo-1000x872.jpg"
+        "/bench/data/photo-1000x872.jpg"
     );
-    let jpeg = std::fs::read(path).expect("bench-data photo beside the clone");
+    let jpeg = std::fs::read(path).expect("bench/data photo in the repository");
     let i = turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).unwrap();
     let img = Raster {
         width: i.width as u32,
