@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# bench/callgrind.sh LARDER_BINARY [static|proxy ...]: instructions per request of a hit, counted
+# by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
+# "The per-request path").
+#
+# For each cell: larder (one per-core worker) runs under `valgrind --tool=callgrind`, is warmed
+# up with 2 s of wrk, its counters are zeroed, then `wrk -t1 -c10 -d4s` runs; the total
+# instructions are divided by the requests wrk completed.
+# - static: the 100-byte page bench/data/small.html from a static route (held in memory);
+# - proxy:  the same page through a caching proxy route, from an origin that is a second larder
+#           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
+#           measured request is a cache hit.
+# Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
+set -euo pipefail
+bin=$(realpath "${1:?larder binary}"); shift
+cells=("$@"); ((${#cells[@]})) || cells=(static proxy)
+data="$(cd "$(dirname "$0")" && pwd)/data"
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+port=18400; origin=18401
+
+cat > "$tmp/origin.toml" <<TOML
+[[listener]]
+addr = "127.0.0.1:$origin"
+  [[listener.route]]
+  static = { root = "$data", cache_control = "public, max-age=3600" }
+TOML
+
+wait_port() { for _ in $(seq 1 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+for cell in "${cells[@]}"; do
+  case "$cell" in
+    static) route="static = { root = \"$data\" }" ;;
+    proxy)  route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
+            if ! (exec 3<>"/dev/tcp/127.0.0.1/$origin") 2>/dev/null; then
+              "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
+              wait_port "$origin"
+            fi ;;
+    *) echo "unknown cell $cell (static, proxy)" >&2; exit 2 ;;
+  esac
+  cat > "$tmp/$cell.toml" <<TOML
+[server]
+workers = 1
+threading = "per-core"
+[[listener]]
+addr = "127.0.0.1:$port"
+  [[listener.route]]
+  $route
+TOML
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/$cell.out" "$bin" --config "$tmp/$cell.toml" \
+    >"$tmp/$cell.log" 2>&1 &
+  vg=$!
+  wait_port "$port"
+  wrk -t1 -c10 -d2s "http://127.0.0.1:$port/small.html" >/dev/null
+  callgrind_control -z "$vg" >/dev/null
+  reqs=$(wrk -t1 -c10 -d4s "http://127.0.0.1:$port/small.html" | awk '/requests in/ {print $1}')
+  callgrind_control -d "$vg" >/dev/null
+  sleep 1
+  kill "$vg"; wait "$vg" 2>/dev/null || true
+  # The dump after zeroing holds the measured window; its "summary:" line is total Ir.
+  last=$(ls -t "$tmp/$cell.out"* | head -1)
+  ir=$(awk '/^summary:/ {print $2}' "$last")
+  echo "$cell: $reqs requests, $ir instructions, $((ir / reqs)) instructions/request"
+done
