@@ -16,7 +16,7 @@ bin=$(realpath "${1:?larder binary}"); shift
 cells=("$@"); ((${#cells[@]})) || cells=(static proxy)
 data="$(cd "$(dirname "$0")" && pwd)/data"
 tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 port=18400; origin=18401
 
 cat > "$tmp/origin.toml" <<TOML
@@ -57,8 +57,8 @@ TOML
   callgrind_control -d "$vg" >/dev/null
   sleep 1
   kill "$vg"; wait "$vg" 2>/dev/null || true
-  # The dump after zeroing holds the measured window; its "summary:" line is total Ir.
-  last=$(ls -t "$tmp/$cell.out"* | head -1)
-  ir=$(awk '/^summary:/ {print $2}' "$last")
+  # The dump asked for after the run (part 1) holds the measured window; the file written at
+  # exit (part 2) holds only shutdown. Its "summary:" line is the total Ir.
+  ir=$(awk '/^summary:/ {print $2}' "$tmp/$cell.out.1")
   echo "$cell: $reqs requests, $ir instructions, $((ir / reqs)) instructions/request"
 done
