@@ -247,6 +247,8 @@ struct Builders {
     h2: http2::Builder<TokioExecutor>,
     h2c: bool,
     header_read_timeout: Duration,
+    /// Request header fields at most (HTTP/2 is checked by [`crate::inbound::admit`]).
+    max_headers: usize,
 }
 
 fn connection_builder(cfg: &ServerConfig) -> Builders {
@@ -266,6 +268,12 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         .header_read_timeout(cfg.header_read_timeout.0)
         .max_header_size(max_head)
         .max_buf_size(max_buf);
+    // hyper parses up to 100 fields in a buffer on the stack; another count puts it on the heap
+    // for every request, so the default is left to hyper.
+    let max_headers = cfg.max_headers.get() as usize;
+    if max_headers != 100 {
+        h1.max_headers(max_headers);
+    }
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)
@@ -277,6 +285,7 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         h2,
         h2c: cfg.h2c,
         header_read_timeout: cfg.header_read_timeout.0,
+        max_headers,
     }
 }
 
@@ -496,14 +505,19 @@ async fn serve_connection(
         use std::os::fd::AsRawFd;
         crate::interim::Sink::new(stream.as_raw_fd(), Arc::clone(&interim))
     });
+    let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `serve_h1`).
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
-        let sink = sink.clone();
+        // Every handler gets the request with its one authority (or it is refused here).
+        let serving = match crate::inbound::admit(&mut req, max_headers) {
+            Ok(()) => router.dispatch(req, peer, sink.clone()),
+            Err(refused) => crate::route::Serving::Ready(Some(refused.response())),
+        };
         InService {
-            serving: router.dispatch(req, peer, sink),
+            serving,
             _busy: busy,
         }
     });

@@ -913,17 +913,219 @@ async fn interim_1xx_responses_are_forwarded_before_the_final_response() {
     assert!(hit.to_ascii_lowercase().contains("x-cache: hit"), "{hit}");
 }
 
-/// Reads one request head from a raw test origin's socket; None when the peer closed.
-async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 4096];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            return None;
-        }
-        got.extend_from_slice(&buf[..n]);
+/// An origin that answers each path with the Host it was asked for (cacheable), and larder in
+/// front of it with a route for `internal.example` alone and one for every other host.
+async fn host_echo() -> (Origin, larder::server::Handle) {
+    let origin = Origin::start(|seen, _| {
+        let host = seen.headers.get("host").map_or("", |v| v.to_str().unwrap());
+        Reply::ok(format!("for {host}")).header("cache-control", "max-age=60")
+    })
+    .await;
+    let cfg = r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  host = "internal.example"
+  respond = { body = "internal route" }
+  [[listener.route]]
+  path = "/"
+  proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
+"#;
+    let larder = larder(cfg, &origin.url()).await;
+    (origin, larder)
+}
+
+/// Item 1: the cache key and the route came from the absolute-form target, the forwarded Host
+/// from the client's Host field. RFC 9112 §3.2.2: the target's authority wins and replaces Host,
+/// so key, route and the origin's Host agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_absolute_form_authority_decides_key_route_and_host() {
+    let (origin, larder) = host_echo().await;
+    let addr = larder.addrs[0];
+    let poison = raw_exchange(
+        addr,
+        b"GET http://victim.example/p HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(poison.starts_with("HTTP/1.1 200"), "{poison}");
+    assert!(poison.ends_with("for victim.example"), "{poison}");
+    let seen = origin.seen();
+    assert_eq!(seen[0].headers["host"], "victim.example");
+    assert_eq!(seen[0].headers["x-forwarded-host"], "victim.example");
+    // The victim's own request is a hit on the victim's answer.
+    let normal = raw_exchange(
+        addr,
+        b"GET /p HTTP/1.1\r\nHost: victim.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(normal.ends_with("for victim.example"), "{normal}");
+    assert!(
+        normal.to_ascii_lowercase().contains("x-cache: hit"),
+        "{normal}"
+    );
+    let h = http::HeaderMap::new();
+    let key = |host: &str| larder::cache::CacheKey::from_parts("http", host, "/p");
+    assert!(larder
+        .cache
+        .store
+        .lookup(&key("victim.example"), &h)
+        .is_some());
+    assert!(larder
+        .cache
+        .store
+        .lookup(&key("attacker.example"), &h)
+        .is_none());
+    // Routed by the target's authority, and forwarded with it: the Host field does not reach
+    // the origin behind another host's route.
+    let routed = raw_exchange(
+        addr,
+        b"GET http://public.example/r HTTP/1.1\r\nHost: internal.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(routed.ends_with("for public.example"), "{routed}");
+    assert_eq!(origin.seen()[1].headers["host"], "public.example");
+    // And the other way round: the internal route answers for its own authority.
+    let internal = raw_exchange(
+        addr,
+        b"GET http://internal.example/r HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(internal.ends_with("internal route"), "{internal}");
+    assert_eq!(origin.hits(), 2);
+}
+
+/// One h2 request with a `host` field; (status, x-cache, body).
+async fn ask_h2(
+    h2: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    uri: &str,
+    host: &str,
+) -> (u16, String, String) {
+    use http_body_util::BodyExt;
+    let req = http::Request::get(uri)
+        .header("host", host)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let cache = resp
+        .headers()
+        .get("x-cache")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, cache, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Item 1 over h2c: `:authority` (the URI's authority in hyper) and a `host` field that differs.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_h2_authority_decides_key_route_and_host() {
+    let (origin, larder) = host_echo().await;
+    let stream = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (status, _, body) = ask_h2(&mut h2, "http://victim.example/p", "attacker.example").await;
+    assert_eq!((status, body.as_str()), (200, "for victim.example"));
+    assert_eq!(origin.seen()[0].headers["host"], "victim.example");
+    let (_, cache, body) = ask_h2(&mut h2, "http://victim.example/p", "victim.example").await;
+    assert_eq!(body, "for victim.example");
+    assert_eq!(cache, "HIT");
+    let (_, _, body) = ask_h2(&mut h2, "http://public.example/r", "internal.example").await;
+    assert_eq!(body, "for public.example");
+    assert_eq!(origin.seen()[1].headers["host"], "public.example");
+    let (_, _, body) = ask_h2(&mut h2, "http://internal.example/r", "public.example").await;
+    assert_eq!(body, "internal route");
+    assert_eq!(origin.hits(), 2);
+}
+
+/// Item 1: RFC 9112 §3.2: two Host fields, an HTTP/1.1 request without Host, or a Host that is
+/// no authority get 400 and reach nothing; HTTP/1.0 without Host is still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_host_field_must_be_one_valid_authority() {
+    let (origin, larder) = host_echo().await;
+    let addr = larder.addrs[0];
+    for bad in [
+        &b"GET /p HTTP/1.1\r\nHost: victim.example\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"[..],
+        b"GET /p HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET http://victim.example/p HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /p HTTP/1.1\r\nHost: victim.example/x\r\nConnection: close\r\n\r\n",
+        b"GET /p HTTP/1.1\r\nHost: a@victim.example\r\nConnection: close\r\n\r\n",
+        b"GET http://user@victim.example/p HTTP/1.1\r\nHost: victim.example\r\nConnection: close\r\n\r\n",
+    ] {
+        let got = raw_exchange(addr, bad).await;
+        assert!(
+            got.starts_with("HTTP/1.1 400"),
+            "{}: {got}",
+            String::from_utf8_lossy(bad)
+        );
     }
-    Some(got)
+    assert_eq!(origin.hits(), 0);
+    let old = raw_exchange(addr, b"GET /p HTTP/1.0\r\n\r\n").await;
+    assert!(old.starts_with("HTTP/1.0 200"), "{old}");
+    assert_eq!(origin.hits(), 1);
+    // No authority at all: the origin is asked with its own.
+    assert_eq!(
+        origin.seen()[0].headers["host"],
+        origin.addr.to_string().as_str()
+    );
+}
+
+/// Item 14c: more than 100 request fields always got 431 (hyper's default). `max_headers` sets
+/// the count, for HTTP/1.1 (hyper's parser) and h2c alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_max_headers_is_a_setting() {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fields = |n: usize| -> String { (0..n).map(|i| format!("x-f{i}: v\r\n")).collect() };
+    let (_origin, larder, mut s) = raw_client_with_server_setting("max_headers = 200").await;
+    let mut buf = vec![0u8; 4096];
+    for (n, want) in [(150, "HTTP/1.1 200"), (250, "HTTP/1.1 431")] {
+        let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{}\r\n", fields(n));
+        s.write_all(req.as_bytes()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let head = String::from_utf8_lossy(&buf[..got]).into_owned();
+        assert!(head.starts_with(want), "{n} fields: {head}");
+    }
+    let stream = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for (n, want) in [(150, 200), (250, 431)] {
+        let mut req = http::Request::get(format!("http://{}/", larder.addrs[0]));
+        for i in 0..n {
+            req = req.header(format!("x-f{i}"), "v");
+        }
+        let resp = h2
+            .send_request(
+                req.body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "{n} fields over h2c");
+        let _ = resp.into_body().collect().await;
+    }
+    // The default stays hyper's 100.
+    let (_origin, _larder, mut s) = raw_client_with_server_setting("").await;
+    let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{}\r\n", fields(150));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(buf[..got].starts_with(b"HTTP/1.1 431"));
 }

@@ -185,19 +185,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
 
 /// Rewrites a client request into the upstream request: upstream URI, hop-by-hop fields removed,
-/// Via and X-Forwarded-For/-Proto/-Host added. The Host field is kept as the client sent it.
+/// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
+/// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
+/// and the cache key were chosen by; without any, the upstream's own.
 pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: SocketAddr) {
     let path = parts
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let host = parts.headers.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    let host = match parts.uri.authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        None => parts.headers.get(header::HOST).cloned(),
+    };
     parts.uri = Uri::builder()
         .scheme(upstream.scheme.clone())
         .authority(upstream.authority.clone())
@@ -271,5 +271,19 @@ mod tests {
         assert_eq!(parts.headers["x-forwarded-host"], "example.com");
         assert_eq!(parts.headers["via"], "1.1 larder");
         assert!(!parts.headers.contains_key("connection"));
+    }
+
+    #[test]
+    fn forwarded_host_is_the_target_authority() {
+        let (mut parts, _) = Request::builder()
+            .uri("http://victim.example/p")
+            .header("host", "attacker.example")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
+        prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
+        assert_eq!(parts.headers["host"], "victim.example");
+        assert_eq!(parts.headers["x-forwarded-host"], "victim.example");
     }
 }
