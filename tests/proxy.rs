@@ -1075,6 +1075,49 @@ async fn regression_host_field_must_be_one_valid_authority() {
     );
 }
 
+/// Item 7: an origin that resets its keep-alive connection as larder reuses it (it closes with
+/// the next request unread: the kernel answers with a reset, "connection reset by peer").
+/// Back-to-back GETs alternated 200 and 502; the reset is retried like a close.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_reset_pooled_connection_is_retried() {
+    use tokio::io::AsyncWriteExt;
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = Arc::clone(&answered);
+    let addr = raw_origin(move |mut s| {
+        let count = Arc::clone(&count);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = format!("answer {n}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            // The next request arrives on this keep-alive connection: drop it unread.
+            let _ = s.readable().await;
+            let _ = s.set_zero_linger();
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let c = client();
+    let url = format!("http://{}/r", larder.addrs[0]);
+    for i in 0..6 {
+        let g = get(&c, &url, &[]).await;
+        assert_eq!(
+            (
+                g.status.as_u16(),
+                String::from_utf8_lossy(&g.body).into_owned()
+            ),
+            (200, format!("answer {i}")),
+            "request {i}"
+        );
+    }
+}
+
 /// Item 14c: more than 100 request fields always got 431 (hyper's default). `max_headers` sets
 /// the count, for HTTP/1.1 (hyper's parser) and h2c alike.
 #[tokio::test(flavor = "multi_thread")]

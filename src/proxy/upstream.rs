@@ -118,7 +118,10 @@ fn forward_interim(req: &mut Request<Body>) {
 }
 
 /// Whether the exchange failed because the connection closed before a response head arrived
-/// (nothing was answered, so an idempotent request may be sent again).
+/// (nothing was answered, so an idempotent request may be sent again): hyper saw the close
+/// itself (end of input, a canceled or closed connection), or hyper's generic "connection
+/// error" has for source an I/O error that is a reset or a broken pipe (the origin's close
+/// arriving as larder wrote or read): the walk goes on past hyper's error to find it.
 fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
     if e.is_connect() {
         return false;
@@ -126,9 +129,10 @@ fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cur {
         if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            return h.is_incomplete_message() || h.is_canceled() || h.is_closed();
-        }
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        } else if let Some(io) = c.downcast_ref::<std::io::Error>() {
             return matches!(
                 io.kind(),
                 std::io::ErrorKind::ConnectionReset
