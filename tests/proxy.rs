@@ -1075,6 +1075,73 @@ async fn regression_host_field_must_be_one_valid_authority() {
     );
 }
 
+/// Item 3: an origin streaming 103s to a client that does not read grew the interim queue
+/// without bound. A few interim responses per response go on; the rest are dropped and counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_interim_responses_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SENT: usize = 2000;
+    let done = Arc::new(tokio::sync::Notify::new());
+    let signal = Arc::clone(&done);
+    let addr = raw_origin(move |mut s| {
+        let done = Arc::clone(&signal);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let hint = format!(
+                "HTTP/1.1 103 Early Hints\r\nLink: </{}.css>; rel=preload\r\n\r\n",
+                "a".repeat(1000)
+            );
+            for _ in 0..SENT {
+                if s.write_all(hint.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncache-control: no-store\r\n\r\nfinal",
+                )
+                .await;
+            done.notify_one();
+            let _ = read_head(&mut s).await;
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    c.write_all(b"GET /hints HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    // The client reads nothing until the origin has sent everything.
+    tokio::time::timeout(Duration::from_secs(10), done.notified())
+        .await
+        .expect("the origin wrote all its interim responses");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !got.ends_with(b"final") {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the final response arrives");
+    let text = String::from_utf8_lossy(&got);
+    let forwarded = text.matches("HTTP/1.1 103 Early Hints\r\n").count();
+    assert!(
+        (1..=16).contains(&forwarded),
+        "{forwarded} interim responses forwarded"
+    );
+    // The framing survived: the interim blocks, then the final response.
+    let last = text.rfind("HTTP/1.1 200 OK\r\n").expect("final head");
+    assert!(text[..last].ends_with("\r\n\r\n"));
+    assert_eq!(larder.interim_dropped(), (SENT - forwarded) as u64);
+}
+
 /// Item 7: an origin that resets its keep-alive connection as larder reuses it (it closes with
 /// the next request unread: the kernel answers with a reset, "connection reset by peer").
 /// Back-to-back GETs alternated 200 and 502; the reset is retried like a close.
