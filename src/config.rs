@@ -443,7 +443,8 @@ pub struct ProxyConfig {
     pub upstream: Upstream,
     #[serde(default = "ProxyConfig::default_connect_timeout")]
     pub connect_timeout: Dur,
-    /// Time until the upstream's response head arrives.
+    /// Time until the upstream's response head arrives, counted once the request (with its
+    /// body) has been sent; while a body is being sent, the longest time without progress of it.
     #[serde(default = "ProxyConfig::default_response_timeout")]
     pub response_timeout: Dur,
     /// Set false to proxy without caching.

@@ -1185,6 +1185,108 @@ async fn regression_reset_pooled_connection_is_retried() {
     }
 }
 
+/// Item 6: `response_timeout` ran from the start of the exchange, so a large upload to an origin
+/// that reads slowly got a 504 mid-upload. It counts from the end of the upload now (and while
+/// uploading, time without progress); a silent origin after the upload still gets a 504.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_response_timeout_counts_from_the_end_of_the_upload() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TOTAL: usize = 12 << 20;
+    const SLOW: usize = 8 << 20;
+    // A small receive buffer, so that the origin's slow reads hold the upload back.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = raw_origin_on(socket.listen(64).unwrap(), |mut s| async move {
+        let Some(head) = read_head(&mut s).await else {
+            return;
+        };
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+        let len: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut read = head.len() - end;
+        let mut buf = vec![0u8; 256 * 1024];
+        // About 2 s for the first 8 MiB (64 KiB every 15 ms), then the rest at once.
+        while read < len {
+            let want = if read < SLOW { 64 * 1024 } else { buf.len() };
+            let n = s.read(&mut buf[..want.min(len - read)]).await.unwrap();
+            assert!(n > 0);
+            read += n;
+            if read < SLOW {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        if text.starts_with("post /silent") {
+            // Everything read, nothing answered.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            return;
+        }
+        let body = format!("got {read}");
+        let _ = s
+            .write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+    });
+    let cfg = PROXY.replace("response_timeout = \"2s\"", "response_timeout = \"500ms\"");
+    let larder = larder(&cfg, &format!("http://{addr}")).await;
+    let c = client();
+    let post = |path: &str, body: Vec<u8>| {
+        http::Request::post(format!("http://{}{path}", larder.addrs[0]))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    let resp = c.request(post("/upload", vec![b'x'; TOTAL])).await.unwrap();
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        (status.as_u16(), String::from_utf8_lossy(&body).into_owned()),
+        (200, format!("got {TOTAL}"))
+    );
+    let silent = c.request(post("/silent", vec![b'x'; 1000])).await.unwrap();
+    assert_eq!(silent.status(), 504);
+}
+
+/// Item 14b: hyper's error text ("error from user's Body stream", "client error (Connect)")
+/// reached clients in 502 bodies. Clients get a short fixed text; the detail goes to the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_upstream_errors_answer_a_short_text() {
+    let origin = Origin::start(|_, _| Reply::ok("x")).await;
+    let up = larder(PROXY, &origin.url()).await;
+    // The client's chunked body breaks off (an invalid chunk size) while it is being forwarded.
+    let broken = raw_exchange(
+        up.addrs[0],
+        b"POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nZZ\r\n\r\n",
+    )
+    .await;
+    assert!(broken.starts_with("HTTP/1.1 400"), "{broken}");
+    assert!(
+        broken.ends_with("\r\n\r\nrequest body broken off\n"),
+        "{broken}"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let down = larder(PROXY, &format!("http://{port}")).await;
+    let g = get(&client(), &format!("http://{}/x", down.addrs[0]), &[]).await;
+    assert_eq!(g.status, 502);
+    assert_eq!(g.body, "cannot connect to the upstream\n");
+}
+
 /// Item 14c: more than 100 request fields always got 431 (hyper's default). `max_headers` sets
 /// the count, for HTTP/1.1 (hyper's parser) and h2c alike.
 #[tokio::test(flavor = "multi_thread")]
