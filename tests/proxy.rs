@@ -791,40 +791,43 @@ async fn uncacheable_responses_are_compressed_on_the_fly() {
     assert_eq!(larder.cache.store.len(), 0);
 }
 
+/// An origin that answers the first request of each keep-alive connection ("answer N", N
+/// counting answers) and lets the next one fail: it reads it and closes (`reset` false), or
+/// closes with it unread, which makes the kernel send a reset ("connection reset by peer").
+async fn one_answer_per_connection(reset: bool) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    raw_origin(move |mut s| {
+        let count = Arc::clone(&count);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = format!("answer {n}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            // The next request on this connection is dropped unanswered.
+            if reset {
+                let _ = s.readable().await;
+                let _ = s.set_zero_linger();
+            } else {
+                let _ = s.read(&mut [0u8; 4096]).await;
+            }
+        }
+    })
+    .await
+}
+
 /// An origin whose keep-alive connections close when the next request arrives, without an
 /// answer (what an origin's idle timeout racing larder's reuse of a pooled connection looks
 /// like): idempotent bodiless requests are sent again on a new connection; a POST is not.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_connection_closed_by_the_origin_is_retried_for_idempotent_requests() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&requests);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let counted = Arc::clone(&counted);
-            tokio::spawn(async move {
-                // Answer the first request of each connection, then close on the second.
-                let mut buf = vec![0u8; 4096];
-                if read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let body = format!("answer {n}");
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
-                // Wait for the next request on this connection, then drop it unanswered.
-                let _ = s.read(&mut buf).await;
-            });
-        }
-    });
+    let addr = one_answer_per_connection(false).await;
     let larder = larder(PROXY, &format!("http://{addr}")).await;
     let base = format!("http://{}", larder.addrs[0]);
     let c = client();
@@ -1019,16 +1022,7 @@ async fn ask_h2(
 #[tokio::test(flavor = "multi_thread")]
 async fn regression_h2_authority_decides_key_route_and_host() {
     let (origin, larder) = host_echo().await;
-    let stream = tokio::net::TcpStream::connect(larder.addrs[0])
-        .await
-        .unwrap();
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut h2 = h2_connection(larder.addrs[0]).await;
     let (status, _, body) = ask_h2(&mut h2, "http://victim.example/p", "attacker.example").await;
     assert_eq!((status, body.as_str()), (200, "for victim.example"));
     assert_eq!(origin.seen()[0].headers["host"], "victim.example");
@@ -1147,28 +1141,7 @@ async fn regression_interim_responses_are_bounded() {
 /// Back-to-back GETs alternated 200 and 502; the reset is retried like a close.
 #[tokio::test(flavor = "multi_thread")]
 async fn regression_reset_pooled_connection_is_retried() {
-    use tokio::io::AsyncWriteExt;
-    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = Arc::clone(&answered);
-    let addr = raw_origin(move |mut s| {
-        let count = Arc::clone(&count);
-        async move {
-            if read_head(&mut s).await.is_none() {
-                return;
-            }
-            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let body = format!("answer {n}");
-            let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(reply.as_bytes()).await;
-            // The next request arrives on this keep-alive connection: drop it unread.
-            let _ = s.readable().await;
-            let _ = s.set_zero_linger();
-        }
-    })
-    .await;
+    let addr = one_answer_per_connection(true).await;
     let larder = larder(PROXY, &format!("http://{addr}")).await;
     let c = client();
     let url = format!("http://{}/r", larder.addrs[0]);
@@ -1293,51 +1266,36 @@ async fn regression_upstream_errors_answer_a_short_text() {
 async fn regression_max_headers_is_a_setting() {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fields = |n: usize| -> String { (0..n).map(|i| format!("x-f{i}: v\r\n")).collect() };
-    let (_origin, larder, mut s) = raw_client_with_server_setting("max_headers = 200").await;
-    let mut buf = vec![0u8; 4096];
-    for (n, want) in [(150, "HTTP/1.1 200"), (250, "HTTP/1.1 431")] {
-        let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{}\r\n", fields(n));
+    /// The head of larder's answer to a request with `n` more fields, on a kept-alive socket.
+    async fn answer(s: &mut tokio::net::TcpStream, n: usize) -> String {
+        let fields: String = (0..n).map(|i| format!("x-f{i}: v\r\n")).collect();
+        let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{fields}\r\n");
         s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
         let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
             .await
             .unwrap()
             .unwrap();
-        let head = String::from_utf8_lossy(&buf[..got]).into_owned();
+        String::from_utf8_lossy(&buf[..got]).into_owned()
+    }
+    let (_origin, larder, mut s) = raw_client_with_server_setting("max_headers = 200").await;
+    for (n, want) in [(150, "HTTP/1.1 200"), (250, "HTTP/1.1 431")] {
+        let head = answer(&mut s, n).await;
         assert!(head.starts_with(want), "{n} fields: {head}");
     }
-    let stream = tokio::net::TcpStream::connect(larder.addrs[0])
-        .await
-        .unwrap();
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut h2 = h2_connection(larder.addrs[0]).await;
     for (n, want) in [(150, 200), (250, 431)] {
         let mut req = http::Request::get(format!("http://{}/", larder.addrs[0]));
         for i in 0..n {
             req = req.header(format!("x-f{i}"), "v");
         }
-        let resp = h2
-            .send_request(
-                req.body(http_body_util::Empty::<bytes::Bytes>::new())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let req = req.body(http_body_util::Empty::new()).unwrap();
+        let resp = h2.send_request(req).await.unwrap();
         assert_eq!(resp.status(), want, "{n} fields over h2c");
         let _ = resp.into_body().collect().await;
     }
     // The default stays hyper's 100.
     let (_origin, _larder, mut s) = raw_client_with_server_setting("").await;
-    let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{}\r\n", fields(150));
-    s.write_all(req.as_bytes()).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(buf[..got].starts_with(b"HTTP/1.1 431"));
+    let head = answer(&mut s, 150).await;
+    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
 }

@@ -391,18 +391,28 @@ mod tests {
         assert!(h.contains_key(header::CONTENT_TYPE));
     }
 
-    #[test]
-    fn prepares_forwarding_headers() {
-        let (mut parts, _) = Request::builder()
-            .uri("/a?b=1")
-            .header("host", "example.com")
-            .header("x-forwarded-for", "10.0.0.1")
-            .header("connection", "keep-alive")
-            .body(())
-            .unwrap()
-            .into_parts();
+    /// `prepare_request` on a GET of `uri` with `headers`, from 127.0.0.2.
+    fn prepared(uri: &str, headers: &[(&str, &str)]) -> request::Parts {
+        let mut b = Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let (mut parts, _) = b.body(()).unwrap().into_parts();
         let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
         prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
+        parts
+    }
+
+    #[test]
+    fn prepares_forwarding_headers() {
+        let parts = prepared(
+            "/a?b=1",
+            &[
+                ("host", "example.com"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("connection", "keep-alive"),
+            ],
+        );
         assert_eq!(parts.uri, "http://127.0.0.1:9/a?b=1");
         assert_eq!(parts.headers["host"], "example.com");
         assert_eq!(parts.headers["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
@@ -413,14 +423,7 @@ mod tests {
 
     #[test]
     fn forwarded_host_is_the_target_authority() {
-        let (mut parts, _) = Request::builder()
-            .uri("http://victim.example/p")
-            .header("host", "attacker.example")
-            .body(())
-            .unwrap()
-            .into_parts();
-        let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
-        prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
+        let parts = prepared("http://victim.example/p", &[("host", "attacker.example")]);
         assert_eq!(parts.headers["host"], "victim.example");
         assert_eq!(parts.headers["x-forwarded-host"], "victim.example");
     }

@@ -368,3 +368,17 @@ pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     }
     Some(got)
 }
+
+/// An HTTP/2 (prior knowledge) connection to `addr`, for requests the pooled client will not
+/// send (an `:authority` other than the address, a `host` field of its own).
+pub async fn h2_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    h2
+}
