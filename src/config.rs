@@ -193,6 +193,8 @@ pub struct ServerConfig {
     pub max_connections: Bounded<1, 10_000_000>,
     /// Largest request head (request line plus headers) accepted; larger gets 431.
     pub max_header_size: ByteSize,
+    /// Most request header fields accepted (HTTP/1.1 and HTTP/2); more gets 431.
+    pub max_headers: Bounded<1, 10_000>,
     /// Time a client has to send a complete request head (slowloris guard).
     pub header_read_timeout: Dur,
     /// Keep-alive connections with no traffic for this long are closed.
@@ -232,6 +234,7 @@ impl Default for ServerConfig {
             workers: 0,
             max_connections: Bounded(100_000),
             max_header_size: ByteSize(16 * 1024),
+            max_headers: Bounded(100),
             header_read_timeout: Dur(Duration::from_secs(10)),
             idle_timeout: Dur(Duration::from_secs(60)),
             idle_release: Dur(Duration::from_secs(1)),
@@ -440,7 +443,8 @@ pub struct ProxyConfig {
     pub upstream: Upstream,
     #[serde(default = "ProxyConfig::default_connect_timeout")]
     pub connect_timeout: Dur,
-    /// Time until the upstream's response head arrives.
+    /// Time until the upstream's response head arrives, counted once the request (with its
+    /// body) has been sent; while a body is being sent, the longest time without progress of it.
     #[serde(default = "ProxyConfig::default_response_timeout")]
     pub response_timeout: Dur,
     /// Set false to proxy without caching.

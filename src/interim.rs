@@ -13,9 +13,14 @@
 //! The sink travels to the upstream client in a task-local set around each proxied HTTP/1.1
 //! request's handler; fetches without a client (background revalidation) have none and forward nothing.
 //! Upstream 100 Continue is not forwarded (hyper answers the client's `Expect` itself), nor 101.
+//!
+//! Bounds: an origin may send any number of 1xx responses, and a client may not read. At most
+//! [`MAX_PER_RESPONSE`] go on per request and at most [`MAX_QUEUED`] bytes wait in the queue of
+//! a connection; the others are dropped whole (a block is never cut, so the framing holds) and
+//! counted in the server's [`Dropped`] counter.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, StatusCode};
@@ -24,8 +29,17 @@ tokio::task_local! {
     static SINK: Sink;
 }
 
+/// Interim responses forwarded per request at most; later ones are dropped.
+pub const MAX_PER_RESPONSE: u32 = 8;
+
+/// Interim bytes a connection queues at most while its client does not read; a block that does
+/// not fit is dropped.
+pub const MAX_QUEUED: usize = 16 * 1024;
+
+/// The server's count of interim responses dropped at the bounds (shared by its connections).
+pub type Dropped = Arc<AtomicU64>;
+
 /// What one HTTP/1.1 connection shares between its IO wrapper and its request handlers.
-#[derive(Default)]
 pub struct Shared {
     /// hyper has written since its last flush: it may still hold response bytes.
     pub owed: AtomicBool,
@@ -33,6 +47,25 @@ pub struct Shared {
     pub pending: Mutex<Vec<u8>>,
     /// `pending` is not empty (read without the lock on every write).
     pub queued: AtomicBool,
+    /// Interim responses met during the request being handled.
+    seen: AtomicU32,
+    dropped: Dropped,
+}
+
+impl Shared {
+    pub fn new(dropped: Dropped) -> Shared {
+        Shared {
+            owed: AtomicBool::new(false),
+            pending: Mutex::new(Vec::new()),
+            queued: AtomicBool::new(false),
+            seen: AtomicU32::new(0),
+            dropped,
+        }
+    }
+
+    fn drop_one(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Where a request's interim responses go: the client connection's socket.
@@ -47,8 +80,10 @@ impl Sink {
         Sink { fd, shared }
     }
 
-    /// Runs a request's handler with this sink in reach of the upstream client.
+    /// Runs a request's handler with this sink in reach of the upstream client; the request
+    /// starts with no interim response forwarded.
     pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        self.shared.seen.store(0, Ordering::Relaxed);
         SINK.scope(self, f).await
     }
 
@@ -65,14 +100,19 @@ impl Sink {
         {
             return;
         }
+        let shared = &*self.shared;
+        if shared.seen.fetch_add(1, Ordering::Relaxed) >= MAX_PER_RESPONSE {
+            shared.drop_one();
+            return;
+        }
         let block = encode(status, headers);
-        let mut pending = self
-            .shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.len() + block.len() > MAX_QUEUED {
+            shared.drop_one();
+            return;
+        }
         let mut from = 0;
-        if pending.is_empty() && !self.shared.owed.load(Ordering::Acquire) {
+        if pending.is_empty() && !shared.owed.load(Ordering::Acquire) {
             // SAFETY: `fd` is the client socket, open for as long as the request is handled
             // (this runs before the final response, while the handler still waits for it);
             // MSG_DONTWAIT never blocks, MSG_NOSIGNAL turns a closed peer into an error.
@@ -88,7 +128,7 @@ impl Sink {
         }
         if from < block.len() {
             pending.extend_from_slice(&block[from..]);
-            self.shared.queued.store(true, Ordering::Release);
+            shared.queued.store(true, Ordering::Release);
         }
     }
 }
@@ -121,6 +161,39 @@ fn encode(status: StatusCode, headers: &HeaderMap) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_and_count_are_bounded() {
+        let dropped = Dropped::default();
+        let shared = Arc::new(Shared::new(Arc::clone(&dropped)));
+        // hyper owes bytes: everything queues (the socket is never written, so no real fd).
+        shared.owed.store(true, Ordering::Release);
+        let sink = Sink::new(-1, Arc::clone(&shared));
+        let mut h = HeaderMap::new();
+        h.insert("link", "x".repeat(3000).parse().unwrap());
+        let hints = StatusCode::from_u16(103).unwrap();
+        for _ in 0..20 {
+            sink.forward(hints, &h);
+        }
+        let block = encode(hints, &h).len();
+        let queued = shared.pending.lock().unwrap().len();
+        assert_eq!(queued, MAX_QUEUED / block * block);
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            20 - (MAX_QUEUED / block) as u64
+        );
+        // The count is per request: small blocks, and past MAX_PER_RESPONSE all are dropped.
+        shared.pending.lock().unwrap().clear();
+        shared.seen.store(0, Ordering::Relaxed);
+        dropped.store(0, Ordering::Relaxed);
+        for _ in 0..20 {
+            sink.forward(hints, &HeaderMap::new());
+        }
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            20 - u64::from(MAX_PER_RESPONSE)
+        );
+    }
 
     #[test]
     fn encodes_early_hints_without_hop_by_hop_fields() {

@@ -5,6 +5,7 @@
 //!
 //! - [`server`]: listen → accept → serve a connection with hyper (HTTP/1.1, h2c), limits,
 //!   idle timeout, graceful shutdown.
+//! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
 //! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
 //!   store → deliver.
@@ -26,6 +27,7 @@ pub mod compress;
 pub mod config;
 pub mod deliver;
 pub mod images;
+pub mod inbound;
 pub mod interim;
 pub mod proxy;
 pub mod range;

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{header, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::body::Body;
@@ -190,7 +190,11 @@ impl Router {
         peer: SocketAddr,
         sink: Option<Sink>,
     ) -> Serving {
-        let host = if self.by_host { request_host(&req) } else { "" };
+        let host = if self.by_host {
+            strip_port(crate::inbound::authority(req.uri(), req.headers()))
+        } else {
+            ""
+        };
         match self.find(host, req.uri().path()) {
             Some(h) => h.serve(req, peer, sink),
             None => Serving::Ready(Some(text_response(
@@ -199,20 +203,6 @@ impl Router {
             ))),
         }
     }
-}
-
-/// The request's host without port: URI authority (HTTP/2, absolute-form) or Host header.
-fn request_host<B>(req: &Request<B>) -> &str {
-    let raw = req
-        .uri()
-        .host()
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|v| v.to_str().ok())
-        })
-        .unwrap_or("");
-    strip_port(raw)
 }
 
 fn strip_port(host: &str) -> &str {

@@ -57,6 +57,7 @@ pub struct Handle {
     conns: Arc<Semaphore>,
     max_conns: usize,
     grace: Duration,
+    interim_dropped: crate::interim::Dropped,
 }
 
 impl Handle {
@@ -78,6 +79,12 @@ impl Handle {
     pub fn open_connections(&self) -> usize {
         self.max_conns - self.conns.available_permits()
     }
+
+    /// Interim (1xx) responses from origins dropped so far at the bounds of
+    /// [`crate::interim`] (too many for one request, or a client not reading).
+    pub fn interim_dropped(&self) -> u64 {
+        self.interim_dropped.load(Ordering::Relaxed)
+    }
 }
 
 /// Binds every listener of `config` and starts serving on the current tokio runtime.
@@ -93,8 +100,10 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let max_conns = server.max_connections.get() as usize;
     let conns = Arc::new(Semaphore::new(max_conns));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let builder = connection_builder(&server);
+    let interim_dropped = Arc::clone(&builder.interim_dropped);
     let serving = Serving {
-        builder: Arc::new(connection_builder(&server)),
+        builder: Arc::new(builder),
         server: Arc::clone(&server),
         conns: Arc::clone(&conns),
         shutdown: shutdown_rx,
@@ -198,6 +207,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         conns,
         max_conns,
         grace: server.shutdown_grace.0,
+        interim_dropped,
     })
 }
 
@@ -237,7 +247,8 @@ pub fn worker_count(cfg: &ServerConfig) -> usize {
     }
 }
 
-/// hyper's connection builders, one per protocol. larder tells HTTP/2 prior knowledge from
+/// What each connection is built with: hyper's connection builders, one per protocol, the
+/// settings checked per request, and the counter of dropped 1xx responses. larder tells HTTP/2 prior knowledge from
 /// HTTP/1.1 itself (by peeking at the first bytes, see [`sniff_h2`]) rather than through
 /// hyper-util's `auto` builder: `auto` reads the first bytes into a side buffer that hyper's
 /// read buffer then grows around (16 KiB instead of 8 KiB per connection), and its connection
@@ -247,6 +258,10 @@ struct Builders {
     h2: http2::Builder<TokioExecutor>,
     h2c: bool,
     header_read_timeout: Duration,
+    /// Request header fields at most (HTTP/2 is checked by [`crate::inbound::admit`]).
+    max_headers: usize,
+    /// The server's count of origins' 1xx responses dropped, shared by every connection.
+    interim_dropped: crate::interim::Dropped,
 }
 
 fn connection_builder(cfg: &ServerConfig) -> Builders {
@@ -266,6 +281,12 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         .header_read_timeout(cfg.header_read_timeout.0)
         .max_header_size(max_head)
         .max_buf_size(max_buf);
+    // hyper parses up to 100 fields in a buffer on the stack; another count puts it on the heap
+    // for every request, so the default is left to hyper.
+    let max_headers = cfg.max_headers.get() as usize;
+    if max_headers != 100 {
+        h1.max_headers(max_headers);
+    }
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_header_list_size(cfg.max_header_size.0.min(u32::MAX as u64) as u32)
@@ -277,6 +298,8 @@ fn connection_builder(cfg: &ServerConfig) -> Builders {
         h2,
         h2c: cfg.h2c,
         header_read_timeout: cfg.header_read_timeout.0,
+        max_headers,
+        interim_dropped: Default::default(),
     }
 }
 
@@ -489,21 +512,28 @@ async fn serve_connection(
     };
     let activity = Arc::new(Activity::default());
     let in_service = Arc::clone(&activity);
-    let interim = Arc::new(crate::interim::Shared::default());
+    let interim = Arc::new(crate::interim::Shared::new(Arc::clone(
+        &builder.interim_dropped,
+    )));
     // HTTP/1.1 only: interim responses are written on the socket between responses, which
     // HTTP/2's framing does not allow.
     let sink = (!h2).then(|| {
         use std::os::fd::AsRawFd;
         crate::interim::Sink::new(stream.as_raw_fd(), Arc::clone(&interim))
     });
+    let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `serve_h1`).
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
-        let sink = sink.clone();
+        // Every handler gets the request with its one authority (or it is refused here).
+        let serving = match crate::inbound::admit(&mut req, max_headers) {
+            Ok(()) => router.dispatch(req, peer, sink.clone()),
+            Err(refused) => crate::route::Serving::Ready(Some(refused.response())),
+        };
         InService {
-            serving: router.dispatch(req, peer, sink),
+            serving,
             _busy: busy,
         }
     });

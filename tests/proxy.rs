@@ -791,40 +791,43 @@ async fn uncacheable_responses_are_compressed_on_the_fly() {
     assert_eq!(larder.cache.store.len(), 0);
 }
 
+/// An origin that answers the first request of each keep-alive connection ("answer N", N
+/// counting answers) and lets the next one fail: it reads it and closes (`reset` false), or
+/// closes with it unread, which makes the kernel send a reset ("connection reset by peer").
+async fn one_answer_per_connection(reset: bool) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    raw_origin(move |mut s| {
+        let count = Arc::clone(&count);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = format!("answer {n}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            // The next request on this connection is dropped unanswered.
+            if reset {
+                let _ = s.readable().await;
+                let _ = s.set_zero_linger();
+            } else {
+                let _ = s.read(&mut [0u8; 4096]).await;
+            }
+        }
+    })
+    .await
+}
+
 /// An origin whose keep-alive connections close when the next request arrives, without an
 /// answer (what an origin's idle timeout racing larder's reuse of a pooled connection looks
 /// like): idempotent bodiless requests are sent again on a new connection; a POST is not.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_connection_closed_by_the_origin_is_retried_for_idempotent_requests() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&requests);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let counted = Arc::clone(&counted);
-            tokio::spawn(async move {
-                // Answer the first request of each connection, then close on the second.
-                let mut buf = vec![0u8; 4096];
-                if read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let body = format!("answer {n}");
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
-                // Wait for the next request on this connection, then drop it unanswered.
-                let _ = s.read(&mut buf).await;
-            });
-        }
-    });
+    let addr = one_answer_per_connection(false).await;
     let larder = larder(PROXY, &format!("http://{addr}")).await;
     let base = format!("http://{}", larder.addrs[0]);
     let c = client();
@@ -913,17 +916,386 @@ async fn interim_1xx_responses_are_forwarded_before_the_final_response() {
     assert!(hit.to_ascii_lowercase().contains("x-cache: hit"), "{hit}");
 }
 
-/// Reads one request head from a raw test origin's socket; None when the peer closed.
-async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 4096];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            return None;
-        }
-        got.extend_from_slice(&buf[..n]);
+/// An origin that answers each path with the Host it was asked for (cacheable), and larder in
+/// front of it with a route for `internal.example` alone and one for every other host.
+async fn host_echo() -> (Origin, larder::server::Handle) {
+    let origin = Origin::start(|seen, _| {
+        let host = seen.headers.get("host").map_or("", |v| v.to_str().unwrap());
+        Reply::ok(format!("for {host}")).header("cache-control", "max-age=60")
+    })
+    .await;
+    let cfg = r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  host = "internal.example"
+  respond = { body = "internal route" }
+  [[listener.route]]
+  path = "/"
+  proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
+"#;
+    let larder = larder(cfg, &origin.url()).await;
+    (origin, larder)
+}
+
+/// Item 1: the cache key and the route came from the absolute-form target, the forwarded Host
+/// from the client's Host field. RFC 9112 §3.2.2: the target's authority wins and replaces Host,
+/// so key, route and the origin's Host agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_absolute_form_authority_decides_key_route_and_host() {
+    let (origin, larder) = host_echo().await;
+    let addr = larder.addrs[0];
+    let poison = raw_exchange(
+        addr,
+        b"GET http://victim.example/p HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(poison.starts_with("HTTP/1.1 200"), "{poison}");
+    assert!(poison.ends_with("for victim.example"), "{poison}");
+    let seen = origin.seen();
+    assert_eq!(seen[0].headers["host"], "victim.example");
+    assert_eq!(seen[0].headers["x-forwarded-host"], "victim.example");
+    // The victim's own request is a hit on the victim's answer.
+    let normal = raw_exchange(
+        addr,
+        b"GET /p HTTP/1.1\r\nHost: victim.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(normal.ends_with("for victim.example"), "{normal}");
+    assert!(
+        normal.to_ascii_lowercase().contains("x-cache: hit"),
+        "{normal}"
+    );
+    let h = http::HeaderMap::new();
+    let key = |host: &str| larder::cache::CacheKey::from_parts("http", host, "/p");
+    assert!(larder
+        .cache
+        .store
+        .lookup(&key("victim.example"), &h)
+        .is_some());
+    assert!(larder
+        .cache
+        .store
+        .lookup(&key("attacker.example"), &h)
+        .is_none());
+    // Routed by the target's authority, and forwarded with it: the Host field does not reach
+    // the origin behind another host's route.
+    let routed = raw_exchange(
+        addr,
+        b"GET http://public.example/r HTTP/1.1\r\nHost: internal.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(routed.ends_with("for public.example"), "{routed}");
+    assert_eq!(origin.seen()[1].headers["host"], "public.example");
+    // And the other way round: the internal route answers for its own authority.
+    let internal = raw_exchange(
+        addr,
+        b"GET http://internal.example/r HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(internal.ends_with("internal route"), "{internal}");
+    assert_eq!(origin.hits(), 2);
+}
+
+/// One h2 request with a `host` field; (status, x-cache, body).
+async fn ask_h2(
+    h2: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    uri: &str,
+    host: &str,
+) -> (u16, String, String) {
+    use http_body_util::BodyExt;
+    let req = http::Request::get(uri)
+        .header("host", host)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let cache = resp
+        .headers()
+        .get("x-cache")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, cache, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Item 1 over h2c: `:authority` (the URI's authority in hyper) and a `host` field that differs.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_h2_authority_decides_key_route_and_host() {
+    let (origin, larder) = host_echo().await;
+    let mut h2 = h2_connection(larder.addrs[0]).await;
+    let (status, _, body) = ask_h2(&mut h2, "http://victim.example/p", "attacker.example").await;
+    assert_eq!((status, body.as_str()), (200, "for victim.example"));
+    assert_eq!(origin.seen()[0].headers["host"], "victim.example");
+    let (_, cache, body) = ask_h2(&mut h2, "http://victim.example/p", "victim.example").await;
+    assert_eq!(body, "for victim.example");
+    assert_eq!(cache, "HIT");
+    let (_, _, body) = ask_h2(&mut h2, "http://public.example/r", "internal.example").await;
+    assert_eq!(body, "for public.example");
+    assert_eq!(origin.seen()[1].headers["host"], "public.example");
+    let (_, _, body) = ask_h2(&mut h2, "http://internal.example/r", "public.example").await;
+    assert_eq!(body, "internal route");
+    assert_eq!(origin.hits(), 2);
+}
+
+/// Item 1: RFC 9112 §3.2: two Host fields, an HTTP/1.1 request without Host, or a Host that is
+/// no authority get 400 and reach nothing; HTTP/1.0 without Host is still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_host_field_must_be_one_valid_authority() {
+    let (origin, larder) = host_echo().await;
+    let addr = larder.addrs[0];
+    for bad in [
+        &b"GET /p HTTP/1.1\r\nHost: victim.example\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"[..],
+        b"GET /p HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET http://victim.example/p HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /p HTTP/1.1\r\nHost: victim.example/x\r\nConnection: close\r\n\r\n",
+        b"GET /p HTTP/1.1\r\nHost: a@victim.example\r\nConnection: close\r\n\r\n",
+        b"GET http://user@victim.example/p HTTP/1.1\r\nHost: victim.example\r\nConnection: close\r\n\r\n",
+    ] {
+        let got = raw_exchange(addr, bad).await;
+        assert!(
+            got.starts_with("HTTP/1.1 400"),
+            "{}: {got}",
+            String::from_utf8_lossy(bad)
+        );
     }
-    Some(got)
+    assert_eq!(origin.hits(), 0);
+    let old = raw_exchange(addr, b"GET /p HTTP/1.0\r\n\r\n").await;
+    assert!(old.starts_with("HTTP/1.0 200"), "{old}");
+    assert_eq!(origin.hits(), 1);
+    // No authority at all: the origin is asked with its own.
+    assert_eq!(
+        origin.seen()[0].headers["host"],
+        origin.addr.to_string().as_str()
+    );
+}
+
+/// Item 3: an origin streaming 103s to a client that does not read grew the interim queue
+/// without bound. A few interim responses per response go on; the rest are dropped and counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_interim_responses_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SENT: usize = 2000;
+    let done = Arc::new(tokio::sync::Notify::new());
+    let signal = Arc::clone(&done);
+    let addr = raw_origin(move |mut s| {
+        let done = Arc::clone(&signal);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let hint = format!(
+                "HTTP/1.1 103 Early Hints\r\nLink: </{}.css>; rel=preload\r\n\r\n",
+                "a".repeat(1000)
+            );
+            for _ in 0..SENT {
+                if s.write_all(hint.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncache-control: no-store\r\n\r\nfinal",
+                )
+                .await;
+            done.notify_one();
+            let _ = read_head(&mut s).await;
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    c.write_all(b"GET /hints HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    // The client reads nothing until the origin has sent everything.
+    tokio::time::timeout(Duration::from_secs(10), done.notified())
+        .await
+        .expect("the origin wrote all its interim responses");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !got.ends_with(b"final") {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the final response arrives");
+    let text = String::from_utf8_lossy(&got);
+    let forwarded = text.matches("HTTP/1.1 103 Early Hints\r\n").count();
+    assert!(
+        (1..=16).contains(&forwarded),
+        "{forwarded} interim responses forwarded"
+    );
+    // The framing survived: the interim blocks, then the final response.
+    let last = text.rfind("HTTP/1.1 200 OK\r\n").expect("final head");
+    assert!(text[..last].ends_with("\r\n\r\n"));
+    assert_eq!(larder.interim_dropped(), (SENT - forwarded) as u64);
+}
+
+/// Item 7: an origin that resets its keep-alive connection as larder reuses it (it closes with
+/// the next request unread: the kernel answers with a reset, "connection reset by peer").
+/// Back-to-back GETs alternated 200 and 502; the reset is retried like a close.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_reset_pooled_connection_is_retried() {
+    let addr = one_answer_per_connection(true).await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let c = client();
+    let url = format!("http://{}/r", larder.addrs[0]);
+    for i in 0..6 {
+        let g = get(&c, &url, &[]).await;
+        assert_eq!(
+            (
+                g.status.as_u16(),
+                String::from_utf8_lossy(&g.body).into_owned()
+            ),
+            (200, format!("answer {i}")),
+            "request {i}"
+        );
+    }
+}
+
+/// Item 6: `response_timeout` ran from the start of the exchange, so a large upload to an origin
+/// that reads slowly got a 504 mid-upload. It counts from the end of the upload now (and while
+/// uploading, time without progress); a silent origin after the upload still gets a 504.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_response_timeout_counts_from_the_end_of_the_upload() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TOTAL: usize = 12 << 20;
+    const SLOW: usize = 8 << 20;
+    // A small receive buffer, so that the origin's slow reads hold the upload back.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = raw_origin_on(socket.listen(64).unwrap(), |mut s| async move {
+        let Some(head) = read_head(&mut s).await else {
+            return;
+        };
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+        let len: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut read = head.len() - end;
+        let mut buf = vec![0u8; 256 * 1024];
+        // About 2 s for the first 8 MiB (64 KiB every 15 ms), then the rest at once.
+        while read < len {
+            let want = if read < SLOW { 64 * 1024 } else { buf.len() };
+            let n = s.read(&mut buf[..want.min(len - read)]).await.unwrap();
+            assert!(n > 0);
+            read += n;
+            if read < SLOW {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        if text.starts_with("post /silent") {
+            // Everything read, nothing answered.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            return;
+        }
+        let body = format!("got {read}");
+        let _ = s
+            .write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+    });
+    let cfg = PROXY.replace("response_timeout = \"2s\"", "response_timeout = \"500ms\"");
+    let larder = larder(&cfg, &format!("http://{addr}")).await;
+    let c = client();
+    let post = |path: &str, body: Vec<u8>| {
+        http::Request::post(format!("http://{}{path}", larder.addrs[0]))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    let resp = c.request(post("/upload", vec![b'x'; TOTAL])).await.unwrap();
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        (status.as_u16(), String::from_utf8_lossy(&body).into_owned()),
+        (200, format!("got {TOTAL}"))
+    );
+    let silent = c.request(post("/silent", vec![b'x'; 1000])).await.unwrap();
+    assert_eq!(silent.status(), 504);
+}
+
+/// Item 14b: hyper's error text ("error from user's Body stream", "client error (Connect)")
+/// reached clients in 502 bodies. Clients get a short fixed text; the detail goes to the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_upstream_errors_answer_a_short_text() {
+    let origin = Origin::start(|_, _| Reply::ok("x")).await;
+    let up = larder(PROXY, &origin.url()).await;
+    // The client's chunked body breaks off (an invalid chunk size) while it is being forwarded.
+    let broken = raw_exchange(
+        up.addrs[0],
+        b"POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nZZ\r\n\r\n",
+    )
+    .await;
+    assert!(broken.starts_with("HTTP/1.1 400"), "{broken}");
+    assert!(
+        broken.ends_with("\r\n\r\nrequest body broken off\n"),
+        "{broken}"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let down = larder(PROXY, &format!("http://{port}")).await;
+    let g = get(&client(), &format!("http://{}/x", down.addrs[0]), &[]).await;
+    assert_eq!(g.status, 502);
+    assert_eq!(g.body, "cannot connect to the upstream\n");
+}
+
+/// Item 14c: more than 100 request fields always got 431 (hyper's default). `max_headers` sets
+/// the count, for HTTP/1.1 (hyper's parser) and h2c alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_max_headers_is_a_setting() {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// The head of larder's answer to a request with `n` more fields, on a kept-alive socket.
+    async fn answer(s: &mut tokio::net::TcpStream, n: usize) -> String {
+        let fields: String = (0..n).map(|i| format!("x-f{i}: v\r\n")).collect();
+        let req = format!("GET / HTTP/1.1\r\nHost: t\r\n{fields}\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&buf[..got]).into_owned()
+    }
+    let (_origin, larder, mut s) = raw_client_with_server_setting("max_headers = 200").await;
+    for (n, want) in [(150, "HTTP/1.1 200"), (250, "HTTP/1.1 431")] {
+        let head = answer(&mut s, n).await;
+        assert!(head.starts_with(want), "{n} fields: {head}");
+    }
+    let mut h2 = h2_connection(larder.addrs[0]).await;
+    for (n, want) in [(150, 200), (250, 431)] {
+        let mut req = http::Request::get(format!("http://{}/", larder.addrs[0]));
+        for i in 0..n {
+            req = req.header(format!("x-f{i}"), "v");
+        }
+        let req = req.body(http_body_util::Empty::new()).unwrap();
+        let resp = h2.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), want, "{n} fields over h2c");
+        let _ = resp.into_body().collect().await;
+    }
+    // The default stays hyper's 100.
+    let (_origin, _larder, mut s) = raw_client_with_server_setting("").await;
+    let head = answer(&mut s, 150).await;
+    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
 }

@@ -36,6 +36,7 @@ use crate::cache::policy::RequestDirectives;
 use crate::cache::{Cache, CacheKey, FillOutcome, Join};
 use crate::config::ProxyConfig;
 use crate::deliver::{self, CacheStatus};
+use crate::inbound;
 use upstream::VIA;
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
@@ -407,10 +408,11 @@ fn clone_parts(p: &request::Parts) -> request::Parts {
     b.body(()).expect("parts are valid").into_parts().0
 }
 
-/// The cache key of a request: scheme, Host (or URI authority), path and query.
+/// The cache key of a request: scheme, its one authority (see [`crate::inbound`]), path and
+/// query.
 pub fn cache_key<B>(req: &Request<B>) -> CacheKey {
     let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    CacheKey::from_parts("http", request_host(req.uri(), req.headers()), pq)
+    CacheKey::from_parts("http", inbound::authority(req.uri(), req.headers()), pq)
 }
 
 fn cache_key_of(parts: &request::Parts) -> CacheKey {
@@ -419,14 +421,7 @@ fn cache_key_of(parts: &request::Parts) -> CacheKey {
 }
 
 fn key_host(parts: &request::Parts) -> &str {
-    request_host(&parts.uri, &parts.headers)
-}
-
-fn request_host<'a>(uri: &'a http::Uri, headers: &'a http::HeaderMap) -> &'a str {
-    uri.authority()
-        .map(|a| a.as_str())
-        .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))
-        .unwrap_or("")
+    inbound::authority(&parts.uri, &parts.headers)
 }
 
 /// The cache key a Location / Content-Location names, if on the same origin (§4.4).

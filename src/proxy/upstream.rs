@@ -2,13 +2,19 @@
 //! of a proxy (RFC 9110 §7.6: hop-by-hop fields, Via, X-Forwarded-*), and upstream errors as
 //! 502/504 responses.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{request, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
 
 use crate::body::Body;
 use crate::config::{ProxyConfig, Upstream};
@@ -30,7 +36,8 @@ pub fn client(cfg: &ProxyConfig) -> Client {
         .build(connector)
 }
 
-/// Why an upstream exchange failed.
+/// Why an upstream exchange failed. The text (for the log) carries the detail: hyper's error
+/// chain, addresses. The client gets [`FetchError::response`], a short fixed text.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     #[error("cannot connect to upstream {0}")]
@@ -41,19 +48,30 @@ pub enum FetchError {
     Upstream(String),
     #[error("upstream body failed: {0}")]
     Body(String),
+    /// The client's request body broke off (malformed chunks, the client gone) while it was
+    /// being forwarded.
+    #[error("request body broke off: {0}")]
+    RequestBody(String),
 }
 
 impl FetchError {
-    /// 504 for a timeout, 502 for everything else, with a short text body.
+    /// 504 for a timeout, 400 for the client's broken body, 502 for everything else, with a
+    /// short text that names the failure and nothing of hyper's or the network's.
     pub fn response(&self) -> Response<Body> {
-        let status = match self {
-            FetchError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+        let (status, text) = match self {
+            FetchError::Connect(_) => (StatusCode::BAD_GATEWAY, "cannot connect to the upstream\n"),
+            FetchError::Timeout(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream did not answer in time\n",
+            ),
+            FetchError::Upstream(_) => (StatusCode::BAD_GATEWAY, "the upstream exchange failed\n"),
+            FetchError::Body(_) => (
+                StatusCode::BAD_GATEWAY,
+                "the upstream's response broke off\n",
+            ),
+            FetchError::RequestBody(_) => (StatusCode::BAD_REQUEST, "request body broken off\n"),
         };
-        text_response(
-            status,
-            &format!("{}: {self}\n", status.canonical_reason().unwrap_or("")),
-        )
+        text_response(status, text)
     }
 }
 
@@ -70,22 +88,48 @@ pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
     r
 }
 
-/// Sends `req` upstream, waiting at most `timeout` for the response head.
+/// Sends `req` upstream and waits for the response head: at most `timeout` once the request
+/// (with its body) has been sent, and while a body is being sent, at most `timeout` without
+/// progress of it (a large upload to an origin that reads slowly is not cut off, a stalled one
+/// is). Failures are logged with their detail.
 ///
 /// A bodiless request with an idempotent method (RFC 9110 §9.2.2) is sent once more, on a new
-/// connection, when a pooled keep-alive connection turns out to have been closed by the origin
-/// before any response came back (the origin's idle timeout racing the reuse); nginx does the
-/// same. Anything else fails at once.
+/// connection, when a pooled keep-alive connection turns out to have been closed or reset by
+/// the origin before any response came back (the origin's idle timeout racing the reuse); nginx
+/// does the same. Anything else fails at once.
 pub async fn send(
     client: &Client,
     req: Request<Body>,
     timeout: Duration,
 ) -> Result<Response<hyper::body::Incoming>, FetchError> {
+    let result = exchange(client, req, timeout).await;
+    if let Err(e) = &result {
+        match e {
+            FetchError::RequestBody(_) => tracing::debug!(error = %e, "request not forwarded"),
+            _ => tracing::warn!(error = %e, "upstream request failed"),
+        }
+    }
+    result
+}
+
+async fn exchange(
+    client: &Client,
+    req: Request<Body>,
+    timeout: Duration,
+) -> Result<Response<hyper::body::Incoming>, FetchError> {
     use http_body::Body as _;
-    let mut req = req;
+    let (parts, body) = req.into_parts();
+    let upload = (!body.is_end_stream()).then(|| Arc::new(Upload::new()));
+    let body = match &upload {
+        Some(progress) => Body::stream(Uploading {
+            body,
+            progress: Arc::clone(progress),
+        }),
+        None => body,
+    };
+    let mut req = Request::from_parts(parts, body);
     forward_interim(&mut req);
-    let deadline = tokio::time::Instant::now() + timeout;
-    let retry = (req.method().is_idempotent() && req.body().is_end_stream()).then(|| {
+    let retry = (req.method().is_idempotent() && upload.is_none()).then(|| {
         let mut again = Request::new(Body::empty());
         forward_interim(&mut again);
         *again.method_mut() = req.method().clone();
@@ -94,19 +138,109 @@ pub async fn send(
         *again.headers_mut() = req.headers().clone();
         again
     });
-    let first = tokio::time::timeout_at(deadline, client.request(req)).await;
-    let result = match (first, retry) {
-        (Ok(Err(e)), Some(again)) if closed_before_answer(&e) => {
-            tracing::debug!(error = %source_chain(&e), "pooled upstream connection was closed; retrying once");
-            tokio::time::timeout_at(deadline, client.request(again)).await
+    let attempts = async {
+        match (client.request(req).await, retry) {
+            (Err(e), Some(again)) if closed_before_answer(&e) => {
+                tracing::debug!(error = %source_chain(&e), "pooled upstream connection was closed; retrying once");
+                client.request(again).await
+            }
+            (first, _) => first,
         }
-        (first, _) => first,
     };
-    match result {
-        Err(_) => Err(FetchError::Timeout(timeout)),
-        Ok(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
-        Ok(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
-        Ok(Ok(r)) => Ok(r),
+    match until_head(attempts, timeout, upload.as_deref()).await {
+        None => Err(FetchError::Timeout(timeout)),
+        Some(Err(e))
+            if upload
+                .as_ref()
+                .is_some_and(|u| u.failed.load(Ordering::Relaxed)) =>
+        {
+            Err(FetchError::RequestBody(source_chain(&e)))
+        }
+        Some(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
+        Some(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
+        Some(Ok(r)) => Ok(r),
+    }
+}
+
+/// Runs `exchange` (up to the response head); None once `timeout` passed with neither the head
+/// nor, while `upload` is being sent, progress of it.
+async fn until_head<F: Future>(
+    exchange: F,
+    timeout: Duration,
+    upload: Option<&Upload>,
+) -> Option<F::Output> {
+    tokio::pin!(exchange);
+    let mut deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(out) = tokio::time::timeout_at(deadline, exchange.as_mut()).await {
+            return Some(out);
+        }
+        let next = upload?.last_progress() + timeout;
+        if next <= deadline {
+            return None;
+        }
+        deadline = next;
+    }
+}
+
+/// How far a request body being sent upstream has got.
+struct Upload {
+    start: Instant,
+    /// When hyper last took a chunk of the body, or found its end: nanoseconds after `start`.
+    last: AtomicU64,
+    /// The body failed (the client's side broke off).
+    failed: AtomicBool,
+}
+
+impl Upload {
+    fn new() -> Upload {
+        Upload {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    fn progressed(&self) {
+        let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last.store(ns, Ordering::Relaxed);
+    }
+
+    fn last_progress(&self) -> Instant {
+        self.start + Duration::from_nanos(self.last.load(Ordering::Relaxed))
+    }
+}
+
+/// A request body that records in [`Upload`] each chunk hyper takes and its end. hyper takes
+/// the next chunk once it has written the last one out, so the record follows the upload.
+struct Uploading {
+    body: Body,
+    progress: Arc<Upload>,
+}
+
+impl http_body::Body for Uploading {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Err(_))) => self.progress.failed.store(true, Ordering::Relaxed),
+            Poll::Ready(_) => self.progress.progressed(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -118,7 +252,10 @@ fn forward_interim(req: &mut Request<Body>) {
 }
 
 /// Whether the exchange failed because the connection closed before a response head arrived
-/// (nothing was answered, so an idempotent request may be sent again).
+/// (nothing was answered, so an idempotent request may be sent again): hyper saw the close
+/// itself (end of input, a canceled or closed connection), or hyper's generic "connection
+/// error" has for source an I/O error that is a reset or a broken pipe (the origin's close
+/// arriving as larder wrote or read): the walk goes on past hyper's error to find it.
 fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
     if e.is_connect() {
         return false;
@@ -126,9 +263,10 @@ fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cur {
         if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            return h.is_incomplete_message() || h.is_canceled() || h.is_closed();
-        }
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        } else if let Some(io) = c.downcast_ref::<std::io::Error>() {
             return matches!(
                 io.kind(),
                 std::io::ErrorKind::ConnectionReset
@@ -185,19 +323,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
 
 /// Rewrites a client request into the upstream request: upstream URI, hop-by-hop fields removed,
-/// Via and X-Forwarded-For/-Proto/-Host added. The Host field is kept as the client sent it.
+/// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
+/// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
+/// and the cache key were chosen by; without any, the upstream's own.
 pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: SocketAddr) {
     let path = parts
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let host = parts.headers.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    let host = match parts.uri.authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        None => parts.headers.get(header::HOST).cloned(),
+    };
     parts.uri = Uri::builder()
         .scheme(upstream.scheme.clone())
         .authority(upstream.authority.clone())
@@ -253,23 +391,40 @@ mod tests {
         assert!(h.contains_key(header::CONTENT_TYPE));
     }
 
-    #[test]
-    fn prepares_forwarding_headers() {
-        let (mut parts, _) = Request::builder()
-            .uri("/a?b=1")
-            .header("host", "example.com")
-            .header("x-forwarded-for", "10.0.0.1")
-            .header("connection", "keep-alive")
-            .body(())
-            .unwrap()
-            .into_parts();
+    /// `prepare_request` on a GET of `uri` with `headers`, from 127.0.0.2.
+    fn prepared(uri: &str, headers: &[(&str, &str)]) -> request::Parts {
+        let mut b = Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let (mut parts, _) = b.body(()).unwrap().into_parts();
         let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
         prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
+        parts
+    }
+
+    #[test]
+    fn prepares_forwarding_headers() {
+        let parts = prepared(
+            "/a?b=1",
+            &[
+                ("host", "example.com"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("connection", "keep-alive"),
+            ],
+        );
         assert_eq!(parts.uri, "http://127.0.0.1:9/a?b=1");
         assert_eq!(parts.headers["host"], "example.com");
         assert_eq!(parts.headers["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
         assert_eq!(parts.headers["x-forwarded-host"], "example.com");
         assert_eq!(parts.headers["via"], "1.1 larder");
         assert!(!parts.headers.contains_key("connection"));
+    }
+
+    #[test]
+    fn forwarded_host_is_the_target_authority() {
+        let parts = prepared("http://victim.example/p", &[("host", "attacker.example")]);
+        assert_eq!(parts.headers["host"], "victim.example");
+        assert_eq!(parts.headers["x-forwarded-host"], "victim.example");
     }
 }

@@ -120,7 +120,9 @@ impl Origin {
                             Ok::<_, Infallible>(build_reply(reply))
                         }
                     });
+                    // More fields than hyper's default 100: larder's own bound is under test.
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .max_headers(1000)
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
                 });
@@ -314,4 +316,69 @@ pub fn per_path(seen: &[Seen]) -> HashMap<String, usize> {
         *m.entry(s.path.clone()).or_insert(0) += 1;
     }
     m
+}
+
+/// Sends raw bytes to `addr` on a new connection and reads until the peer closes (at most 5 s):
+/// for requests no well-behaved client would send. Ask for `Connection: close`.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An origin on 127.0.0.1 that speaks raw bytes: `serve` gets each accepted connection (for
+/// origins that misbehave in ways hyper's server will not).
+pub async fn raw_origin<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    raw_origin_on(TcpListener::bind("127.0.0.1:0").await.unwrap(), serve)
+}
+
+/// [`raw_origin`] on a listener the test set up (socket options).
+pub fn raw_origin_on<F, Fut>(listener: TcpListener, serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(serve(s));
+        }
+    });
+    addr
+}
+
+/// Reads one request head from a raw socket; None when the peer closed first.
+pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Some(got)
+}
+
+/// An HTTP/2 (prior knowledge) connection to `addr`, for requests the pooled client will not
+/// send (an `:authority` other than the address, a `host` field of its own).
+pub async fn h2_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    h2
 }
