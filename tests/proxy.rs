@@ -927,3 +927,84 @@ async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     }
     Some(got)
 }
+
+/// A large JSON body, ~140 KB.
+fn json_140k() -> String {
+    let mut s = String::from("[");
+    for i in 0..2000 {
+        s.push_str(&format!(
+            "{{\"id\":{i},\"name\":\"repository-{i}\",\"owner\":\"user-{}\",\"stars\":{}}},",
+            i % 97,
+            i * 7
+        ));
+    }
+    s.push_str("{}]");
+    s
+}
+
+/// The compressed variants were built after a fill and published all together, so for a third
+/// of a second (longer with a large body) every client accepting gzip got identity, including
+/// the client that caused the fill and those coalesced behind it. Now each coding is published
+/// as soon as it is ready (the fast ones first) and a delivery that would give identity to a
+/// client accepting a coding still being built waits for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_gzip_client_never_gets_identity_after_a_fill() {
+    let body = json_140k();
+    let b2 = body.clone();
+    let origin = Origin::start(move |seen, _| {
+        let r = Reply::ok(b2.clone())
+            .header("cache-control", "max-age=60")
+            .header("content-type", "application/json");
+        if seen.path == "/coalesced" {
+            r.delay(Duration::from_millis(200))
+        } else {
+            r
+        }
+    })
+    .await;
+    // brotli 9 on this body takes a while (a debug build makes it longer).
+    let cfg = r#"
+[compression]
+brotli_level = 9
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
+"#;
+    let larder = larder(cfg, &origin.url()).await;
+    let c = client();
+    let url = format!("http://{}/data.json", larder.addrs[0]);
+    let gzip = [("accept-encoding", "gzip")];
+    // The client that causes the fill, then clients right after it.
+    let first = get(&c, &url, &gzip).await;
+    assert_eq!(first.cache(), "MISS");
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    assert_eq!(decode(&first.body, Some("gzip")), body.as_bytes());
+    for i in 0..6 {
+        let g = get(&c, &url, &gzip).await;
+        assert_eq!(g.cache(), "HIT");
+        assert_eq!(g.header("content-encoding"), Some("gzip"), "request {i}");
+        assert_eq!(decode(&g.body, Some("gzip")), body.as_bytes());
+    }
+    // A client that accepts no coding is never held back.
+    let plain = get(&c, &url, &[]).await;
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(plain.body, body.as_bytes());
+    // Clients coalesced behind a fill.
+    let url = Arc::new(format!("http://{}/coalesced", larder.addrs[0]));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            get(&c, &url, &[("accept-encoding", "gzip, deflate")]).await
+        }));
+    }
+    for t in tasks {
+        let g = t.await.unwrap();
+        assert_eq!(g.header("content-encoding"), Some("gzip"));
+        assert_eq!(decode(&g.body, Some("gzip")), body.as_bytes());
+    }
+    assert_eq!(origin.hits(), 2);
+}

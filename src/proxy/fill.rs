@@ -19,7 +19,7 @@ use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
 use crate::cache::policy::{self, FetchContext};
-use crate::cache::{CacheKey, Entry};
+use crate::cache::{CacheKey, Entry, Pending};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 
@@ -262,6 +262,9 @@ impl Proxy {
         );
         entry.auth_ok = storable.auth_ok;
         entry.tags = tags;
+        if negotiated {
+            entry.pending = Some(Pending::new());
+        }
         let entry = Arc::new(entry);
         if me
             .cache
@@ -274,8 +277,12 @@ impl Proxy {
             if negotiated {
                 me.cache.spawn_variants(key, Arc::clone(&entry));
             }
+        } else if let Some(p) = &entry.pending {
+            p.finish(); // not stored: no variants will come
         }
-        let mut resp = respond(&entry, status);
+        let mut resp = me
+            .deliver_settled(&entry, &client_method, &client_headers, status)
+            .await;
         // The client that caused the fill still gets the fields not stored for others.
         for name in &storable.strip {
             for v in rparts.headers.get_all(name) {

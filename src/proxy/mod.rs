@@ -17,7 +17,9 @@
 //!          storable? ──no──▶ stream back, release waiters                    MISS / EXPIRED
 //!               │yes
 //!          buffer ─▶ decode once ─▶ store identity ─▶ deliver                 MISS / EXPIRED
-//!                                     └─▶ background: gzip, br, zstd variants
+//!                                     └─▶ background: gzip, zstd, br variants, each published
+//!                                         when ready; until one the client accepts is, a
+//!                                         delivery that would give identity waits for it
 //! ```
 
 mod fill;
@@ -94,6 +96,10 @@ impl Proxy {
         let Some(entry) = me.cache.store.lookup(&key, req.headers()) else {
             return Err(req);
         };
+        if entry.pending.is_some() {
+            // Compressed variants are being built: the client may have to wait for one.
+            return Err(req);
+        }
         let directives = RequestDirectives::from_headers(req.headers());
         if directives.accepts(&entry.freshness, Instant::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
@@ -131,7 +137,9 @@ impl Proxy {
             let now = Instant::now();
             let usable = !has_auth || entry.auth_ok;
             if usable && directives.accepts(&entry.freshness, now) {
-                return me.deliver(entry, &req, CacheStatus::Hit);
+                return me
+                    .deliver_settled(entry, req.method(), req.headers(), CacheStatus::Hit)
+                    .await;
             }
             // RFC 5861 §3: answer stale at once, refresh once in the background.
             if usable
@@ -212,7 +220,8 @@ impl Proxy {
             Join::Follower(follower) => {
                 match Box::pin(follower.wait(me.cache.cfg.coalesce_timeout.0)).await {
                     FillOutcome::Filled(entry) if !has_auth || entry.auth_ok => {
-                        me.deliver_parts(&entry, &parts, CacheStatus::Hit)
+                        me.deliver_settled(&entry, &parts.method, &parts.headers, CacheStatus::Hit)
+                            .await
                     }
                     _ => {
                         let req = Request::from_parts(parts, Body::empty());
@@ -305,6 +314,30 @@ impl Inner {
             status,
             &self.status_header,
         )
+    }
+
+    /// Delivers `entry`, first waiting (at most `coalesce_timeout`) for a compressed variant
+    /// the client accepts when the entry holds none yet and one is being built.
+    async fn deliver_settled(
+        &self,
+        entry: &Arc<crate::cache::Entry>,
+        method: &Method,
+        headers: &http::HeaderMap,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        let settled;
+        let entry = match &entry.pending {
+            Some(p) => {
+                let accept =
+                    crate::compress::AcceptEncoding::parse(headers.get(header::ACCEPT_ENCODING));
+                settled = p
+                    .settled(entry, &accept, self.cache.cfg.coalesce_timeout.0)
+                    .await;
+                &settled
+            }
+            None => entry,
+        };
+        deliver::from_entry(entry, method, headers, status, &self.status_header)
     }
 
     fn deliver_parts(
