@@ -928,6 +928,82 @@ async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     Some(got)
 }
 
+/// A body the origin codes whatever the client accepts, on a response that is not stored, was
+/// passed on coded to clients that do not accept that coding (`identity`, none, another one).
+/// Now it is decoded for them (Content-Length dropped, ETag weakened, Vary: Accept-Encoding);
+/// a client that accepts the coding gets it as sent, and so does everyone under no-transform.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_identity_client_gets_a_pass_through_decoded() {
+    let text = "decoded for you ".repeat(3000);
+    let t2 = text.clone();
+    let cfg = larder::config::CompressionConfig::default();
+    let origin = Origin::start(move |seen, _| {
+        let coding = seen.path.trim_start_matches('/').split('/').next().unwrap();
+        let enc = larder::compress::Encoding::from_content_encoding(coding).unwrap();
+        let coded = larder::compress::encode(t2.as_bytes(), enc, &cfg);
+        let r = Reply::ok(coded)
+            .header("content-type", "text/plain")
+            .header("content-encoding", coding)
+            .header("etag", "\"x\"");
+        if seen.path.ends_with("/no-transform") {
+            r.header("cache-control", "no-store, no-transform")
+        } else {
+            r.header("cache-control", "no-store")
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let base = format!("http://{}", larder.addrs[0]);
+    for coding in ["gzip", "br", "zstd"] {
+        let url = format!("{base}/{coding}/doc");
+        let other = if coding == "gzip" { "br" } else { "gzip" };
+        for ae in [Some("identity"), None, Some(other), Some("*;q=0, identity")] {
+            let headers: Vec<(&str, &str)> = ae.iter().map(|v| ("accept-encoding", *v)).collect();
+            for method in ["GET", "POST"] {
+                let g = send(&c, method, &url, &headers, b"").await;
+                assert_eq!(g.status, 200, "{coding} {ae:?} {method}");
+                assert_eq!(
+                    g.header("content-encoding"),
+                    None,
+                    "{coding} {ae:?} {method}"
+                );
+                assert_eq!(g.body, text.as_bytes(), "{coding} {ae:?} {method}");
+                assert_eq!(g.header("content-length"), None, "{coding} {ae:?} {method}");
+                assert_eq!(
+                    g.header("etag"),
+                    Some("W/\"x\""),
+                    "{coding} {ae:?} {method}"
+                );
+                assert!(
+                    g.header("vary")
+                        .is_some_and(|v| v.to_ascii_lowercase().contains("accept-encoding")),
+                    "{coding} {ae:?} {method}"
+                );
+            }
+        }
+        // HEAD says what GET would send.
+        let h = send(&c, "HEAD", &url, &[("accept-encoding", "identity")], b"").await;
+        assert_eq!(h.header("content-encoding"), None);
+        assert_eq!(h.header("etag"), Some("W/\"x\""));
+        // A client that accepts the coding gets the origin's bytes as they are.
+        let g = get(&c, &url, &[("accept-encoding", coding)]).await;
+        assert_eq!(g.header("content-encoding"), Some(coding));
+        assert_eq!(g.header("etag"), Some("\"x\""));
+        assert_eq!(decode(&g.body, Some(coding)), text.as_bytes());
+        // no-transform: larder may not decode; the coding the origin chose is passed on.
+        let nt = get(
+            &c,
+            &format!("{base}/{coding}/no-transform"),
+            &[("accept-encoding", "identity")],
+        )
+        .await;
+        assert_eq!(nt.header("content-encoding"), Some(coding));
+        assert_eq!(decode(&nt.body, Some(coding)), text.as_bytes());
+    }
+    assert_eq!(larder.cache.store.len(), 0);
+}
+
 /// A large JSON body, ~140 KB.
 fn json_140k() -> String {
     let mut s = String::from("[");
