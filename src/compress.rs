@@ -243,10 +243,17 @@ impl Compressor {
     /// brotli 11), so most clients have a compressed body soonest.
     pub const BUILD_ORDER: [Encoding; 3] = [Encoding::Gzip, Encoding::Zstd, Encoding::Br];
 
+    /// Whether a compression asked for now would start at once (a permit is free), rather than
+    /// queue behind others.
+    pub fn idle(&self) -> bool {
+        self.permits.available_permits() > 0
+    }
+
     /// Encodes `identity` into each compressed coding in [`Self::BUILD_ORDER`] on the blocking
-    /// pool (one permit for all three), handing each to `ready` as soon as it is done; a coding
-    /// that does not make the body smaller is handed over as None. `ready` returns false to stop.
-    pub async fn encode_each<F>(&self, identity: Bytes, mut ready: F)
+    /// pool (one permit for all three; `started` is called once it is held), handing each to
+    /// `ready` as soon as it is done; a coding that does not make the body smaller is handed over
+    /// as None. `ready` returns false to stop.
+    pub async fn encode_each<F>(&self, identity: Bytes, started: impl FnOnce(), mut ready: F)
     where
         F: FnMut(Encoding, Option<Bytes>) -> bool + Send + 'static,
     {
@@ -255,6 +262,7 @@ impl Compressor {
             .acquire()
             .await
             .expect("semaphore never closed");
+        started();
         let cfg = self.cfg.clone();
         let _ = tokio::task::spawn_blocking(move || {
             for e in Self::BUILD_ORDER {

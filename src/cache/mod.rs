@@ -276,6 +276,14 @@ impl Cache {
             };
             let store = Arc::clone(&cache);
             let pending = entry.pending.clone();
+            let started = {
+                let pending = pending.clone();
+                move || {
+                    if let Some(p) = pending {
+                        p.start();
+                    }
+                }
+            };
             let last = *Compressor::BUILD_ORDER.last().expect("codings");
             let mut current = entry;
             let publish = move |enc: Encoding, body: Option<Bytes>| -> bool {
@@ -303,7 +311,10 @@ impl Cache {
                 }
                 true
             };
-            cache.compressor.encode_each(identity, publish).await;
+            cache
+                .compressor
+                .encode_each(identity, started, publish)
+                .await;
         });
     }
 }

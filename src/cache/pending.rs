@@ -24,6 +24,8 @@ pub struct Pending {
 
 #[derive(Debug, Default)]
 struct Progress {
+    /// The work holds a compression permit (it is not queued behind other bodies').
+    started: bool,
     /// Codings built (published or dropped for not making the body smaller), one bit each.
     tried: u8,
     /// Codings published.
@@ -45,6 +47,11 @@ impl Pending {
         })
     }
 
+    /// The work got its compression permit and runs.
+    pub fn start(&self) {
+        self.tx.send_modify(|p| p.started = true);
+    }
+
     /// `enc` was built: `published` is the entry now holding it, None if it was dropped.
     pub fn tried(&self, enc: Encoding, published: Option<&Arc<Entry>>) {
         self.tx.send_modify(|p| {
@@ -62,13 +69,15 @@ impl Pending {
     }
 
     /// The entry of this sequence to deliver to a client with `accept`: `entry` itself when it
-    /// holds a compressed coding the client accepts or the client accepts none; otherwise the
-    /// latest entry once one the client accepts is published, every coding it accepts was tried,
-    /// or `timeout` passed.
+    /// holds a compressed coding the client accepts, the client accepts none, or the work is
+    /// queued behind other bodies' (not started, and `can_start` says no permit is free: then
+    /// identity at once beats a wait of unknown length); otherwise the latest entry once one the
+    /// client accepts is published, every coding it accepts was tried, or `timeout` passed.
     pub async fn settled(
         &self,
         entry: &Arc<Entry>,
         accept: &AcceptEncoding,
+        can_start: bool,
         timeout: Duration,
     ) -> Arc<Entry> {
         let wanted = Encoding::COMPRESSED
@@ -83,6 +92,9 @@ impl Pending {
             return Arc::clone(entry);
         }
         let mut rx = self.tx.subscribe();
+        if !rx.borrow().started && !can_start {
+            return Arc::clone(entry);
+        }
         let ready =
             |p: &Progress| p.done || p.published & wanted != 0 || p.tried & wanted == wanted;
         let _ = tokio::time::timeout(timeout, rx.wait_for(ready)).await;
@@ -136,7 +148,7 @@ mod tests {
         let with_gzip = entry(&[Encoding::Identity, Encoding::Gzip]);
         // Accepts no coding; already holds one the client accepts.
         for (e, accept) in [(&identity, "identity"), (&with_gzip, "gzip, br")] {
-            let got = p.settled(e, &ae(accept), LONG).await;
+            let got = p.settled(e, &ae(accept), true, LONG).await;
             assert!(Arc::ptr_eq(&got, e), "{accept}");
         }
     }
@@ -149,7 +161,7 @@ mod tests {
         let gzip = entry(&[Encoding::Identity, Encoding::Zstd, Encoding::Gzip]);
         let waiter = {
             let (p, first) = (Arc::clone(&p), Arc::clone(&first));
-            tokio::spawn(async move { p.settled(&first, &ae("gzip"), LONG).await })
+            tokio::spawn(async move { p.settled(&first, &ae("gzip"), true, LONG).await })
         };
         tokio::task::yield_now().await;
         p.tried(Encoding::Zstd, Some(&zstd)); // not accepted: keeps waiting
@@ -164,15 +176,34 @@ mod tests {
         // gzip dropped (not smaller): the gzip-only client gets what there is.
         p.tried(Encoding::Gzip, None);
         assert!(Arc::ptr_eq(
-            &p.settled(&first, &ae("gzip"), LONG).await,
+            &p.settled(&first, &ae("gzip"), true, LONG).await,
             &first
         ));
         // The work stops (the entry was replaced): the br client is released.
         drop(Finish(Some(Arc::clone(&p))));
         assert!(Arc::ptr_eq(
-            &p.settled(&first, &ae("br"), LONG).await,
+            &p.settled(&first, &ae("br"), true, LONG).await,
             &first
         ));
+    }
+
+    #[tokio::test]
+    async fn no_wait_behind_other_bodies_compressions() {
+        let p = Pending::new();
+        let first = entry(&[Encoding::Identity]);
+        // Queued: not started and no permit free.
+        let got = p.settled(&first, &ae("gzip"), false, LONG).await;
+        assert!(Arc::ptr_eq(&got, &first));
+        // Once it runs, a client waits for its coding.
+        p.start();
+        let gzip = entry(&[Encoding::Identity, Encoding::Gzip]);
+        let waiter = {
+            let (p, first) = (Arc::clone(&p), Arc::clone(&first));
+            tokio::spawn(async move { p.settled(&first, &ae("gzip"), false, LONG).await })
+        };
+        tokio::task::yield_now().await;
+        p.tried(Encoding::Gzip, Some(&gzip));
+        assert!(Arc::ptr_eq(&waiter.await.unwrap(), &gzip));
     }
 
     #[tokio::test]
@@ -180,7 +211,7 @@ mod tests {
         let p = Pending::new();
         let first = entry(&[Encoding::Identity]);
         let got = p
-            .settled(&first, &ae("br"), Duration::from_millis(20))
+            .settled(&first, &ae("br"), true, Duration::from_millis(20))
             .await;
         assert!(Arc::ptr_eq(&got, &first));
     }

@@ -337,7 +337,8 @@ impl Inner {
     }
 
     /// Delivers `entry`, first waiting (at most `coalesce_timeout`) for a compressed variant
-    /// the client accepts when the entry holds none yet and one is being built.
+    /// the client accepts when the entry holds none yet and one is being built (not when its
+    /// compression is queued behind other bodies': then identity at once).
     async fn deliver_settled(
         &self,
         entry: &Arc<crate::cache::Entry>,
@@ -350,9 +351,9 @@ impl Inner {
             Some(p) => {
                 let accept =
                     crate::compress::AcceptEncoding::parse(headers.get(header::ACCEPT_ENCODING));
-                settled = p
-                    .settled(entry, &accept, self.cache.cfg.coalesce_timeout.0)
-                    .await;
+                let can_start = self.cache.compressor.idle();
+                let wait = self.cache.cfg.coalesce_timeout.0;
+                settled = p.settled(entry, &accept, can_start, wait).await;
                 &settled
             }
             None => entry,
