@@ -141,6 +141,19 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(30);
 
+    /// A gzip client waiting on `p` from `first`, in a task that has started waiting.
+    async fn gzip_client(
+        p: &Arc<Pending>,
+        first: &Arc<Entry>,
+        can_start: bool,
+    ) -> tokio::task::JoinHandle<Arc<Entry>> {
+        let (p, first) = (Arc::clone(p), Arc::clone(first));
+        let waiter =
+            tokio::spawn(async move { p.settled(&first, &ae("gzip"), can_start, LONG).await });
+        tokio::task::yield_now().await;
+        waiter
+    }
+
     #[tokio::test]
     async fn no_wait_when_nothing_better_can_come() {
         let p = Pending::new();
@@ -159,11 +172,7 @@ mod tests {
         let first = entry(&[Encoding::Identity]);
         let zstd = entry(&[Encoding::Identity, Encoding::Zstd]);
         let gzip = entry(&[Encoding::Identity, Encoding::Zstd, Encoding::Gzip]);
-        let waiter = {
-            let (p, first) = (Arc::clone(&p), Arc::clone(&first));
-            tokio::spawn(async move { p.settled(&first, &ae("gzip"), true, LONG).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = gzip_client(&p, &first, true).await;
         p.tried(Encoding::Zstd, Some(&zstd)); // not accepted: keeps waiting
         p.tried(Encoding::Gzip, Some(&gzip));
         assert!(Arc::ptr_eq(&waiter.await.unwrap(), &gzip));
@@ -197,11 +206,7 @@ mod tests {
         // Once it runs, a client waits for its coding.
         p.start();
         let gzip = entry(&[Encoding::Identity, Encoding::Gzip]);
-        let waiter = {
-            let (p, first) = (Arc::clone(&p), Arc::clone(&first));
-            tokio::spawn(async move { p.settled(&first, &ae("gzip"), false, LONG).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = gzip_client(&p, &first, false).await;
         p.tried(Encoding::Gzip, Some(&gzip));
         assert!(Arc::ptr_eq(&waiter.await.unwrap(), &gzip));
     }
