@@ -257,7 +257,8 @@ pub struct CacheConfig {
     pub max_object_size: ByteSize,
     /// Name of the response header telling HIT, MISS, BYPASS or EXPIRED.
     pub status_header: HeaderNameCfg,
-    /// How long a request waits for another request's fill of the same key.
+    /// How long a request waits for another request's fill of the same key, and, right after a
+    /// fill, for a compressed variant it accepts to be built.
     pub coalesce_timeout: Dur,
     /// Store responses carrying Set-Cookie (the cookie itself is never stored, only the body).
     pub store_set_cookie: bool,

@@ -2,10 +2,11 @@
 //! and building the 206 response, one range or several as `multipart/byteranges`, from a body
 //! held in memory (`Bytes`, sliced without copying) or from a file (read in bounded chunks).
 //!
-//! Used by [`crate::static_files`] and meant for the caching proxy's stored entries too: a caller
-//! decides the representation (its length, validators, Content-Type), asks [`evaluate`] what to
-//! do, and on [`Decision::Partial`] calls [`partial`]; on [`Decision::Unsatisfiable`],
-//! [`unsatisfiable`].
+//! Used by [`crate::static_files`] and the caching proxy's stored entries: a caller decides the
+//! representation (its length, validators, Content-Type), asks [`evaluate`] what to do, and on
+//! [`Decision::Partial`] calls [`partial`]; on [`Decision::Unsatisfiable`], [`unsatisfiable`].
+//! A 200 passed through from an origin that ignored Range has one range cut from its stream
+//! ([`slice_stream`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -203,10 +204,27 @@ pub fn evaluate(
     etag: Option<&HeaderValue>,
     last_modified: Option<SystemTime>,
 ) -> Decision {
-    let Some(range) = req.get(header::RANGE) else {
+    decide(
+        req.get(header::RANGE),
+        req.get(header::IF_RANGE),
+        len,
+        etag,
+        last_modified,
+    )
+}
+
+/// [`evaluate`] from the values of `Range` and `If-Range` (taken from a request already sent on).
+pub fn decide(
+    range: Option<&HeaderValue>,
+    if_range: Option<&HeaderValue>,
+    len: u64,
+    etag: Option<&HeaderValue>,
+    last_modified: Option<SystemTime>,
+) -> Decision {
+    let Some(range) = range else {
         return Decision::Full;
     };
-    if !if_range_allows(req.get(header::IF_RANGE), etag, last_modified) {
+    if !if_range_allows(if_range, etag, last_modified) {
         return Decision::Full;
     }
     parse(range.as_bytes(), len)
@@ -245,9 +263,7 @@ pub fn partial(
     let segments: Vec<Segment>;
     let total: u64;
     if let [r] = ranges {
-        if let Ok(v) = HeaderValue::from_str(&r.content_range(len)) {
-            headers.insert(header::CONTENT_RANGE, v);
-        }
+        set_content_range(&mut headers, r, len);
         segments = vec![Segment::Range(*r)];
         total = r.len();
     } else {
@@ -310,6 +326,88 @@ pub fn partial(
     *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
     *resp.headers_mut() = headers;
     resp
+}
+
+fn set_content_range(headers: &mut HeaderMap, r: &ByteRange, len: u64) {
+    if let Ok(v) = HeaderValue::from_str(&r.content_range(len)) {
+        headers.insert(header::CONTENT_RANGE, v);
+    }
+}
+
+/// One range of a representation of `len` bytes that arrives as a stream from its first byte
+/// (a 200 passed through from an origin that ignored Range): sets Content-Range and
+/// Content-Length in `headers` (those of the 200) and returns the body of the 206. The bytes
+/// before the range are read and dropped; the stream is dropped as soon as the range is sent,
+/// so the rest is never pulled.
+pub fn slice_stream(r: ByteRange, len: u64, headers: &mut HeaderMap, body: Body) -> Body {
+    set_content_range(headers, &r, len);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(r.len()));
+    Body::stream(Slice {
+        inner: Some(body),
+        skip: r.first,
+        left: r.len(),
+    })
+}
+
+struct Slice {
+    inner: Option<Body>,
+    skip: u64,
+    left: u64,
+}
+
+impl http_body::Body for Slice {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if this.left == 0 {
+                this.inner = None;
+                return Poll::Ready(None);
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let frame = match std::task::ready!(Pin::new(inner).poll_frame(cx)) {
+                None => {
+                    this.inner = None;
+                    return Poll::Ready(Some(Err(
+                        "the representation ended before the range".into()
+                    )));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Some(Ok(frame)) => frame,
+            };
+            let Ok(mut data) = frame.into_data() else {
+                continue; // trailers of the whole are not the part's
+            };
+            let n = data.len() as u64;
+            if this.skip >= n {
+                this.skip -= n;
+                continue;
+            }
+            let _ = data.split_to(this.skip as usize);
+            this.skip = 0;
+            data.truncate(this.left.min(data.len() as u64) as usize);
+            this.left -= data.len() as u64;
+            if this.left == 0 {
+                this.inner = None;
+            }
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
 }
 
 /// A whole file as a streamed body (the 200 for a file too large to hold in memory).
@@ -530,6 +628,34 @@ mod tests {
             Some(&tag),
             Some(t + std::time::Duration::from_secs(1))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_range_cut_from_a_stream_stops_reading_after_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let polled = Arc::new(AtomicUsize::new(0));
+        let p = Arc::clone(&polled);
+        // 100 chunks of 10 bytes: 0..=9, 10..=19, ...
+        let chunks = futures_util::stream::iter((0..100u8).map(move |i| {
+            p.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![i; 10])))
+        }));
+        let body = Body::stream(http_body_util::StreamBody::new(chunks));
+        let mut h = HeaderMap::new();
+        let sliced = slice_stream(r(15, 34), 1000, &mut h, body);
+        assert_eq!(h[header::CONTENT_RANGE], "bytes 15-34/1000");
+        assert_eq!(h[header::CONTENT_LENGTH], "20");
+        let got = sliced.collect().await.unwrap().to_bytes();
+        let want: Vec<u8> = [vec![1u8; 5], vec![2; 10], vec![3; 5]].concat();
+        assert_eq!(&got[..], &want[..]);
+        assert_eq!(polled.load(Ordering::SeqCst), 4);
+
+        let short = Body::full(Bytes::from_static(b"abc"));
+        let mut h = HeaderMap::new();
+        assert!(slice_stream(r(1, 9), 10, &mut h, short)
+            .collect()
+            .await
+            .is_err());
     }
 
     #[tokio::test]

@@ -896,6 +896,150 @@ mod partial_content {
         assert_eq!(origin.hits(), 1);
     }
 
+    /// The one range `bytes=a-b` of a request, as a test origin that honours Range reads it.
+    fn asked_range(seen: &Seen) -> Option<(u64, u64)> {
+        let v = seen.headers.get("range")?.to_str().ok()?;
+        let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    }
+
+    /// A 206 of a generated body of `len` bytes for the range asked, or None without one.
+    fn part_of(seen: &Seen, len: u64) -> Option<Reply> {
+        let (first, last) = asked_range(seen)?;
+        Some(
+            Reply::ok(pattern(first, last))
+                .status(206)
+                .header("content-range", &format!("bytes {first}-{last}/{len}")),
+        )
+    }
+
+    /// GET `url` with `range`, reading the body only when it is a 206 (a regression would
+    /// otherwise read gigabytes).
+    async fn get_part(c: &Client, url: &str, headers: &[(&str, &str)]) -> Got {
+        let mut b = http::Request::builder().uri(url);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let resp = c
+            .request(
+                b.body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .expect("larder answers");
+        let (parts, body) = resp.into_parts();
+        let body = if parts.status == 206 || parts.status == 416 {
+            use http_body_util::BodyExt;
+            body.collect().await.expect("body").to_bytes()
+        } else {
+            bytes::Bytes::new()
+        };
+        Got {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// Range on responses that are not stored (private, no-store, a request with
+    /// Authorization, a body over max_object_size, declared or not) was dropped: the fill
+    /// fetched the whole body without Range and the client got all of it as a 200. Now the
+    /// origin is asked for the range and its 206 is passed on; what the first, whole, fetch
+    /// pulled is bounded by socket buffers (or max_object_size when the length is not declared).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn regression_range_on_responses_not_stored() {
+        const LEN: u64 = 256 << 20;
+        let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let p = Arc::clone(&produced);
+        let (origin, _l, c, base) = setup("[cache]\nmax_object_size = \"1MiB\"", move |seen, _| {
+            if let Some(part) = part_of(seen, LEN) {
+                return part;
+            }
+            let cache_control = match seen.path.as_str() {
+                "/private" => "private, max-age=60",
+                "/no-store" => "no-store",
+                _ => "max-age=60", // not stored: too large, or asked with Authorization
+            };
+            Reply::generated(LEN, seen.path != "/chunked", &p)
+                .header("content-type", "application/octet-stream")
+                .header("etag", "\"g1\"")
+                .header("cache-control", cache_control)
+        })
+        .await;
+        for path in ["/private", "/no-store", "/auth", "/big", "/chunked"] {
+            for (first, last) in [(0, 0), (1000, 1999), (LEN - 10, LEN - 1)] {
+                produced.store(0, std::sync::atomic::Ordering::SeqCst);
+                let range = format!("bytes={first}-{last}");
+                let mut headers = vec![("range", range.as_str())];
+                if path == "/auth" {
+                    headers.push(("authorization", "Bearer t"));
+                }
+                let g = get_part(&c, &format!("{base}{path}"), &headers).await;
+                assert_eq!(g.status, 206, "{path} {range}");
+                assert_eq!(
+                    g.header("content-range"),
+                    Some(format!("bytes {first}-{last}/{LEN}").as_str()),
+                    "{path} {range}"
+                );
+                assert_eq!(g.body, pattern(first, last), "{path} {range}");
+                let last_seen = origin.seen().pop().unwrap();
+                assert_eq!(
+                    last_seen.headers.get("range").and_then(|v| v.to_str().ok()),
+                    Some(range.as_str()),
+                    "{path}: the origin was asked for the range"
+                );
+                let pulled = produced.load(std::sync::atomic::Ordering::SeqCst);
+                assert!(pulled < 48 << 20, "{path} {range}: {pulled} bytes pulled");
+            }
+        }
+    }
+
+    /// An origin that ignores Range on a response that is not stored: the range is cut from
+    /// the stream and the origin's connection dropped once it is sent.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn regression_range_cut_from_a_pass_through_200() {
+        const LEN: u64 = 256 << 20;
+        let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let p = Arc::clone(&produced);
+        let (origin, _l, c, base) = setup("", move |seen, _| {
+            let r = Reply::generated(LEN, true, &p)
+                .header("cache-control", "no-store")
+                .header("etag", "\"g1\"");
+            if seen.path == "/says-none" {
+                r.header("accept-ranges", "none")
+            } else {
+                r
+            }
+        })
+        .await;
+        let url = format!("{base}/ignores-range");
+        let g = get_part(&c, &url, &[("range", "bytes=10-19")]).await;
+        assert_eq!(g.status, 206);
+        assert_eq!(g.header("content-range"), Some("bytes 10-19/268435456"));
+        assert_eq!(g.body, pattern(10, 19));
+        let pulled = produced.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(pulled < 48 << 20, "{pulled} bytes pulled");
+        // If-Range that does not match: the whole representation, as a 200.
+        let g = get_part(
+            &c,
+            &url,
+            &[("range", "bytes=10-19"), ("if-range", "\"old\"")],
+        )
+        .await;
+        assert_eq!(g.status, 200);
+        assert_eq!(g.header("content-length"), Some("268435456"));
+        // Past the end: 416.
+        let g = get_part(&c, &url, &[("range", &format!("bytes={LEN}-"))]).await;
+        assert_eq!(g.status, 416);
+        assert_eq!(g.header("content-range"), Some("bytes */268435456"));
+        // An origin that says it takes no ranges is not asked again: one request, cut.
+        let before = origin.hits();
+        let g = get_part(&c, &format!("{base}/says-none"), &[("range", "bytes=5-6")]).await;
+        assert_eq!(g.status, 206);
+        assert_eq!(g.body, pattern(5, 6));
+        assert_eq!(origin.hits(), before + 1);
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_206_from_the_origin_is_passed_through_and_not_stored() {
         let (origin, _l, c, base) = setup("", |_, _| {

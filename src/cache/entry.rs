@@ -5,12 +5,14 @@
 //! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
 //! stored headers, compresses, or copies a body.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
+use super::pending::Pending;
 use super::policy::Freshness;
 use crate::compress::Encoding;
 
@@ -48,6 +50,9 @@ pub struct Entry {
     pub tags: Box<[Box<str>]>,
     /// Bytes this entry costs in the store.
     pub weight: u64,
+    /// Set while compressed variants of this response are being built and published (a hit
+    /// that would get identity may wait for one); None once the last is published.
+    pub pending: Option<Arc<Pending>>,
 }
 
 /// Headers an entry never stores: hop-by-hop fields and those larder recomputes.
@@ -100,17 +105,8 @@ impl Entry {
             let mut head = headers.clone();
             if let Some(v) = enc.header_value() {
                 head.insert(header::CONTENT_ENCODING, v);
-                // A strong ETag names one representation; an encoded one is a different
-                // representation, so it is sent weakened (as nginx does).
-                if let Some(tag) = &etag {
-                    if !tag.as_bytes().starts_with(b"W/") {
-                        let mut weak = Vec::with_capacity(tag.len() + 2);
-                        weak.extend_from_slice(b"W/");
-                        weak.extend_from_slice(tag.as_bytes());
-                        if let Ok(w) = HeaderValue::from_bytes(&weak) {
-                            head.insert(header::ETAG, w);
-                        }
-                    }
+                if let Some(weak) = etag.as_ref().and_then(weakened) {
+                    head.insert(header::ETAG, weak);
                 }
             }
             head.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
@@ -132,10 +128,12 @@ impl Entry {
             negotiated,
             tags: Box::new([]),
             weight,
+            pending: None,
         }
     }
 
-    /// The same response with another set of bodies (compressed variants added).
+    /// The same response with another set of bodies (compressed variants added); it shares
+    /// this entry's [`Pending`], if any.
     pub fn with_bodies(&self, bodies: Vec<(Encoding, Bytes)>) -> Entry {
         let mut e = Entry::build(
             self.status,
@@ -146,6 +144,7 @@ impl Entry {
         );
         e.auth_ok = self.auth_ok;
         e.tags = self.tags.clone();
+        e.pending = self.pending.clone();
         e
     }
 
@@ -190,6 +189,19 @@ impl Entry {
     pub fn has_encoding(&self, e: Encoding) -> bool {
         self.variants[e as usize].is_some()
     }
+}
+
+/// A strong ETag weakened (None if it is weak already). A strong ETag names one
+/// representation; a body in another coding is a different representation, so it is sent with
+/// the tag weakened (as nginx does).
+pub fn weakened(tag: &HeaderValue) -> Option<HeaderValue> {
+    if tag.as_bytes().starts_with(b"W/") {
+        return None;
+    }
+    let mut weak = Vec::with_capacity(tag.len() + 2);
+    weak.extend_from_slice(b"W/");
+    weak.extend_from_slice(tag.as_bytes());
+    HeaderValue::from_bytes(&weak).ok()
 }
 
 /// Whether the Vary field lists `name` (case-insensitive).

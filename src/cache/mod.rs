@@ -7,17 +7,20 @@
 
 pub mod coalesce;
 pub mod entry;
+pub mod pending;
 pub mod policy;
 pub mod vary;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName};
 use quick_cache::sync::Cache as QuickCache;
 use quick_cache::Weighter;
 
 pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
+pub use pending::Pending;
 use vary::VaryKey;
 
 use crate::compress::{Compressor, Encoding};
@@ -260,25 +263,58 @@ impl Cache {
         })
     }
 
-    /// Computes the compressed variants of a just-stored entry in the background and replaces
-    /// it with an entry holding every encoding (unless a newer fill replaced it meanwhile).
+    /// Computes the compressed variants of a just-stored entry in the background, fastest
+    /// first, and publishes each as soon as it is ready: the stored entry is replaced by one
+    /// that also holds it (unless a newer fill or a purge replaced it meanwhile, which stops the
+    /// work). The last entry published carries no [`Pending`].
     pub fn spawn_variants(self: &Arc<Self>, key: CacheKey, entry: Arc<Entry>) {
         let cache = Arc::clone(self);
         tokio::spawn(async move {
+            let _finish = pending::Finish(entry.pending.clone());
             let Some(identity) = entry.variant(Encoding::Identity).map(|v| v.body.clone()) else {
                 return;
             };
-            let encoded = cache.compressor.encode_all(identity).await;
-            let mut bodies = entry.bodies();
-            for (enc, body) in Encoding::COMPRESSED.iter().zip(encoded) {
-                if let Some(b) = body {
-                    if !entry.has_encoding(*enc) {
-                        bodies.push((*enc, b));
+            let store = Arc::clone(&cache);
+            let pending = entry.pending.clone();
+            let started = {
+                let pending = pending.clone();
+                move || {
+                    if let Some(p) = pending {
+                        p.start();
                     }
                 }
-            }
-            let upgraded = entry.with_bodies(bodies);
-            cache.store.upgrade(&key, &entry, Arc::new(upgraded));
+            };
+            let last = *Compressor::BUILD_ORDER.last().expect("codings");
+            let mut current = entry;
+            let publish = move |enc: Encoding, body: Option<Bytes>| -> bool {
+                let mut bodies = current.bodies();
+                let added = match body {
+                    Some(b) if !current.has_encoding(enc) => {
+                        bodies.push((enc, b));
+                        true
+                    }
+                    _ => false,
+                };
+                if added || (enc == last && current.pending.is_some()) {
+                    let mut next = current.with_bodies(bodies);
+                    if enc == last {
+                        next.pending = None;
+                    }
+                    let next = Arc::new(next);
+                    if !store.store.upgrade(&key, &current, Arc::clone(&next)) {
+                        return false;
+                    }
+                    current = next;
+                }
+                if let Some(p) = &pending {
+                    p.tried(enc, added.then_some(&current));
+                }
+                true
+            };
+            cache
+                .compressor
+                .encode_each(identity, started, publish)
+                .await;
         });
     }
 }

@@ -1,7 +1,8 @@
 //! Filling the cache: fetch from the upstream (conditionally when a stale entry has validators),
 //! refresh on 304, fall back to stale on errors when allowed, decide storability, buffer, decode
-//! once, store, and answer the client that caused the fill. Dropping the fill guard without
-//! completing it releases coalesced waiters.
+//! once, store, and answer the client that caused the fill. A response that will not be stored
+//! is passed on, or, when the client asked for a range of it, dropped for the client's own
+//! request. Dropping the fill guard without completing it releases coalesced waiters.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
 use crate::cache::policy::{self, FetchContext};
-use crate::cache::{CacheKey, Entry};
+use crate::cache::{CacheKey, Entry, Pending};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 
@@ -47,8 +48,10 @@ impl Proxy {
         request_no_store: bool,
     ) -> Response<Body> {
         let me = &self.0;
-        let client_method = parts.method.clone();
-        let client_headers = parts.headers.clone();
+        // The client's request as it came: answers are built for it, and it goes upstream as is
+        // when the client wants a range of a response that will not be stored.
+        let client = super::clone_parts(&parts);
+        let (client_method, client_headers) = (&client.method, &client.headers);
         let has_authorization = client_headers.contains_key(header::AUTHORIZATION);
 
         upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
@@ -67,7 +70,7 @@ impl Proxy {
         // A HEAD with nothing stored fetches the GET response so the body can be stored and
         // served. A HEAD revalidating a stored response goes through as HEAD: its answer updates
         // or invalidates the stored GET response (§4.3.5).
-        let head_through = client_method == Method::HEAD && stale.is_some();
+        let head_through = *client_method == Method::HEAD && stale.is_some();
         if !head_through {
             parts.method = Method::GET;
         }
@@ -81,8 +84,8 @@ impl Proxy {
         let respond = |entry: &Entry, status| {
             crate::deliver::from_entry(
                 entry,
-                &client_method,
-                &client_headers,
+                client_method,
+                client_headers,
                 status,
                 &me.status_header,
             )
@@ -168,13 +171,9 @@ impl Proxy {
                     if stale.is_some() {
                         me.cache.store.remove(&key);
                     }
-                    return self.respond_streamed(
-                        rparts,
-                        rbody,
-                        &client_method,
-                        &client_headers,
-                        status,
-                    );
+                    return self
+                        .not_stored(client, peer, rparts, Body::stream(rbody), status)
+                        .await;
                 }
             };
 
@@ -187,20 +186,18 @@ impl Proxy {
             .and_then(|s| s.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
             drop(guard);
-            return self.respond_streamed(rparts, rbody, &client_method, &client_headers, status);
+            return self
+                .not_stored(client, peer, rparts, Body::stream(rbody), status)
+                .await;
         }
         let body = match buffer_up_to(rbody, max).await {
             Buffered::Complete(b) => b,
             Buffered::TooLarge(streamed) => {
                 drop(guard);
                 me.cache.store.remove(&key);
-                me.strip_private_fields(&mut rparts.headers);
-                let body = if client_method == Method::HEAD {
-                    Body::empty()
-                } else {
-                    streamed
-                };
-                return me.tag(Response::from_parts(rparts, body), status);
+                return self
+                    .not_stored(client, peer, rparts, streamed, status)
+                    .await;
             }
             Buffered::Failed(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
@@ -262,11 +259,14 @@ impl Proxy {
         );
         entry.auth_ok = storable.auth_ok;
         entry.tags = tags;
+        if negotiated {
+            entry.pending = Some(Pending::new());
+        }
         let entry = Arc::new(entry);
         if me
             .cache
             .store
-            .store(key.clone(), Arc::clone(&entry), &client_headers)
+            .store(key.clone(), Arc::clone(&entry), client_headers)
         {
             if let Some(g) = guard {
                 g.complete(Arc::clone(&entry));
@@ -274,8 +274,12 @@ impl Proxy {
             if negotiated {
                 me.cache.spawn_variants(key, Arc::clone(&entry));
             }
+        } else if let Some(p) = &entry.pending {
+            p.finish(); // not stored: no variants will come
         }
-        let mut resp = respond(&entry, status);
+        let mut resp = me
+            .deliver_settled(&entry, client_method, client_headers, status)
+            .await;
         // The client that caused the fill still gets the fields not stored for others.
         for name in &storable.strip {
             for v in rparts.headers.get_all(name) {
@@ -285,25 +289,45 @@ impl Proxy {
         resp
     }
 
-    fn respond_streamed(
+    /// Answers the client with a response that will not be stored. It is passed on as it
+    /// comes, unless the client asked for a range of it: fetching it whole to cut a part out
+    /// would pull the whole body (gigabytes for one byte, and everything before the offset when
+    /// resuming), so it is dropped unread and the client's own request, Range and If-Range
+    /// included, goes upstream; the origin's 206 is passed on. Not when the origin says
+    /// `Accept-Ranges: none`: then the range is cut from this response's stream.
+    async fn not_stored(
         &self,
-        mut rparts: response::Parts,
-        rbody: Incoming,
-        method: &Method,
-        request: &HeaderMap,
+        client: request::Parts,
+        peer: SocketAddr,
+        rparts: response::Parts,
+        body: Body,
         status: CacheStatus,
     ) -> Response<Body> {
-        self.0.strip_private_fields(&mut rparts.headers);
-        rparts.headers.append(header::VIA, VIA);
-        let body = if *method == Method::HEAD {
-            Body::empty()
-        } else {
-            let accept = request.get(header::ACCEPT_ENCODING);
-            self.0
-                .compress_on_the_fly(&mut rparts, Body::stream(rbody), accept)
-        };
-        self.0.tag(Response::from_parts(rparts, body), status)
+        if wants_part(&client, &rparts) {
+            drop(body);
+            let req = Request::from_parts(client, Body::empty());
+            return Box::pin(self.forward(req, peer, status)).await;
+        }
+        let asked = super::Asked::of(&client.method, &client.headers);
+        self.0.pass_on(rparts, body, &asked, status)
     }
+}
+
+/// Whether a client asked for part of this full response, which the origin can send alone: a
+/// GET with a byte Range that applies to it (its If-Range, if any, names this response).
+fn wants_part(client: &request::Parts, rparts: &response::Parts) -> bool {
+    let h = &rparts.headers;
+    client.method == Method::GET
+        && rparts.status == StatusCode::OK
+        && !h
+            .get(header::ACCEPT_RANGES)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"none"))
+        && super::range_against(
+            client.headers.get(header::RANGE),
+            client.headers.get(header::IF_RANGE),
+            h,
+            super::content_length(h).unwrap_or(u64::MAX),
+        ) != crate::range::Decision::Full
 }
 
 /// Tags listed in the tag header (space or comma separated).

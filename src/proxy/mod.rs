@@ -1,4 +1,5 @@
-//! The caching reverse proxy handler: the request's journey through the cache.
+//! The caching reverse proxy handler: the request's journey through the cache, and how a
+//! response that does not come from the store is adapted to the client (`pass_on`).
 //!
 //! ```text
 //! request ─▶ GET/HEAD? ──no──▶ pass (stream both ways); a 2xx/3xx invalidates  x-cache: BYPASS
@@ -15,9 +16,12 @@
 //!               │  origin down / 5xx and stale-if-error allows ─▶ stale      STALE
 //!               ▼
 //!          storable? ──no──▶ stream back, release waiters                    MISS / EXPIRED
+//!               │            (a client's Range: its own request sent instead)
 //!               │yes
 //!          buffer ─▶ decode once ─▶ store identity ─▶ deliver                 MISS / EXPIRED
-//!                                     └─▶ background: gzip, br, zstd variants
+//!                                     └─▶ background: gzip, zstd, br variants, each published
+//!                                         when ready; until one the client accepts is, a
+//!                                         delivery that would give identity waits for it
 //! ```
 
 mod fill;
@@ -27,7 +31,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{self, HeaderName};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -95,6 +99,10 @@ impl Proxy {
         let Some(entry) = me.cache.store.lookup(&key, req.headers()) else {
             return Err(req);
         };
+        if entry.pending.is_some() {
+            // Compressed variants are being built: the client may have to wait for one.
+            return Err(req);
+        }
         let directives = RequestDirectives::from_headers(req.headers());
         if directives.accepts(&entry.freshness, Instant::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
@@ -132,7 +140,9 @@ impl Proxy {
             let now = Instant::now();
             let usable = !has_auth || entry.auth_ok;
             if usable && directives.accepts(&entry.freshness, now) {
-                return me.deliver(entry, &req, CacheStatus::Hit);
+                return me
+                    .deliver_settled(entry, req.method(), req.headers(), CacheStatus::Hit)
+                    .await;
             }
             // RFC 5861 §3: answer stale at once, refresh once in the background.
             if usable
@@ -213,7 +223,8 @@ impl Proxy {
             Join::Follower(follower) => {
                 match Box::pin(follower.wait(me.cache.cfg.coalesce_timeout.0)).await {
                     FillOutcome::Filled(entry) if !has_auth || entry.auth_ok => {
-                        me.deliver_parts(&entry, &parts, CacheStatus::Hit)
+                        me.deliver_settled(&entry, &parts.method, &parts.headers, CacheStatus::Hit)
+                            .await
                     }
                     _ => {
                         let req = Request::from_parts(parts, Body::empty());
@@ -266,9 +277,7 @@ impl Proxy {
     ) -> Response<Body> {
         let me = &self.0;
         let (mut parts, body) = req.into_parts();
-        let accept = (parts.method != Method::HEAD)
-            .then(|| parts.headers.get(header::ACCEPT_ENCODING).cloned())
-            .flatten();
+        let asked = Asked::of(&parts.method, &parts.headers);
         upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
         match upstream::send(
             &me.client,
@@ -280,13 +289,33 @@ impl Proxy {
             Ok(resp) => {
                 let (mut rparts, rbody) = resp.into_parts();
                 upstream::strip_hop_by_hop(&mut rparts.headers);
-                me.strip_private_fields(&mut rparts.headers);
-                rparts.headers.append(header::VIA, VIA);
-                let body =
-                    me.compress_on_the_fly(&mut rparts, Body::stream(rbody), accept.as_ref());
-                me.tag(Response::from_parts(rparts, body), status)
+                me.pass_on(rparts, Body::stream(rbody), &asked, status)
             }
             Err(e) => me.tag(e.response(), status),
+        }
+    }
+}
+
+/// What the client asked of a response that is passed on rather than delivered from the store,
+/// taken before its request goes upstream: the method, and the fields the response is adapted
+/// to.
+struct Asked {
+    head: bool,
+    accept: Option<HeaderValue>,
+    range: Option<HeaderValue>,
+    if_range: Option<HeaderValue>,
+}
+
+impl Asked {
+    fn of(method: &Method, headers: &http::HeaderMap) -> Asked {
+        let get = |name| headers.get(name).cloned();
+        Asked {
+            head: *method == Method::HEAD,
+            accept: get(header::ACCEPT_ENCODING),
+            range: (*method == Method::GET)
+                .then(|| get(header::RANGE))
+                .flatten(),
+            if_range: get(header::IF_RANGE),
         }
     }
 }
@@ -306,6 +335,31 @@ impl Inner {
             status,
             &self.status_header,
         )
+    }
+
+    /// Delivers `entry`, first waiting (at most `coalesce_timeout`) for a compressed variant
+    /// the client accepts when the entry holds none yet and one is being built (not when its
+    /// compression is queued behind other bodies': then identity at once).
+    async fn deliver_settled(
+        &self,
+        entry: &Arc<crate::cache::Entry>,
+        method: &Method,
+        headers: &http::HeaderMap,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        let settled;
+        let entry = match &entry.pending {
+            Some(p) => {
+                let accept =
+                    crate::compress::AcceptEncoding::parse(headers.get(header::ACCEPT_ENCODING));
+                let can_start = self.cache.compressor.idle();
+                let wait = self.cache.cfg.coalesce_timeout.0;
+                settled = p.settled(entry, &accept, can_start, wait).await;
+                &settled
+            }
+            None => entry,
+        };
+        deliver::from_entry(entry, method, headers, status, &self.status_header)
     }
 
     fn deliver_parts(
@@ -329,6 +383,77 @@ impl Inner {
         r
     }
 
+    /// A response that is not delivered from the store, on its way to the client: larder's
+    /// private fields removed, Via added, then adapted to what the client asked: one range cut
+    /// from a full 200 the origin sent despite the client's Range (the upstream dropped once it
+    /// is sent), or else a coding the client does not accept decoded, an identity body
+    /// compressed on the fly.
+    fn pass_on(
+        &self,
+        mut rparts: http::response::Parts,
+        body: Body,
+        asked: &Asked,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        use crate::range::{self, Decision};
+        self.strip_private_fields(&mut rparts.headers);
+        rparts.headers.append(header::VIA, VIA);
+        let body = if asked.head { Body::empty() } else { body };
+        match range_to_cut(&rparts, asked) {
+            (Decision::Partial(ranges), Some(len)) if ranges.len() == 1 => {
+                rparts.status = StatusCode::PARTIAL_CONTENT;
+                let body = range::slice_stream(ranges[0], len, &mut rparts.headers, body);
+                return self.tag(Response::from_parts(rparts, body), status);
+            }
+            (Decision::Unsatisfiable, Some(len)) => {
+                return self.tag(range::unsatisfiable(len), status);
+            }
+            // Several ranges get the whole 200 (a server may ignore Range, RFC 9110 §14.2).
+            _ => {}
+        }
+        let body = self.recode(&mut rparts, body, asked);
+        self.tag(Response::from_parts(rparts, body), status)
+    }
+
+    /// Adapts the content coding of a response passed on to the client's Accept-Encoding: a
+    /// coding it does not accept (RFC 9110 §12.5.3; no Accept-Encoding counts as identity only,
+    /// as for stored responses) is decoded while streaming; an identity body is compressed on
+    /// the fly if it accepts a coding. Never under `no-transform` (§7.7), never a partial body,
+    /// and a coding larder does not know is passed as sent. The headers are set even for HEAD.
+    fn recode(&self, rparts: &mut http::response::Parts, body: Body, asked: &Asked) -> Body {
+        use crate::compress::{AcceptEncoding, Encoding};
+        let h = &rparts.headers;
+        let Some(coded) = h.get(header::CONTENT_ENCODING) else {
+            return if asked.head {
+                body
+            } else {
+                self.compress_on_the_fly(rparts, body, asked.accept.as_ref())
+            };
+        };
+        let decodable = coded
+            .to_str()
+            .ok()
+            .and_then(Encoding::from_content_encoding)
+            .filter(|e| {
+                *e != Encoding::Identity
+                    && !AcceptEncoding::parse(asked.accept.as_ref()).accepts(*e)
+                    && !matches!(rparts.status.as_u16(), 100..=199 | 204 | 206 | 304)
+                    && !h.contains_key(header::CONTENT_RANGE)
+                    && !crate::cache::policy::CacheControl::from_headers(h, &header::CACHE_CONTROL)
+                        .no_transform
+            });
+        let Some(enc) = decodable else {
+            return body;
+        };
+        let empty = content_length(h) == Some(0);
+        mark_recoded(&mut rparts.headers, Encoding::Identity);
+        if asked.head || empty {
+            body
+        } else {
+            crate::compress::decode_stream(body, enc)
+        }
+    }
+
     /// Compresses a response that is not stored, per request, when the client accepts a coding,
     /// the origin sent none, the type is compressible and `no-transform` does not forbid it.
     fn compress_on_the_fly(
@@ -339,16 +464,13 @@ impl Inner {
     ) -> Body {
         let compressor = &self.cache.compressor;
         let h = &rparts.headers;
-        let len = h
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.parse::<usize>().ok());
+        let len = content_length(h).map_or(usize::MAX, |n| n as usize);
         let eligible = compressor.config().dynamic
             && accept.is_some()
             && matches!(rparts.status.as_u16(), 200..=203)
             && !h.contains_key(header::CONTENT_ENCODING)
             && !h.contains_key(header::CONTENT_RANGE)
-            && compressor.wants(h.get(header::CONTENT_TYPE), len.unwrap_or(usize::MAX))
+            && compressor.wants(h.get(header::CONTENT_TYPE), len)
             && !h
                 .get(header::CONTENT_TYPE)
                 .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
@@ -360,26 +482,7 @@ impl Inner {
         let Some(enc) = crate::compress::AcceptEncoding::parse(accept).dynamic_choice() else {
             return body;
         };
-        let h = &mut rparts.headers;
-        h.remove(header::CONTENT_LENGTH);
-        h.insert(
-            header::CONTENT_ENCODING,
-            enc.header_value().expect("a coding"),
-        );
-        if !crate::cache::entry::vary_lists(h, "accept-encoding") {
-            h.append(
-                header::VARY,
-                http::HeaderValue::from_static("Accept-Encoding"),
-            );
-        }
-        if let Some(tag) = h.get(header::ETAG) {
-            if !tag.as_bytes().starts_with(b"W/") {
-                let weak = [b"W/".as_slice(), tag.as_bytes()].concat();
-                if let Ok(v) = http::HeaderValue::from_bytes(&weak) {
-                    h.insert(header::ETAG, v);
-                }
-            }
-        }
+        mark_recoded(&mut rparts.headers, enc);
         crate::compress::encode_stream(body, enc, compressor.config())
     }
 
@@ -395,6 +498,72 @@ impl Inner {
         }
         headers.remove(&self.cache.cfg.tag_header.0);
     }
+}
+
+/// The fields of a response whose body larder codes into `enc` (Identity: decodes) on the way:
+/// Content-Encoding set, Content-Length gone (the new length is not known before the end), the
+/// ETag weakened (another representation), Vary: Accept-Encoding (the body now depends on it).
+fn mark_recoded(h: &mut http::HeaderMap, enc: crate::compress::Encoding) {
+    h.remove(header::CONTENT_LENGTH);
+    match enc.header_value() {
+        Some(v) => h.insert(header::CONTENT_ENCODING, v),
+        None => h.remove(header::CONTENT_ENCODING),
+    };
+    if !crate::cache::entry::vary_lists(h, "accept-encoding") {
+        h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+    if let Some(weak) = h.get(header::ETAG).and_then(crate::cache::entry::weakened) {
+        h.insert(header::ETAG, weak);
+    }
+}
+
+/// What to do with the client's Range on a response passed on, and the length it counts in:
+/// only a 200 of known length whose bytes go to the client as they are (not decoded for it).
+fn range_to_cut(
+    rparts: &http::response::Parts,
+    asked: &Asked,
+) -> (crate::range::Decision, Option<u64>) {
+    use crate::compress::{AcceptEncoding, Encoding};
+    let h = &rparts.headers;
+    let decoded = h
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Encoding::from_content_encoding)
+        .is_some_and(|e| {
+            e != Encoding::Identity && !AcceptEncoding::parse(asked.accept.as_ref()).accepts(e)
+        });
+    match content_length(h) {
+        Some(len) if rparts.status == StatusCode::OK && !decoded => (
+            range_against(asked.range.as_ref(), asked.if_range.as_ref(), h, len),
+            Some(len),
+        ),
+        _ => (crate::range::Decision::Full, None),
+    }
+}
+
+/// A request's Range and If-Range against a response with these headers, `len` bytes long.
+fn range_against(
+    range: Option<&HeaderValue>,
+    if_range: Option<&HeaderValue>,
+    response: &http::HeaderMap,
+    len: u64,
+) -> crate::range::Decision {
+    let last_modified = response
+        .get(header::LAST_MODIFIED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::cache::policy::parse_http_date);
+    crate::range::decide(
+        range,
+        if_range,
+        len,
+        response.get(header::ETAG),
+        last_modified,
+    )
+}
+
+/// A response's Content-Length, when it has a valid one.
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 fn clone_parts(p: &request::Parts) -> request::Parts {

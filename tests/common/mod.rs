@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +28,28 @@ pub struct Reply {
     pub delay: Duration,
     /// Send the head and part of the body, then drop the connection.
     pub abort_body: bool,
+    /// Instead of `body`, a generated body of this many bytes (see [`Generated`]).
+    pub generated: Option<Generated>,
+}
+
+/// A long body made up as it is sent: byte `i` is [`pattern_byte`]`(i)`, in 64 KiB chunks, with
+/// Content-Length when `declared`, chunked otherwise. `produced` counts the bytes the origin's
+/// connection took, so a test can check how much of it larder pulled.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub len: u64,
+    pub declared: bool,
+    pub produced: Arc<AtomicU64>,
+}
+
+/// Byte `i` of a [`Generated`] body.
+pub fn pattern_byte(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
+/// Bytes `first..=last` of a [`Generated`] body.
+pub fn pattern(first: u64, last: u64) -> Vec<u8> {
+    (first..=last).map(pattern_byte).collect()
 }
 
 impl Reply {
@@ -38,7 +60,19 @@ impl Reply {
             body: body.into(),
             delay: Duration::ZERO,
             abort_body: false,
+            generated: None,
         }
+    }
+    /// A generated body of `len` bytes (Content-Length sent when `declared`), counted into
+    /// `produced`.
+    pub fn generated(len: u64, declared: bool, produced: &Arc<AtomicU64>) -> Reply {
+        let mut r = Reply::ok(Bytes::new());
+        r.generated = Some(Generated {
+            len,
+            declared,
+            produced: Arc::clone(produced),
+        });
+        r
     }
     pub fn status(mut self, s: u16) -> Reply {
         self.status = s;
@@ -172,11 +206,47 @@ impl http_body::Body for Aborting {
     }
 }
 
+/// The body of a [`Generated`] reply, produced chunk by chunk as the connection takes it.
+struct GeneratedBody {
+    g: Generated,
+    sent: u64,
+}
+
+impl http_body::Body for GeneratedBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        let n = (self.g.len - self.sent).min(64 * 1024);
+        if n == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let chunk = pattern(self.sent, self.sent + n - 1);
+        self.sent += n;
+        self.g.produced.fetch_add(n, Ordering::SeqCst);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(chunk)))))
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        let left = self.g.len - self.sent;
+        if self.g.declared {
+            http_body::SizeHint::with_exact(left)
+        } else {
+            let mut h = http_body::SizeHint::new();
+            h.set_lower(left.min(1));
+            h
+        }
+    }
+}
+
 type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 fn build_reply(r: Reply) -> Response<OriginBody> {
     let len = r.body.len();
-    let body: OriginBody = if r.abort_body {
+    let body: OriginBody = if let Some(g) = r.generated.clone() {
+        GeneratedBody { g, sent: 0 }.boxed()
+    } else if r.abort_body {
         let half = r.body.slice(..len / 2);
         Aborting(Some(half)).boxed()
     } else {
