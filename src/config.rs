@@ -1,14 +1,21 @@
 //! Typed configuration: one TOML file, every setting declared once with its type, default and bounds.
 //!
-//! Validation happens while deserializing (sizes, durations, URLs, bounded numbers, host patterns
-//! are their own types), so every bad value is reported by `toml` with the span of that value, and
-//! [`Error`] turns the span into "line N, key `k`". Each part of the program receives its own typed
-//! slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...), never the whole thing.
+//! Validation happens while deserializing: sizes, durations, fractions, URLs, host patterns are
+//! their own types, and a bounded number, size or duration carries its range in its type
+//! (`Bounded<1, 9>`, `ByteSize<{ 8 * KIB }, MIB>`, `Dur<100, HOUR_MS>`), so every bad value is
+//! reported by `toml` with the span of that value, and [`Error`] turns the span into "line N, key
+//! `table.key`". Checks that span several keys (listeners sharing a port, `max_object_size` above
+//! `max_size`, `max_connections` above the open-files limit) run after parsing and name the key
+//! they blame and its line, found by its path in the text ([`Locator`]). Each part of the program
+//! receives its own typed slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...),
+//! never the whole thing.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -19,6 +26,29 @@ use serde::Deserialize;
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");
 
+/// Bytes in a KiB, MiB, GiB (for size bounds: `ByteSize<{ 8 * KIB }, MIB>`).
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// Milliseconds in a second, a minute, an hour (for duration bounds: `Dur<100, HOUR_MS>`).
+pub const SECOND_MS: u64 = 1000;
+pub const MINUTE_MS: u64 = 60 * SECOND_MS;
+pub const HOUR_MS: u64 = 60 * MINUTE_MS;
+/// The longest duration any setting takes (8760h, a year) unless its type says less: beyond,
+/// adding it to a clock reading can overflow, which panics.
+pub const YEAR_MS: u64 = 8760 * HOUR_MS;
+
+/// Worker threads at most (`workers`, `--workers`, `[compression] threads`, an image route's
+/// `workers`). Each is an OS thread with its stack (and with `per-core` its own runtime and
+/// listening sockets); past the number of cores more only add switching, and 1024 is above the
+/// hardware threads of the largest servers. Unbounded, `workers = 100000000` had the runtime
+/// allocate for each until memory ran out, and the port never opened.
+pub const MAX_WORKERS: i64 = 1024;
+
+/// A worker-thread count: 0 means one per core.
+pub type Workers = Bounded<0, MAX_WORKERS>;
+
 /// A configuration that failed to load.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -27,7 +57,8 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{origin}: line {line}, key `{key}`: {message}")]
+    /// A bad value or key; `line` is 0 (and left out) where the text does not set the key.
+    #[error("{}", invalid(origin, *line, key, message))]
     Invalid {
         origin: String,
         line: usize,
@@ -36,6 +67,15 @@ pub enum Error {
     },
     #[error("{origin}: {message}")]
     Semantic { origin: String, message: String },
+}
+
+fn invalid(origin: &str, line: usize, key: &str, message: &str) -> String {
+    match (line, key) {
+        (0, "") => format!("{origin}: {message}"),
+        (0, key) => format!("{origin}: key `{key}`: {message}"),
+        (line, "") => format!("{origin}: line {line}: {message}"),
+        (line, key) => format!("{origin}: line {line}, key `{key}`: {message}"),
+    }
 }
 
 /// The whole configuration file.
@@ -54,6 +94,10 @@ pub struct Config {
     /// a route asks for it).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Where this configuration came from, to name keys and lines in errors found after
+    /// parsing ([`Config::fit_open_files`]).
+    #[serde(skip)]
+    pub source: Source,
 }
 
 /// The `[admin]` section.
@@ -70,16 +114,36 @@ pub struct AdminConfig {
     pub purge_allow: Vec<Cidr>,
 }
 
+/// The text a configuration was parsed from and its name in errors (a path, "embedded
+/// default", "command line").
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    pub origin: String,
+    pub text: Arc<str>,
+}
+
+impl Source {
+    /// An error blaming the first of `paths` the text sets (else the first), with its line.
+    fn error(&self, paths: &[&[Seg]], message: impl Into<String>) -> Error {
+        Locator::new(&self.text).error(&self.origin, paths, message.into())
+    }
+}
+
+/// File descriptors kept for what is not a client connection or a listening socket: standard
+/// streams, the runtimes' epoll and wakers, files being read, upstream connections being made.
+pub const RESERVED_FDS: u64 = 64;
+
 impl Config {
     /// Parses a configuration from TOML text; `origin` names it in errors (a path or "embedded").
     pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
         let mut cfg: Config =
             toml::from_str(text).map_err(|e| Error::from_toml(&e, text, origin))?;
-        cfg.distribute_admin_token();
-        cfg.check_semantics().map_err(|message| Error::Semantic {
+        cfg.source = Source {
             origin: origin.to_string(),
-            message,
-        })?;
+            text: text.into(),
+        };
+        cfg.distribute_admin_token();
+        cfg.check_semantics()?;
         Ok(cfg)
     }
 
@@ -110,24 +174,131 @@ impl Config {
         }
     }
 
-    /// Checks that span several keys (each key alone was checked while parsing).
-    fn check_semantics(&self) -> Result<(), String> {
+    /// Checks that span several keys (each key alone was checked while parsing); an error names
+    /// the key it blames and that key's line.
+    fn check_semantics(&self) -> Result<(), Error> {
+        let src = &self.source;
         if self.listeners.is_empty() {
-            return Err("no [[listener]] configured: larder would serve nothing".into());
+            return Err(Error::Semantic {
+                origin: src.origin.clone(),
+                message: "no [[listener]] configured: larder would serve nothing".into(),
+            });
         }
+        let admin_listen: &[Seg] = &[Key("admin"), Key("listen")];
         if self.admin.listen.is_some() && self.admin.token.as_deref().is_none_or(str::is_empty) {
-            return Err("[admin] listen needs [admin] token: the admin API never runs open".into());
+            return Err(src.error(
+                &[admin_listen],
+                "needs [admin] token: the admin API never runs open",
+            ));
         }
-        let mut seen = std::collections::HashSet::new();
-        for l in &self.listeners {
-            if !seen.insert(l.addr) {
-                return Err(format!("listener address {} is configured twice", l.addr));
+        let line_of = |i: usize| {
+            let at = Locator::new(&src.text);
+            at.line_of(&[Key("listener"), Index(i), Key("addr")])
+        };
+        for (i, l) in self.listeners.iter().enumerate() {
+            let addr: &[Seg] = &[Key("listener"), Index(i), Key("addr")];
+            if let Some((j, other)) = (self.listeners[..i].iter().enumerate())
+                .find(|(_, o)| ports_collide(o.addr, l.addr))
+            {
+                return Err(src.error(
+                    &[addr],
+                    format!(
+                        "{} and the listener on {} (line {}) cannot both listen on port {}",
+                        l.addr,
+                        other.addr,
+                        line_of(j),
+                        l.addr.port()
+                    ),
+                ));
+            }
+            if let Some(admin) = self.admin.listen.filter(|a| ports_collide(*a, l.addr)) {
+                return Err(src.error(
+                    &[admin_listen],
+                    format!(
+                        "the admin listener on {admin} and the listener on {} (line {}) cannot \
+                         both listen on port {}",
+                        l.addr,
+                        line_of(i),
+                        admin.port()
+                    ),
+                ));
             }
             if l.routes.is_empty() {
-                return Err(format!("listener {} has no [[listener.route]]", l.addr));
+                return Err(src.error(
+                    &[&[Key("listener"), Index(i), Key("route")], &addr[..2]],
+                    format!("listener {} has no [[listener.route]]", l.addr),
+                ));
+            }
+            for (j, r) in l.routes.iter().enumerate() {
+                let route = [Key("listener"), Index(i), Key("route"), Index(j)];
+                if let HandlerConfig::Static(s) = &r.handler {
+                    if s.root.is_some() == s.bundled.is_some() {
+                        return Err(src.error(
+                            &[&[&route[..], &[Key("static")]].concat()],
+                            "needs exactly one of `root` (a directory) and `bundled`",
+                        ));
+                    }
+                }
             }
         }
+        let cache = &self.cache;
+        if cache.max_object_size.0 > cache.max_size.0 {
+            return Err(src.error(
+                &[
+                    &[Key("cache"), Key("max_object_size")],
+                    &[Key("cache"), Key("max_size")],
+                ],
+                format!(
+                    "max_object_size ({}) is larger than max_size ({}): no response that large \
+                     could be stored; set max_object_size to at most {}",
+                    show_size(cache.max_object_size.0),
+                    show_size(cache.max_size.0),
+                    show_size(cache.max_size.0)
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// Listening sockets larder opens: one per listener (one per listener and worker with
+    /// `per-core` threads), and the admin listener.
+    fn listening_sockets(&self) -> u64 {
+        let per_listener = match self.server.threading {
+            Threading::PerCore => self.server.worker_count() as u64,
+            Threading::WorkStealing => 1,
+        };
+        self.listeners.len() as u64 * per_listener + u64::from(self.admin.listen.is_some())
+    }
+
+    /// Fits `max_connections` to `limit`, the open files this process may have (its soft limit
+    /// once raised to the hard one): each connection is a descriptor, besides the listening
+    /// sockets and [`RESERVED_FDS`]. Beyond the limit, accepting fails with EMFILE long before
+    /// the connection bound pauses it. A value the file sets that does not fit is an error
+    /// naming it; the default is lowered to fit, and the new bound returned to be reported.
+    pub fn fit_open_files(&mut self, limit: u64) -> Result<Option<i64>, Error> {
+        let others = RESERVED_FDS + self.listening_sockets();
+        let fits = i64::try_from(limit.saturating_sub(others)).unwrap_or(i64::MAX);
+        let wanted = self.server.max_connections.get();
+        if wanted <= fits {
+            return Ok(None);
+        }
+        let path: &[Seg] = &[Key("server"), Key("max_connections")];
+        let set = Locator::new(&self.source.text).line_of(path) > 0;
+        if set || fits < 1 {
+            return Err(self.source.error(
+                &[path],
+                format!(
+                    "{wanted} connections need {} open files with the listening sockets and \
+                     {RESERVED_FDS} more, but the open-files limit (RLIMIT_NOFILE, hard) is \
+                     {limit}: lower max_connections to {} or raise the limit (ulimit -n, \
+                     systemd's LimitNOFILE=)",
+                    wanted as u64 + others,
+                    fits.max(0)
+                ),
+            ));
+        }
+        self.server.max_connections = Bounded(fits);
+        Ok(Some(fits))
     }
 
     /// A one-listener configuration proxying everything to `upstream` (the `--upstream` CLI form).
@@ -145,18 +316,36 @@ impl Config {
                     handler,
                 }],
             }],
+            source: Source {
+                origin: "command line".into(),
+                text: "".into(),
+            },
         }
     }
 }
 
+/// Whether two listening sockets cannot both be bound (on Linux, even with SO_REUSEADDR): the
+/// same port (not 0, which picks a free one) and the same address, or one of them the wildcard
+/// of its family (`0.0.0.0` takes the port on every IPv4 address; `[::]`, dual-stack unless
+/// `net.ipv6.bindv6only` is set, on every address). With `per-core` threads' SO_REUSEPORT the
+/// second bind would even succeed, and the kernel would spread one port's connections over two
+/// listeners' routes.
+pub fn ports_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |w: std::net::IpAddr, o: std::net::IpAddr| {
+        w.is_unspecified() && (w.is_ipv6() || o.is_ipv4())
+    };
+    x == y || covers(x, y) || covers(y, x)
+}
+
 impl Error {
     fn from_toml(e: &toml::de::Error, text: &str, origin: &str) -> Error {
+        let at = Locator::new(text);
         let (line, key) = match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                let line_text = text.lines().nth(line - 1).unwrap_or("");
-                (line, key_of_line(line_text))
-            }
+            Some(span) => (at.line_at(span.start), at.key_at(span.start)),
             None => (0, String::new()),
         };
         Error::Invalid {
@@ -168,18 +357,158 @@ impl Error {
     }
 }
 
-/// The key a TOML line sets (`a.b = 1` → `a.b`; `[[listener.route]]` → `listener.route`).
-fn key_of_line(line: &str) -> String {
-    let t = line.trim();
-    if let Some(inner) = t.strip_prefix("[[").and_then(|s| s.split("]]").next()) {
-        return inner.trim().to_string();
+/// One step of a key path: a key of a table, or an index in an array (of tables).
+#[derive(Debug, Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+use Seg::{Index, Key};
+
+/// Where the keys of a configuration text are: the text parsed again by `toml_edit` (the parser
+/// under `toml`), which keeps each key's and value's span. Only built to report an error.
+struct Locator<'a> {
+    text: &'a str,
+    doc: Option<toml_edit::ImDocument<&'a str>>,
+}
+
+/// A child of a [`Node`]: its key (none for an array's element), the key's span (an element's
+/// own span), and the child.
+type Child<'d> = (Option<&'d str>, Option<Range<usize>>, Node<'d>);
+
+/// A node of the parsed text, whatever its form.
+#[derive(Clone, Copy)]
+enum Node<'d> {
+    Item(&'d toml_edit::Item),
+    Table(&'d toml_edit::Table),
+    Value(&'d toml_edit::Value),
+}
+
+impl<'d> Node<'d> {
+    /// Its own span: a value's, or a table's (its header).
+    fn span(self) -> Option<Range<usize>> {
+        match self {
+            Node::Item(toml_edit::Item::Value(v)) | Node::Value(v) => v.span(),
+            Node::Item(toml_edit::Item::Table(t)) | Node::Table(t) => t.span(),
+            Node::Item(_) => None,
+        }
     }
-    if let Some(inner) = t.strip_prefix('[').and_then(|s| s.split(']').next()) {
-        return inner.trim().to_string();
+
+    /// Its children.
+    fn children(self) -> Vec<Child<'d>> {
+        use toml_edit::{Item, Value};
+        let table = |t: &'d toml_edit::Table| {
+            t.iter()
+                .map(|(k, v)| (Some(k), t.key(k).and_then(|k| k.span()), Node::Item(v)))
+                .collect()
+        };
+        match self {
+            Node::Table(t) | Node::Item(Item::Table(t)) => table(t),
+            Node::Item(Item::ArrayOfTables(a)) => {
+                a.iter().map(|t| (None, t.span(), Node::Table(t))).collect()
+            }
+            Node::Item(Item::Value(v)) | Node::Value(v) => match v {
+                Value::InlineTable(t) => t
+                    .iter()
+                    .map(|(k, v)| (Some(k), t.key(k).and_then(|k| k.span()), Node::Value(v)))
+                    .collect(),
+                Value::Array(a) => a.iter().map(|v| (None, v.span(), Node::Value(v))).collect(),
+                _ => Vec::new(),
+            },
+            Node::Item(Item::None) => Vec::new(),
+        }
     }
-    match t.split_once('=') {
-        Some((k, _)) => k.trim().trim_matches('"').to_string(),
-        None => t.to_string(),
+}
+
+fn holds(span: &Option<Range<usize>>, offset: usize) -> bool {
+    span.as_ref().is_some_and(|s| s.contains(&offset))
+}
+
+impl<'a> Locator<'a> {
+    fn new(text: &'a str) -> Self {
+        Locator {
+            text,
+            doc: toml_edit::ImDocument::parse(text).ok(),
+        }
+    }
+
+    /// The line (from 1) holding byte `offset`.
+    fn line_at(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    /// The path (`cache.max_size`, `listener.route.proxy.upstream`) of the deepest key whose
+    /// key or value holds byte `offset`; empty if none does (a syntax error between keys).
+    fn key_at(&self, offset: usize) -> String {
+        fn find<'d>(node: Node<'d>, offset: usize, path: &mut Vec<&'d str>) -> bool {
+            for (key, key_span, child) in node.children() {
+                let depth = path.len();
+                path.extend(key);
+                if find(child, offset, path)
+                    || holds(&key_span, offset)
+                    || holds(&child.span(), offset)
+                {
+                    return true;
+                }
+                path.truncate(depth);
+            }
+            false
+        }
+        let mut path = Vec::new();
+        if let Some(doc) = &self.doc {
+            find(Node::Item(doc.as_item()), offset, &mut path);
+        }
+        path.join(".")
+    }
+
+    /// The line where the text sets `path` (its key; for a table in an array, its header), or
+    /// 0 if it does not.
+    fn line_of(&self, path: &[Seg]) -> usize {
+        let Some(doc) = &self.doc else { return 0 };
+        let mut node = Node::Item(doc.as_item());
+        let mut span = None;
+        for seg in path {
+            let children = node.children();
+            let found = match *seg {
+                Key(k) => children.into_iter().find(|(name, ..)| *name == Some(k)),
+                Index(i) => children
+                    .into_iter()
+                    .filter(|(name, ..)| name.is_none())
+                    .nth(i),
+            };
+            let Some((_, key_span, child)) = found else {
+                return 0;
+            };
+            span = key_span;
+            node = child;
+        }
+        span.map_or(0, |s| self.line_at(s.start))
+    }
+
+    /// An error blaming the first of `paths` the text sets (else the first path, without a line).
+    fn error(&self, origin: &str, paths: &[&[Seg]], message: String) -> Error {
+        let (line, path) = paths
+            .iter()
+            .map(|p| (self.line_of(p), *p))
+            .find(|(line, _)| *line > 0)
+            .unwrap_or((0, paths.first().copied().unwrap_or(&[])));
+        let key = path
+            .iter()
+            .filter_map(|s| match s {
+                Key(k) => Some(*k),
+                Index(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join(".");
+        Error::Invalid {
+            origin: origin.to_string(),
+            line,
+            key,
+            message,
+        }
     }
 }
 
@@ -188,15 +517,18 @@ fn key_of_line(line: &str) -> String {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Worker threads; 0 means one per core.
-    pub workers: usize,
+    pub workers: Workers,
     /// Open connections at most, over all listeners; at the bound, accepting pauses.
     pub max_connections: Bounded<1, 10_000_000>,
     /// Largest request head (request line plus headers) accepted; larger gets 431.
-    pub max_header_size: ByteSize,
-    /// Time a client has to send a complete request head (slowloris guard).
-    pub header_read_timeout: Dur,
-    /// Keep-alive connections with no traffic for this long are closed.
-    pub idle_timeout: Dur,
+    /// At least 8 KiB (a browser's head with its cookies), at most 1 MiB (each connection may
+    /// buffer that much).
+    pub max_header_size: ByteSize<{ 8 * KIB }, MIB>,
+    /// Time a client has to send a complete request head (slowloris guard); 100ms to 1h (0
+    /// timed every request out).
+    pub header_read_timeout: Dur<100, HOUR_MS>,
+    /// Keep-alive connections with no traffic for this long are closed; at least 100ms.
+    pub idle_timeout: Dur<100>,
     /// An HTTP/1.1 connection idle this long hands its buffers back and waits, kept open, as a
     /// bare socket until its next request (nginx does the same on keep-alive); 0 keeps them.
     pub idle_release: Dur,
@@ -215,6 +547,16 @@ pub struct ServerConfig {
     pub global_queue_interval: Bounded<1, 255>,
 }
 
+impl ServerConfig {
+    /// Worker threads this asks for (`workers`; 0 = one per core).
+    pub fn worker_count(&self) -> usize {
+        match self.workers.as_usize() {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
 /// The layout of the worker threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -229,7 +571,7 @@ pub enum Threading {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            workers: 0,
+            workers: Bounded(0),
             max_connections: Bounded(100_000),
             max_header_size: ByteSize(16 * 1024),
             header_read_timeout: Dur(Duration::from_secs(10)),
@@ -248,9 +590,10 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
-    /// Total bytes the cache may hold (bodies of every encoding plus headers).
-    pub max_size: ByteSize,
-    /// Responses larger than this are streamed through, never stored.
+    /// Total bytes the cache may hold (bodies of every encoding plus headers); at least 64 KiB
+    /// (0 stored nothing, silently: a route's `cache = false` says so).
+    pub max_size: ByteSize<{ 64 * KIB }>,
+    /// Responses larger than this are streamed through, never stored; at most `max_size`.
     pub max_object_size: ByteSize,
     /// Name of the response header telling HIT, MISS, BYPASS or EXPIRED.
     pub status_header: HeaderNameCfg,
@@ -259,7 +602,7 @@ pub struct CacheConfig {
     /// Store responses carrying Set-Cookie (the cookie itself is never stored, only the body).
     pub store_set_cookie: bool,
     /// Fraction of (Date - Last-Modified) used as a heuristic lifetime (RFC 9111 §4.2.2).
-    pub heuristic_fraction: f64,
+    pub heuristic_fraction: Fraction,
     /// Serve a stale response at once and refresh it in the background for this long past its
     /// lifetime, when the origin did not say (RFC 5861 stale-while-revalidate). 0 = only when the
     /// origin allows it.
@@ -292,7 +635,7 @@ impl Default for CacheConfig {
             status_header: HeaderNameCfg(HeaderName::from_static("x-cache")),
             coalesce_timeout: Dur(Duration::from_secs(10)),
             store_set_cookie: false,
-            heuristic_fraction: 0.1,
+            heuristic_fraction: Fraction(0.1),
             stale_while_revalidate: Dur(Duration::ZERO),
             stale_if_error: Dur(Duration::ZERO),
             stale_if_disconnected: Dur(Duration::from_secs(60)),
@@ -318,7 +661,7 @@ pub struct CompressionConfig {
     pub brotli_level: Bounded<0, 11>,
     pub zstd_level: Bounded<1, 22>,
     /// Compressions running at once (off the async workers); 0 means one per core.
-    pub threads: usize,
+    pub threads: Workers,
     /// Compress responses that are not stored (passed through) on the fly, per request.
     pub dynamic: bool,
     /// Levels for on-the-fly compression: cheap, since they are paid on every request.
@@ -353,7 +696,7 @@ impl Default for CompressionConfig {
             gzip_level: Bounded(9),
             brotli_level: Bounded(11),
             zstd_level: Bounded(19),
-            threads: 0,
+            threads: Bounded(0),
             dynamic: true,
             dynamic_gzip_level: Bounded(1),
             dynamic_brotli_level: Bounded(4),
@@ -438,11 +781,12 @@ impl TryFrom<RawRoute> for RouteConfig {
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     pub upstream: Upstream,
+    /// At least 1ms (0 failed every connection).
     #[serde(default = "ProxyConfig::default_connect_timeout")]
-    pub connect_timeout: Dur,
-    /// Time until the upstream's response head arrives.
+    pub connect_timeout: Dur<1>,
+    /// Time until the upstream's response head arrives; at least 1ms.
     #[serde(default = "ProxyConfig::default_response_timeout")]
-    pub response_timeout: Dur,
+    pub response_timeout: Dur<1>,
     /// Set false to proxy without caching.
     #[serde(default = "yes")]
     pub cache: bool,
@@ -465,10 +809,10 @@ impl ProxyConfig {
             access: crate::admin::Access::default(),
         }
     }
-    fn default_connect_timeout() -> Dur {
+    fn default_connect_timeout() -> Dur<1> {
         Dur(Duration::from_secs(5))
     }
-    fn default_response_timeout() -> Dur {
+    fn default_response_timeout() -> Dur<1> {
         Dur(Duration::from_secs(30))
     }
     fn default_pool_idle() -> usize {
@@ -566,15 +910,15 @@ pub struct RespondConfig {
     #[serde(default)]
     pub body: String,
     #[serde(default = "RespondConfig::default_type")]
-    pub content_type: String,
+    pub content_type: HeaderValueCfg,
 }
 
 impl RespondConfig {
     fn default_status() -> Bounded<100, 999> {
         Bounded(200)
     }
-    fn default_type() -> String {
-        "text/plain".into()
+    fn default_type() -> HeaderValueCfg {
+        HeaderValueCfg(http::HeaderValue::from_static("text/plain"))
     }
 }
 
@@ -585,9 +929,10 @@ impl RespondConfig {
 pub struct ImagesConfig {
     /// Directory holding the originals (created at start if missing), sharded by MD5.
     pub dir: PathBuf,
-    /// Largest upload accepted, enforced while reading (413 beyond).
+    /// Largest upload accepted, enforced while reading (413 beyond); at most 1 GiB, since an
+    /// upload is held in memory whole.
     #[serde(default = "ImagesConfig::default_max_upload")]
-    pub max_upload_size: ByteSize,
+    pub max_upload_size: ByteSize<0, GIB>,
     /// Largest source image, in pixels, read from its header before decoding (bombs refused).
     #[serde(default = "ImagesConfig::default_max_pixels")]
     pub max_pixels: Bounded<1, 1_000_000_000>,
@@ -602,8 +947,8 @@ pub struct ImagesConfig {
     #[serde(default = "ImagesConfig::default_originals_memory")]
     pub originals_memory: ByteSize,
     /// Transforms running at once; 0 means one per core.
-    #[serde(default)]
-    pub workers: usize,
+    #[serde(default = "ImagesConfig::default_workers")]
+    pub workers: Workers,
     /// Transforms waiting for a worker at most; beyond, 503 with Retry-After at once.
     #[serde(default = "ImagesConfig::default_queue_depth")]
     pub queue_depth: Bounded<0, 1_000_000>,
@@ -642,7 +987,7 @@ impl ImagesConfig {
             max_output_dimension: Self::default_max_output(),
             max_frames: Self::default_max_frames(),
             originals_memory: Self::default_originals_memory(),
-            workers: 0,
+            workers: Bounded(0),
             queue_depth: Self::default_queue_depth(),
             default_format: Self::default_format(),
             default_quality: Self::default_quality(),
@@ -653,7 +998,7 @@ impl ImagesConfig {
             admin_token: None,
         }
     }
-    fn default_max_upload() -> ByteSize {
+    fn default_max_upload() -> ByteSize<0, GIB> {
         ByteSize(20 << 20)
     }
     fn default_max_pixels() -> Bounded<1, 1_000_000_000> {
@@ -664,6 +1009,9 @@ impl ImagesConfig {
     }
     fn default_max_frames() -> Bounded<1, 100_000> {
         Bounded(100)
+    }
+    fn default_workers() -> Workers {
+        Bounded(0)
     }
     fn default_originals_memory() -> ByteSize {
         ByteSize(64 << 20)
@@ -745,123 +1093,235 @@ impl<'de> Deserialize<'de> for Cidr {
 pub struct Bounded<const LO: i64, const HI: i64>(pub i64);
 
 impl<const LO: i64, const HI: i64> Bounded<LO, HI> {
+    /// `v` if it is within the bounds.
+    pub fn new(v: i64) -> Result<Self, String> {
+        if (LO..=HI).contains(&v) {
+            Ok(Bounded(v))
+        } else {
+            Err(format!("{v} is out of range (must be {LO} to {HI})"))
+        }
+    }
+
     pub fn get(self) -> i64 {
         self.0
+    }
+
+    /// The value as a count (a negative one as 0).
+    pub fn as_usize(self) -> usize {
+        usize::try_from(self.0).unwrap_or(0)
+    }
+}
+
+/// As the command line writes it (`--workers 4`).
+impl<const LO: i64, const HI: i64> FromStr for Bounded<LO, HI> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a whole number from {LO} to {HI}"))?;
+        Self::new(v)
     }
 }
 
 impl<'de, const LO: i64, const HI: i64> Deserialize<'de> for Bounded<LO, HI> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = i64::deserialize(d)?;
-        if !(LO..=HI).contains(&v) {
-            return Err(de::Error::custom(format!(
-                "{v} is out of range (must be {LO} to {HI})"
-            )));
-        }
-        Ok(Bounded(v))
+        Self::new(i64::deserialize(d)?).map_err(de::Error::custom)
     }
 }
 
-/// A size in bytes, written as a number or a string like `"256MiB"`, `"16KB"`, `"1g"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteSize(pub u64);
+/// "must be LO to HI", "must be at least LO" or "must be at most HI", leaving out a bound that
+/// is the type's own (`floor` or `ceiling`).
+fn range_text(lo: u64, hi: u64, floor: u64, ceiling: u64, show: fn(u64) -> String) -> String {
+    match (lo > floor, hi < ceiling) {
+        (true, true) => format!("must be {} to {}", show(lo), show(hi)),
+        (true, false) => format!("must be at least {}", show(lo)),
+        _ => format!("must be at most {}", show(hi)),
+    }
+}
 
-impl FromStr for ByteSize {
+/// A size in bytes within `MIN..=MAX`, written as a number or a string like `"256MiB"`,
+/// `"16KB"`, `"1g"`. Without bounds, any size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize<const MIN: u64 = 0, const MAX: u64 = { u64::MAX }>(pub u64);
+
+/// `n` bytes in the largest unit that writes it whole: `8KiB`, `1MiB`, `1000`.
+pub fn show_size(n: u64) -> String {
+    match n {
+        0 => "0".into(),
+        n if n % GIB == 0 => format!("{}GiB", n / GIB),
+        n if n % MIB == 0 => format!("{}MiB", n / MIB),
+        n if n % KIB == 0 => format!("{}KiB", n / KIB),
+        n => n.to_string(),
+    }
+}
+
+/// A size as written (`"64KiB"`), unbounded.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size `{s}` (expected e.g. 512, \"64KiB\", \"256MiB\")"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => KIB,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => GIB,
+        _ => {
+            return Err(format!(
+                "invalid size unit in `{s}` (use B, KiB, MiB or GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+impl<const MIN: u64, const MAX: u64> ByteSize<MIN, MAX> {
+    /// `n` bytes if within the bounds.
+    pub fn new(n: u64) -> Result<Self, String> {
+        if (MIN..=MAX).contains(&n) {
+            Ok(ByteSize(n))
+        } else {
+            Err(format!(
+                "{} is out of range ({})",
+                show_size(n),
+                range_text(MIN, MAX, 0, u64::MAX, show_size)
+            ))
+        }
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> FromStr for ByteSize<MIN, MAX> {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
-            format!("invalid size `{s}` (expected e.g. 512, \"64KiB\", \"256MiB\")")
-        })?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            _ => {
-                return Err(format!(
-                    "invalid size unit in `{s}` (use B, KiB, MiB or GiB)"
-                ))
-            }
-        };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| format!("size `{s}` is too large"))
+        Self::new(parse_size(s)?)
     }
 }
 
-impl<'de> Deserialize<'de> for ByteSize {
+impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for ByteSize<MIN, MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ByteSize;
+        struct V<const MIN: u64, const MAX: u64>;
+        impl<const MIN: u64, const MAX: u64> de::Visitor<'_> for V<MIN, MAX> {
+            type Value = ByteSize<MIN, MAX>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a size such as 1048576 or \"256MiB\"")
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom("a size cannot be negative"))
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                let n = u64::try_from(v).map_err(|_| E::custom("a size cannot be negative"))?;
+                ByteSize::new(n).map_err(E::custom)
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(v))
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                ByteSize::new(v).map_err(E::custom)
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 v.parse().map_err(E::custom)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V::<MIN, MAX>)
     }
 }
 
-/// A duration written as `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or a number of seconds.
+/// A duration within `MIN_MS..=MAX_MS` milliseconds, written as `"250ms"`, `"10s"`, `"5m"`,
+/// `"1h"`, or a number of seconds. Without bounds, 0 to [`YEAR_MS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
+pub struct Dur<const MIN_MS: u64 = 0, const MAX_MS: u64 = YEAR_MS>(pub Duration);
 
-impl FromStr for Dur {
+/// `ms` milliseconds in the largest unit that writes it whole: `100ms`, `10s`, `1h`.
+pub fn show_duration(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        ms if ms % HOUR_MS == 0 => format!("{}h", ms / HOUR_MS),
+        ms if ms % MINUTE_MS == 0 => format!("{}m", ms / MINUTE_MS),
+        ms if ms % SECOND_MS == 0 => format!("{}s", ms / SECOND_MS),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A duration as written (`"250ms"`), in milliseconds.
+fn parse_ms(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| {
+        format!("invalid duration `{s}` (expected e.g. \"500ms\", \"10s\", \"5m\")")
+    })?;
+    let mult = match unit.trim() {
+        "ms" => 1,
+        "" | "s" => SECOND_MS,
+        "m" => MINUTE_MS,
+        "h" => HOUR_MS,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in `{s}` (use ms, s, m or h)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("duration `{s}` is too long"))
+}
+
+impl<const MIN_MS: u64, const MAX_MS: u64> Dur<MIN_MS, MAX_MS> {
+    /// `ms` milliseconds if within the bounds.
+    pub fn from_ms(ms: u64) -> Result<Self, String> {
+        if (MIN_MS..=MAX_MS).contains(&ms) {
+            Ok(Dur(Duration::from_millis(ms)))
+        } else {
+            Err(format!(
+                "{} is out of range ({})",
+                show_duration(ms),
+                range_text(MIN_MS, MAX_MS, 0, u64::MAX, show_duration)
+            ))
+        }
+    }
+}
+
+impl<const MIN_MS: u64, const MAX_MS: u64> FromStr for Dur<MIN_MS, MAX_MS> {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
-            format!("invalid duration `{s}` (expected e.g. \"500ms\", \"10s\", \"5m\")")
-        })?;
-        let d = match unit.trim() {
-            "ms" => Duration::from_millis(n),
-            "" | "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            _ => {
-                return Err(format!(
-                    "invalid duration unit in `{s}` (use ms, s, m or h)"
-                ))
-            }
-        };
-        Ok(Dur(d))
+        Self::from_ms(parse_ms(s)?)
     }
 }
 
-impl<'de> Deserialize<'de> for Dur {
+impl<'de, const MIN_MS: u64, const MAX_MS: u64> Deserialize<'de> for Dur<MIN_MS, MAX_MS> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Dur;
+        struct V<const MIN_MS: u64, const MAX_MS: u64>;
+        impl<const MIN_MS: u64, const MAX_MS: u64> de::Visitor<'_> for V<MIN_MS, MAX_MS> {
+            type Value = Dur<MIN_MS, MAX_MS>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a duration such as \"10s\" or \"500ms\"")
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dur, E> {
-                u64::try_from(v)
-                    .map(|s| Dur(Duration::from_secs(s)))
-                    .map_err(|_| E::custom("a duration cannot be negative"))
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                let ms = u64::try_from(v)
+                    .map_err(|_| E::custom("a duration cannot be negative"))?
+                    .checked_mul(SECOND_MS)
+                    .ok_or_else(|| E::custom(format!("duration {v} is too long")))?;
+                Dur::from_ms(ms).map_err(E::custom)
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Dur, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 v.parse().map_err(E::custom)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V::<MIN_MS, MAX_MS>)
+    }
+}
+
+/// A fraction: a finite number from 0 to 1 (an integer is taken too: `0`, `1`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fraction(pub f64);
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(Fraction(v))
+        } else {
+            Err(de::Error::custom(format!(
+                "{v} is out of range (must be a number from 0 to 1)"
+            )))
+        }
     }
 }
 
@@ -1080,6 +1540,117 @@ mod tests {
         assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
         let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
         assert!(e.contains("line 4") && e.contains("`w`"), "{e}");
+    }
+
+    #[test]
+    fn bounded_sizes_durations_and_fractions() {
+        type Head = ByteSize<{ 8 * KIB }, MIB>;
+        assert_eq!("16KiB".parse::<Head>().unwrap(), ByteSize(16 * KIB));
+        let e = "1KiB".parse::<Head>().unwrap_err();
+        assert!(
+            e.contains("1KiB") && e.contains("must be 8KiB to 1MiB"),
+            "{e}"
+        );
+        let e = ByteSize::<MIB>::new(0).unwrap_err();
+        assert!(e.contains("must be at least 1MiB"), "{e}");
+        type Timeout = Dur<100, HOUR_MS>;
+        assert!("0s".parse::<Timeout>().unwrap_err().contains("100ms to 1h"));
+        assert!("2h".parse::<Timeout>().is_err());
+        assert!("100ms".parse::<Timeout>().is_ok());
+        // Once an overflow panic; now an error, as is anything past a year.
+        assert!("99999999999999999h".parse::<Dur>().is_err());
+        assert!("8761h".parse::<Dur>().is_err());
+        assert_eq!(
+            "8760h".parse::<Dur>().unwrap().0,
+            Duration::from_millis(YEAR_MS)
+        );
+        assert!("2000".parse::<Workers>().unwrap_err().contains("0 to 1024"));
+        for bad in ["-3.5", "nan", "inf", "1.01"] {
+            let e = err(&format!("[cache]\nheuristic_fraction = {bad}\n{MIN}"));
+            assert!(e.contains("line 2, key `cache.heuristic_fraction`"), "{e}");
+        }
+        let c = Config::parse(&format!("[cache]\nheuristic_fraction = 1\n{MIN}"), "t").unwrap();
+        assert_eq!(c.cache.heuristic_fraction, Fraction(1.0));
+    }
+
+    #[test]
+    fn errors_name_the_full_key_path_even_in_inline_tables() {
+        let e = err(&format!(
+            "{MIN}[[listener.route]]\npath = \"/r\"\nrespond = {{ body = \"x\", status = 1000 }}\n"
+        ));
+        assert!(
+            e.contains("line 7, key `listener.route.respond.status`: 1000 is out of range"),
+            "{e}"
+        );
+        let e = err(&format!("[server]\nworkers = 1\nh2c = \"yes\"\n{MIN}"));
+        assert!(e.contains("line 3, key `server.h2c`"), "{e}");
+        let e = err(&format!("cache.max_size = \"1KiB\"\n{MIN}"));
+        assert!(e.contains("line 1, key `cache.max_size`"), "{e}");
+    }
+
+    #[test]
+    fn listeners_sharing_a_port() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(ports_collide(a("127.0.0.1:80"), a("127.0.0.1:80")));
+        assert!(ports_collide(a("0.0.0.0:80"), a("127.0.0.1:80")));
+        assert!(ports_collide(a("127.0.0.1:80"), a("0.0.0.0:80")));
+        assert!(ports_collide(a("[::]:80"), a("10.0.0.1:80")));
+        assert!(ports_collide(a("[::]:80"), a("0.0.0.0:80")));
+        assert!(ports_collide(a("[::ffff:127.0.0.1]:80"), a("127.0.0.1:80")));
+        assert!(!ports_collide(a("0.0.0.0:80"), a("[::1]:80")));
+        assert!(!ports_collide(a("127.0.0.1:80"), a("127.0.0.2:80")));
+        assert!(!ports_collide(a("127.0.0.1:80"), a("127.0.0.1:81")));
+        assert!(!ports_collide(a("0.0.0.0:0"), a("127.0.0.1:0")));
+        let e = err(&format!(
+            "{MIN}[[listener]]\naddr = \"0.0.0.0:1\"\n[[listener.route]]\nrespond = {{}}\n"
+        ));
+        assert!(
+            e.contains("line 6, key `listener.addr`") && e.contains("(line 2)"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "[admin]\ntoken = \"t\"\nlisten = \"[::]:1\"\n{MIN}"
+        ));
+        assert!(e.contains("line 3, key `admin.listen`"), "{e}");
+    }
+
+    #[test]
+    fn cross_key_checks_blame_the_key_that_is_set() {
+        let e = err(&format!("[cache]\nmax_size = \"8MiB\"\n{MIN}"));
+        assert!(e.contains("line 2, key `cache.max_size`"), "{e}");
+        let e = err(&format!(
+            "[cache]\nmax_object_size = \"9MiB\"\nmax_size = \"8MiB\"\n{MIN}"
+        ));
+        assert!(e.contains("line 2, key `cache.max_object_size`"), "{e}");
+        let text = format!("[cache]\nmax_object_size = \"8MiB\"\nmax_size = \"8MiB\"\n{MIN}");
+        assert!(Config::parse(&text, "t").is_ok());
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nstatic = { root = \"/x\", bundled = \"demo\" }\n");
+        assert!(e.contains("line 4, key `listener.route.static`"), "{e}");
+    }
+
+    #[test]
+    fn max_connections_fits_the_open_files_limit() {
+        // Set in the file and above the limit: an error naming it.
+        let mut c =
+            Config::parse(&format!("[server]\nmax_connections = 5000\n{MIN}"), "t").unwrap();
+        let e = c.fit_open_files(1024).unwrap_err().to_string();
+        assert!(e.contains("line 2, key `server.max_connections`"), "{e}");
+        assert!(e.contains("1024") && e.contains("959"), "{e}");
+        assert!(c.fit_open_files(5065).unwrap().is_none());
+        // The default is lowered to what fits: 1024 less 64 reserved and one listening socket.
+        let mut c = Config::parse(MIN, "t").unwrap();
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(959));
+        assert_eq!(c.server.max_connections.get(), 959);
+        // per-core: a listening socket per listener and worker.
+        let mut c = Config::parse(
+            &format!("[server]\nthreading = \"per-core\"\nworkers = 4\n{MIN}"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(956));
+        // No room at all is an error even for the default.
+        let mut c = Config::parse(MIN, "t").unwrap();
+        assert!(c.fit_open_files(60).is_err());
     }
 
     #[test]

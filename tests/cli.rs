@@ -94,3 +94,152 @@ fn missing_file_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/larder.toml"));
 }
+
+/// `larder check` on `text` with the open-files limit (soft and hard) set to `nofile` for it.
+fn check_with_nofile(text: &str, nofile: u32) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("larder.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {nofile} && exec \"$0\" check \"$1\""))
+        .arg(env!("CARGO_BIN_EXE_larder"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// Values `larder check` used to accept and that broke only at runtime (a runaway thread count,
+/// ports already taken, a head timeout of zero, a NaN fraction, a cache of zero bytes...): each
+/// is refused, with the key's full path and its line.
+#[test]
+fn regression_check_accepts_values_that_break_at_runtime() {
+    // Four lines: the listener and a route.
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            format!("[server]\nworkers = 100000000\n{l}"),
+            2,
+            "server.workers",
+        ),
+        (
+            format!("[server]\nmax_header_size = \"1KiB\"\n{l}"),
+            2,
+            "server.max_header_size",
+        ),
+        (
+            format!("[server]\nh2c = true\nheader_read_timeout = \"0s\"\n{l}"),
+            3,
+            "server.header_read_timeout",
+        ),
+        (
+            format!("[cache]\nheuristic_fraction = -3.5\n{l}"),
+            2,
+            "cache.heuristic_fraction",
+        ),
+        (
+            format!("[cache]\nheuristic_fraction = nan\n{l}"),
+            2,
+            "cache.heuristic_fraction",
+        ),
+        (format!("[cache]\nmax_size = 0\n{l}"), 2, "cache.max_size"),
+        (
+            format!("[cache]\nmax_size = \"1MiB\"\nmax_object_size = \"2MiB\"\n{l}"),
+            3,
+            "cache.max_object_size",
+        ),
+        (
+            format!("[cache]\nmax_object_size = \"300MiB\"\n{l}"),
+            2,
+            "cache.max_object_size",
+        ),
+        (
+            format!(
+                "{l}[[listener]]\naddr = \"0.0.0.0:18080\"\n[[listener.route]]\nrespond = {{}}\n"
+            ),
+            6,
+            "listener.addr",
+        ),
+        (
+            format!("{l}[[listener]]\naddr = \"[::]:18080\"\n[[listener.route]]\nrespond = {{}}\n"),
+            6,
+            "listener.addr",
+        ),
+        (
+            format!("[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:18080\"\n{l}"),
+            3,
+            "admin.listen",
+        ),
+        (
+            format!("{l}[[listener.route]]\npath = \"/x\"\nrespond = {{ status = 1000 }}\n"),
+            7,
+            "listener.route.respond.status",
+        ),
+        (
+            format!("[server]\nidle_timeout = \"99999999999999999h\"\n{l}"),
+            2,
+            "server.idle_timeout",
+        ),
+        (
+            format!("{l}[[listener.route]]\npath = \"/s\"\nstatic = {{ index = [] }}\n"),
+            7,
+            "listener.route.static",
+        ),
+    ];
+    for (text, line, key) in cases {
+        let (ok, msg) = check(&text);
+        assert!(!ok, "accepted:\n{text}");
+        let want = format!("line {line}, key `{key}`");
+        assert!(msg.contains(&want), "{text}\n=> {msg}\n(wanted {want})");
+    }
+}
+
+/// `max_connections` above what the open-files limit allows made accept() fail with EMFILE
+/// long before the bound engaged. Now `check` (and `run`) refuse it, naming the key and line,
+/// after raising the soft limit; the default is lowered to fit instead.
+#[test]
+fn regression_max_connections_above_open_files_limit() {
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    let (ok, msg) = check_with_nofile(&format!("[server]\nmax_connections = 5000\n{l}"), 1024);
+    assert!(!ok, "{msg}");
+    assert!(
+        msg.contains("line 2, key `server.max_connections`") && msg.contains("1024"),
+        "{msg}"
+    );
+    // Unset, the default (100000) is lowered to what the limit allows, and said so.
+    let (ok, msg) = check_with_nofile(l, 1024);
+    assert!(ok, "{msg}");
+    assert!(msg.contains("max_connections"), "{msg}");
+    // Run refuses it the same way, before binding anything.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("larder.toml");
+    std::fs::write(&path, format!("[server]\nmax_connections = 5000\n{l}")).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_larder"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{msg}");
+    assert!(msg.contains("server.max_connections"), "{msg}");
+}
+
+/// `--workers 100000000` started that many runtime workers: memory climbed and the port never
+/// opened. The flag has the bound of the `workers` key.
+#[test]
+fn regression_workers_flag_is_bounded() {
+    let out = larder()
+        .args(["--workers", "100000000", "--upstream", "http://127.0.0.1:9"])
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("--workers") && msg.contains("1024"), "{msg}");
+}
