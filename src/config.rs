@@ -230,14 +230,27 @@ impl Config {
                 ));
             }
             for (j, r) in l.routes.iter().enumerate() {
-                let route = [Key("listener"), Index(i), Key("route"), Index(j)];
-                if let HandlerConfig::Static(s) = &r.handler {
-                    if s.root.is_some() == s.bundled.is_some() {
+                let at = |keys: &[&'static str]| {
+                    let route = [Key("listener"), Index(i), Key("route"), Index(j)];
+                    [&route[..], &keys.iter().map(|k| Key(k)).collect::<Vec<_>>()].concat()
+                };
+                match &r.handler {
+                    HandlerConfig::Static(s) if s.root.is_some() == s.bundled.is_some() => {
                         return Err(src.error(
-                            &[&[&route[..], &[Key("static")]].concat()],
+                            &[&at(&["static"])],
                             "needs exactly one of `root` (a directory) and `bundled`",
                         ));
                     }
+                    HandlerConfig::Images(im)
+                        if im.upload_token
+                            && self.admin.token.as_deref().is_none_or(str::is_empty) =>
+                    {
+                        return Err(src.error(
+                            &[&at(&["images", "upload_token"])],
+                            "needs [admin] token: every upload would be refused",
+                        ));
+                    }
+                    _ => {}
                 }
             }
         }
@@ -654,6 +667,7 @@ impl Default for CacheConfig {
 pub struct CompressionConfig {
     pub enabled: bool,
     /// Content types compressed (`text/*` matches any text type); parameters are ignored.
+    #[serde(deserialize_with = "media_ranges")]
     pub types: Vec<String>,
     /// Bodies shorter than this are stored identity only.
     pub min_length: ByteSize,
@@ -845,7 +859,10 @@ pub struct StaticConfig {
     #[serde(default)]
     pub cache_control_by_extension: std::collections::BTreeMap<String, HeaderValueCfg>,
     /// Charset added to text types (`text/*`, JavaScript, JSON, XML, SVG); `""` adds none.
-    #[serde(default = "StaticConfig::default_charset")]
+    #[serde(
+        default = "StaticConfig::default_charset",
+        deserialize_with = "charset"
+    )]
     pub charset: String,
     /// Files up to this size are held in the memory cache (with their compressed variants);
     /// larger ones are streamed from disk in chunks.
@@ -1325,6 +1342,42 @@ impl<'de> Deserialize<'de> for Fraction {
     }
 }
 
+/// An RFC 9110 token: a content type's parts, a charset's name.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Content types written `type/subtype` or `type/*` (`[compression] types`): anything else
+/// would never match a response.
+fn media_ranges<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let types = Vec::<String>::deserialize(d)?;
+    for t in &types {
+        let ok = t.trim().split_once('/').is_some_and(|(major, minor)| {
+            is_token(major) && major != "*" && (minor == "*" || is_token(minor))
+        });
+        if !ok {
+            return Err(de::Error::custom(format!(
+                "`{t}` is not a content type (use e.g. \"text/html\" or \"text/*\")"
+            )));
+        }
+    }
+    Ok(types)
+}
+
+/// A charset's name for Content-Type (`utf-8`), or empty for none.
+fn charset<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim().is_empty() || is_token(s.trim()) {
+        Ok(s)
+    } else {
+        Err(de::Error::custom(format!(
+            "`{s}` is not a charset name (e.g. \"utf-8\"; \"\" adds none)"
+        )))
+    }
+}
+
 /// A response header name given in the config.
 #[derive(Debug, Clone)]
 pub struct HeaderNameCfg(pub HeaderName);
@@ -1626,6 +1679,40 @@ mod tests {
         assert!(Config::parse(&text, "t").is_ok());
         let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nstatic = { root = \"/x\", bundled = \"demo\" }\n");
         assert!(e.contains("line 4, key `listener.route.static`"), "{e}");
+    }
+
+    #[test]
+    fn values_that_would_never_match_or_never_work() {
+        let e = err(&format!(
+            "[compression]\ntypes = [\"text/*\", \"json\"]\n{MIN}"
+        ));
+        assert!(
+            e.contains("line 2, key `compression.types`") && e.contains("`json`"),
+            "{e}"
+        );
+        assert!(err(&format!("[compression]\ntypes = [\"*/*\"]\n{MIN}")).contains("types"));
+        let ok = format!("[compression]\ntypes = [\"text/*\", \"application/ld+json\"]\n{MIN}");
+        assert!(Config::parse(&ok, "t").is_ok());
+        let route = "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\n";
+        let e = err(&format!(
+            "{route}static = {{ root = \"/x\", charset = \"utf-8\\r\\nx: y\" }}\n"
+        ));
+        assert!(
+            e.contains("line 4, key `listener.route.static.charset`"),
+            "{e}"
+        );
+        assert!(Config::parse(
+            &format!("{route}static = {{ root = \"/x\", charset = \"\" }}\n"),
+            "t"
+        )
+        .is_ok());
+        let e = err(&format!(
+            "{route}[listener.route.images]\ndir = \"/x\"\nupload_token = true\n"
+        ));
+        assert!(
+            e.contains("line 6, key `listener.route.images.upload_token`"),
+            "{e}"
+        );
     }
 
     #[test]

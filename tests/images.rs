@@ -13,10 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use larder::config::Config;
 use larder::images::sniff;
 
-const PHOTO: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/bench/data/photo-640x856.jpg"
-);
+const PHOTO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-640x856.jpg");
 const TOKEN: &str = "test-token";
 
 struct Larder {
@@ -936,10 +933,7 @@ async fn corrupt_avif_is_4xx() {
 fn avif_decode_timing() {
     use larder::images::codec::{self, Raster};
     use larder::images::sniff::ImageFormat;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/bench/data/photo-1000x872.jpg"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-1000x872.jpg");
     let jpeg = std::fs::read(path).expect("bench/data photo in the repository");
     let i = turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).unwrap();
     let img = Raster {

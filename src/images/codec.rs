@@ -461,10 +461,7 @@ mod tests {
 
     #[test]
     fn jpeg_shrinks_on_load_to_the_nearest_size_above() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/bench/data/photo-640x856.jpg"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-640x856.jpg");
         let b = std::fs::read(path).expect("bench/data photo in the repository");
         let p = sniff::probe(&b).unwrap();
         let limits = Limits {
