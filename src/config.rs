@@ -1147,14 +1147,43 @@ impl<'de, const LO: i64, const HI: i64> Deserialize<'de> for Bounded<LO, HI> {
     }
 }
 
-/// "must be LO to HI", "must be at least LO" or "must be at most HI", leaving out a bound that
-/// is the type's own (`floor` or `ceiling`).
-fn range_text(lo: u64, hi: u64, floor: u64, ceiling: u64, show: fn(u64) -> String) -> String {
-    match (lo > floor, hi < ceiling) {
+/// `v` if it is within `lo..=hi`, else an error giving the range in `show`'s words ("must be at
+/// least 8KiB", "must be 100ms to 1h"; a bound at the end of `u64` is no bound).
+fn within(v: u64, lo: u64, hi: u64, show: fn(u64) -> String) -> Result<u64, String> {
+    if (lo..=hi).contains(&v) {
+        return Ok(v);
+    }
+    let range = match (lo > 0, hi < u64::MAX) {
         (true, true) => format!("must be {} to {}", show(lo), show(hi)),
         (true, false) => format!("must be at least {}", show(lo)),
         _ => format!("must be at most {}", show(hi)),
-    }
+    };
+    Err(format!("{} is out of range ({range})", show(v)))
+}
+
+/// A whole number with a unit (`"64KiB"`, `"250ms"`, `"10"`) as a count of the smallest unit:
+/// `units` maps each spelling (lowercase) to its multiple; `kind`, `example` and `unit_help`
+/// word the errors.
+fn parse_with_unit(
+    s: &str,
+    units: &[(&str, u64)],
+    kind: &str,
+    example: &str,
+    unit_help: &str,
+) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid {kind} `{s}` (expected e.g. {example})"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let (_, mult) = units
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .ok_or_else(|| format!("invalid {kind} unit in `{s}` (use {unit_help})"))?;
+    n.checked_mul(*mult)
+        .ok_or_else(|| format!("{kind} `{s}` is too large"))
 }
 
 /// A size in bytes within `MIN..=MAX`, written as a number or a string like `"256MiB"`,
@@ -1175,39 +1204,27 @@ pub fn show_size(n: u64) -> String {
 
 /// A size as written (`"64KiB"`), unbounded.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size `{s}` (expected e.g. 512, \"64KiB\", \"256MiB\")"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => KIB,
-        "m" | "mb" | "mib" => MIB,
-        "g" | "gb" | "gib" => GIB,
-        _ => {
-            return Err(format!(
-                "invalid size unit in `{s}` (use B, KiB, MiB or GiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size `{s}` is too large"))
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("b", 1),
+        ("k", KIB),
+        ("kb", KIB),
+        ("kib", KIB),
+        ("m", MIB),
+        ("mb", MIB),
+        ("mib", MIB),
+        ("g", GIB),
+        ("gb", GIB),
+        ("gib", GIB),
+    ];
+    let example = "512, \"64KiB\", \"256MiB\"";
+    parse_with_unit(s, UNITS, "size", example, "B, KiB, MiB or GiB")
 }
 
 impl<const MIN: u64, const MAX: u64> ByteSize<MIN, MAX> {
     /// `n` bytes if within the bounds.
     pub fn new(n: u64) -> Result<Self, String> {
-        if (MIN..=MAX).contains(&n) {
-            Ok(ByteSize(n))
-        } else {
-            Err(format!(
-                "{} is out of range ({})",
-                show_size(n),
-                range_text(MIN, MAX, 0, u64::MAX, show_size)
-            ))
-        }
+        within(n, MIN, MAX, show_size).map(ByteSize)
     }
 }
 
@@ -1220,24 +1237,40 @@ impl<const MIN: u64, const MAX: u64> FromStr for ByteSize<MIN, MAX> {
 
 impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for ByteSize<MIN, MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<const MIN: u64, const MAX: u64>;
-        impl<const MIN: u64, const MAX: u64> de::Visitor<'_> for V<MIN, MAX> {
-            type Value = ByteSize<MIN, MAX>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size such as 1048576 or \"256MiB\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                let n = u64::try_from(v).map_err(|_| E::custom("a size cannot be negative"))?;
-                ByteSize::new(n).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                ByteSize::new(v).map_err(E::custom)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                v.parse().map_err(E::custom)
-            }
+        d.deserialize_any(Measured {
+            expecting: "a size such as 1048576 or \"256MiB\"",
+            number: |n| u64::try_from(n).map_err(|_| "a size cannot be negative".into()),
+            make: Self::new,
+            parse: parse_size,
+        })
+    }
+}
+
+/// Deserializes a measure written as a number or as a string with a unit (a size, a duration):
+/// `number` turns a number into the count `make` takes, `parse` a string.
+struct Measured<T> {
+    expecting: &'static str,
+    number: fn(i64) -> Result<u64, String>,
+    make: fn(u64) -> Result<T, String>,
+    parse: fn(&str) -> Result<u64, String>,
+}
+
+impl<T> de::Visitor<'_> for Measured<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        (self.number)(v).and_then(self.make).map_err(E::custom)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        match i64::try_from(v) {
+            Ok(v) => self.visit_i64(v),
+            Err(_) => Err(E::custom(format!("{v} is too large"))),
         }
-        d.deserialize_any(V::<MIN, MAX>)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.parse)(v).and_then(self.make).map_err(E::custom)
     }
 }
 
@@ -1259,39 +1292,21 @@ pub fn show_duration(ms: u64) -> String {
 
 /// A duration as written (`"250ms"`), in milliseconds.
 fn parse_ms(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| {
-        format!("invalid duration `{s}` (expected e.g. \"500ms\", \"10s\", \"5m\")")
-    })?;
-    let mult = match unit.trim() {
-        "ms" => 1,
-        "" | "s" => SECOND_MS,
-        "m" => MINUTE_MS,
-        "h" => HOUR_MS,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in `{s}` (use ms, s, m or h)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("duration `{s}` is too long"))
+    const UNITS: &[(&str, u64)] = &[
+        ("ms", 1),
+        ("", SECOND_MS),
+        ("s", SECOND_MS),
+        ("m", MINUTE_MS),
+        ("h", HOUR_MS),
+    ];
+    let example = "\"500ms\", \"10s\", \"5m\"";
+    parse_with_unit(s, UNITS, "duration", example, "ms, s, m or h")
 }
 
 impl<const MIN_MS: u64, const MAX_MS: u64> Dur<MIN_MS, MAX_MS> {
     /// `ms` milliseconds if within the bounds.
     pub fn from_ms(ms: u64) -> Result<Self, String> {
-        if (MIN_MS..=MAX_MS).contains(&ms) {
-            Ok(Dur(Duration::from_millis(ms)))
-        } else {
-            Err(format!(
-                "{} is out of range ({})",
-                show_duration(ms),
-                range_text(MIN_MS, MAX_MS, 0, u64::MAX, show_duration)
-            ))
-        }
+        within(ms, MIN_MS, MAX_MS, show_duration).map(|ms| Dur(Duration::from_millis(ms)))
     }
 }
 
@@ -1304,24 +1319,17 @@ impl<const MIN_MS: u64, const MAX_MS: u64> FromStr for Dur<MIN_MS, MAX_MS> {
 
 impl<'de, const MIN_MS: u64, const MAX_MS: u64> Deserialize<'de> for Dur<MIN_MS, MAX_MS> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<const MIN_MS: u64, const MAX_MS: u64>;
-        impl<const MIN_MS: u64, const MAX_MS: u64> de::Visitor<'_> for V<MIN_MS, MAX_MS> {
-            type Value = Dur<MIN_MS, MAX_MS>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration such as \"10s\" or \"500ms\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                let ms = u64::try_from(v)
-                    .map_err(|_| E::custom("a duration cannot be negative"))?
+        d.deserialize_any(Measured {
+            expecting: "a duration such as \"10s\" or \"500ms\"",
+            number: |secs| {
+                u64::try_from(secs)
+                    .map_err(|_| "a duration cannot be negative".to_string())?
                     .checked_mul(SECOND_MS)
-                    .ok_or_else(|| E::custom(format!("duration {v} is too long")))?;
-                Dur::from_ms(ms).map_err(E::custom)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V::<MIN_MS, MAX_MS>)
+                    .ok_or_else(|| format!("duration {secs} is too large"))
+            },
+            make: Self::from_ms,
+            parse: parse_ms,
+        })
     }
 }
 
