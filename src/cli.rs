@@ -31,9 +31,9 @@ pub struct Cli {
     /// Address to listen on with --upstream, --root or --images.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Worker threads (overrides the configuration; 0 = one per core).
+    /// Worker threads, 0 to 1024 (overrides the configuration; 0 = one per core).
     #[arg(long, value_name = "N")]
-    pub workers: Option<usize>,
+    pub workers: Option<config::Workers>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }

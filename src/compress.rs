@@ -191,10 +191,9 @@ enum TypeMatch {
 
 impl Compressor {
     pub fn new(cfg: CompressionConfig) -> Self {
-        let threads = if cfg.threads == 0 {
-            std::thread::available_parallelism().map_or(2, |n| n.get())
-        } else {
-            cfg.threads
+        let threads = match cfg.threads.as_usize() {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
         };
         let types = cfg
             .types

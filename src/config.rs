@@ -1,14 +1,21 @@
 //! Typed configuration: one TOML file, every setting declared once with its type, default and bounds.
 //!
-//! Validation happens while deserializing (sizes, durations, URLs, bounded numbers, host patterns
-//! are their own types), so every bad value is reported by `toml` with the span of that value, and
-//! [`Error`] turns the span into "line N, key `k`". Each part of the program receives its own typed
-//! slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...), never the whole thing.
+//! Validation happens while deserializing: sizes, durations, fractions, URLs, host patterns are
+//! their own types, and a bounded number, size or duration carries its range in its type
+//! (`Bounded<1, 9>`, `ByteSize<{ 8 * KIB }, MIB>`, `Dur<100, HOUR_MS>`), so every bad value is
+//! reported by `toml` with the span of that value, and [`Error`] turns the span into "line N, key
+//! `table.key`". Checks that span several keys (listeners sharing a port, `max_object_size` above
+//! `max_size`, `max_connections` above the open-files limit) run after parsing and name the key
+//! they blame and its line, found by its path in the text ([`Locator`]). Each part of the program
+//! receives its own typed slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...),
+//! never the whole thing.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -19,6 +26,29 @@ use serde::Deserialize;
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");
 
+/// Bytes in a KiB, MiB, GiB (for size bounds: `ByteSize<{ 8 * KIB }, MIB>`).
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// Milliseconds in a second, a minute, an hour (for duration bounds: `Dur<100, HOUR_MS>`).
+pub const SECOND_MS: u64 = 1000;
+pub const MINUTE_MS: u64 = 60 * SECOND_MS;
+pub const HOUR_MS: u64 = 60 * MINUTE_MS;
+/// The longest duration any setting takes (8760h, a year) unless its type says less: beyond,
+/// adding it to a clock reading can overflow, which panics.
+pub const YEAR_MS: u64 = 8760 * HOUR_MS;
+
+/// Worker threads at most (`workers`, `--workers`, `[compression] threads`, an image route's
+/// `workers`). Each is an OS thread with its stack (and with `per-core` its own runtime and
+/// listening sockets); past the number of cores more only add switching, and 1024 is above the
+/// hardware threads of the largest servers. Unbounded, `workers = 100000000` had the runtime
+/// allocate for each until memory ran out, and the port never opened.
+pub const MAX_WORKERS: i64 = 1024;
+
+/// A worker-thread count: 0 means one per core.
+pub type Workers = Bounded<0, MAX_WORKERS>;
+
 /// A configuration that failed to load.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -27,7 +57,8 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{origin}: line {line}, key `{key}`: {message}")]
+    /// A bad value or key; `line` is 0 (and left out) where the text does not set the key.
+    #[error("{}", invalid(origin, *line, key, message))]
     Invalid {
         origin: String,
         line: usize,
@@ -36,6 +67,15 @@ pub enum Error {
     },
     #[error("{origin}: {message}")]
     Semantic { origin: String, message: String },
+}
+
+fn invalid(origin: &str, line: usize, key: &str, message: &str) -> String {
+    match (line, key) {
+        (0, "") => format!("{origin}: {message}"),
+        (0, key) => format!("{origin}: key `{key}`: {message}"),
+        (line, "") => format!("{origin}: line {line}: {message}"),
+        (line, key) => format!("{origin}: line {line}, key `{key}`: {message}"),
+    }
 }
 
 /// The whole configuration file.
@@ -54,6 +94,10 @@ pub struct Config {
     /// a route asks for it).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Where this configuration came from, to name keys and lines in errors found after
+    /// parsing ([`Config::fit_open_files`]).
+    #[serde(skip)]
+    pub source: Source,
 }
 
 /// The `[admin]` section.
@@ -70,16 +114,38 @@ pub struct AdminConfig {
     pub purge_allow: Vec<Cidr>,
 }
 
+/// The text a configuration was parsed from and its name in errors (a path, "embedded
+/// default", "command line").
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    pub origin: String,
+    pub text: Arc<str>,
+}
+
+impl Source {
+    /// An error blaming the first of `paths` the text sets (else the first), with its line.
+    fn error(&self, paths: &[&[Seg]], message: impl Into<String>) -> Error {
+        Locator::new(&self.text).error(&self.origin, paths, message.into())
+    }
+}
+
+/// File descriptors kept for what is not a client connection or a listening socket: standard
+/// streams, the runtimes' epoll and wakers (about 12 in all with one worker, measured), files
+/// being read, upstream connections being made. Past these, descriptors can still run out (an
+/// upstream connection per proxied request); the accept loop backs off on EMFILE.
+pub const RESERVED_FDS: u64 = 32;
+
 impl Config {
     /// Parses a configuration from TOML text; `origin` names it in errors (a path or "embedded").
     pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
         let mut cfg: Config =
             toml::from_str(text).map_err(|e| Error::from_toml(&e, text, origin))?;
-        cfg.distribute_admin_token();
-        cfg.check_semantics().map_err(|message| Error::Semantic {
+        cfg.source = Source {
             origin: origin.to_string(),
-            message,
-        })?;
+            text: text.into(),
+        };
+        cfg.distribute_admin_token();
+        cfg.check_semantics()?;
         Ok(cfg)
     }
 
@@ -110,24 +176,144 @@ impl Config {
         }
     }
 
-    /// Checks that span several keys (each key alone was checked while parsing).
-    fn check_semantics(&self) -> Result<(), String> {
+    /// Checks that span several keys (each key alone was checked while parsing); an error names
+    /// the key it blames and that key's line.
+    fn check_semantics(&self) -> Result<(), Error> {
+        let src = &self.source;
         if self.listeners.is_empty() {
-            return Err("no [[listener]] configured: larder would serve nothing".into());
+            return Err(Error::Semantic {
+                origin: src.origin.clone(),
+                message: "no [[listener]] configured: larder would serve nothing".into(),
+            });
         }
+        let admin_listen: &[Seg] = &[Key("admin"), Key("listen")];
         if self.admin.listen.is_some() && self.admin.token.as_deref().is_none_or(str::is_empty) {
-            return Err("[admin] listen needs [admin] token: the admin API never runs open".into());
+            return Err(src.error(
+                &[admin_listen],
+                "needs [admin] token: the admin API never runs open",
+            ));
         }
-        let mut seen = std::collections::HashSet::new();
-        for l in &self.listeners {
-            if !seen.insert(l.addr) {
-                return Err(format!("listener address {} is configured twice", l.addr));
+        let line_of = |i: usize| {
+            let at = Locator::new(&src.text);
+            at.line_of(&[Key("listener"), Index(i), Key("addr")])
+        };
+        for (i, l) in self.listeners.iter().enumerate() {
+            let addr: &[Seg] = &[Key("listener"), Index(i), Key("addr")];
+            if let Some((j, other)) = (self.listeners[..i].iter().enumerate())
+                .find(|(_, o)| ports_collide(o.addr, l.addr))
+            {
+                return Err(src.error(
+                    &[addr],
+                    format!(
+                        "{} and the listener on {} (line {}) cannot both listen on port {}",
+                        l.addr,
+                        other.addr,
+                        line_of(j),
+                        l.addr.port()
+                    ),
+                ));
+            }
+            if let Some(admin) = self.admin.listen.filter(|a| ports_collide(*a, l.addr)) {
+                return Err(src.error(
+                    &[admin_listen],
+                    format!(
+                        "the admin listener on {admin} and the listener on {} (line {}) cannot \
+                         both listen on port {}",
+                        l.addr,
+                        line_of(i),
+                        admin.port()
+                    ),
+                ));
             }
             if l.routes.is_empty() {
-                return Err(format!("listener {} has no [[listener.route]]", l.addr));
+                return Err(src.error(
+                    &[&[Key("listener"), Index(i), Key("route")], &addr[..2]],
+                    format!("listener {} has no [[listener.route]]", l.addr),
+                ));
+            }
+            for (j, r) in l.routes.iter().enumerate() {
+                let at = |keys: &[&'static str]| {
+                    let route = [Key("listener"), Index(i), Key("route"), Index(j)];
+                    [&route[..], &keys.iter().map(|k| Key(k)).collect::<Vec<_>>()].concat()
+                };
+                match &r.handler {
+                    HandlerConfig::Static(s) if s.root.is_some() == s.bundled.is_some() => {
+                        return Err(src.error(
+                            &[&at(&["static"])],
+                            "needs exactly one of `root` (a directory) and `bundled`",
+                        ));
+                    }
+                    HandlerConfig::Images(im)
+                        if im.upload_token
+                            && self.admin.token.as_deref().is_none_or(str::is_empty) =>
+                    {
+                        return Err(src.error(
+                            &[&at(&["images", "upload_token"])],
+                            "needs [admin] token: every upload would be refused",
+                        ));
+                    }
+                    _ => {}
+                }
             }
         }
+        let cache = &self.cache;
+        if cache.max_object_size.0 > cache.max_size.0 {
+            return Err(src.error(
+                &[
+                    &[Key("cache"), Key("max_object_size")],
+                    &[Key("cache"), Key("max_size")],
+                ],
+                format!(
+                    "max_object_size ({}) is larger than max_size ({}): no response that large \
+                     could be stored; set max_object_size to at most {}",
+                    show_size(cache.max_object_size.0),
+                    show_size(cache.max_size.0),
+                    show_size(cache.max_size.0)
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// Listening sockets larder opens: one per listener (one per listener and worker with
+    /// `per-core` threads), and the admin listener.
+    fn listening_sockets(&self) -> u64 {
+        let per_listener = match self.server.threading {
+            Threading::PerCore => self.server.worker_count() as u64,
+            Threading::WorkStealing => 1,
+        };
+        self.listeners.len() as u64 * per_listener + u64::from(self.admin.listen.is_some())
+    }
+
+    /// Fits `max_connections` to `limit`, the open files this process may have (its soft limit
+    /// once raised to the hard one): each connection is a descriptor, besides the listening
+    /// sockets and [`RESERVED_FDS`]. Beyond the limit, accepting fails with EMFILE long before
+    /// the connection bound pauses it. A value the file sets that does not fit is an error
+    /// naming it; the default is lowered to fit, and the new bound returned to be reported.
+    pub fn fit_open_files(&mut self, limit: u64) -> Result<Option<i64>, Error> {
+        let others = RESERVED_FDS + self.listening_sockets();
+        let fits = i64::try_from(limit.saturating_sub(others)).unwrap_or(i64::MAX);
+        let wanted = self.server.max_connections.get();
+        if wanted <= fits {
+            return Ok(None);
+        }
+        let path: &[Seg] = &[Key("server"), Key("max_connections")];
+        let set = Locator::new(&self.source.text).line_of(path) > 0;
+        if set || fits < 1 {
+            return Err(self.source.error(
+                &[path],
+                format!(
+                    "{wanted} connections need {} open files with the listening sockets and \
+                     {RESERVED_FDS} more, but the open-files limit (RLIMIT_NOFILE, hard) is \
+                     {limit}: lower max_connections to {} or raise the limit (ulimit -n, \
+                     systemd's LimitNOFILE=)",
+                    wanted as u64 + others,
+                    fits.max(0)
+                ),
+            ));
+        }
+        self.server.max_connections = Bounded(fits);
+        Ok(Some(fits))
     }
 
     /// A one-listener configuration proxying everything to `upstream` (the `--upstream` CLI form).
@@ -145,18 +331,36 @@ impl Config {
                     handler,
                 }],
             }],
+            source: Source {
+                origin: "command line".into(),
+                text: "".into(),
+            },
         }
     }
 }
 
+/// Whether two listening sockets cannot both be bound (on Linux, even with SO_REUSEADDR): the
+/// same port (not 0, which picks a free one) and the same address, or one of them the wildcard
+/// of its family (`0.0.0.0` takes the port on every IPv4 address; `[::]`, dual-stack unless
+/// `net.ipv6.bindv6only` is set, on every address). With `per-core` threads' SO_REUSEPORT the
+/// second bind would even succeed, and the kernel would spread one port's connections over two
+/// listeners' routes.
+pub fn ports_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |w: std::net::IpAddr, o: std::net::IpAddr| {
+        w.is_unspecified() && (w.is_ipv6() || o.is_ipv4())
+    };
+    x == y || covers(x, y) || covers(y, x)
+}
+
 impl Error {
     fn from_toml(e: &toml::de::Error, text: &str, origin: &str) -> Error {
+        let at = Locator::new(text);
         let (line, key) = match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                let line_text = text.lines().nth(line - 1).unwrap_or("");
-                (line, key_of_line(line_text))
-            }
+            Some(span) => (at.line_at(span.start), at.key_at(span.start)),
             None => (0, String::new()),
         };
         Error::Invalid {
@@ -168,18 +372,158 @@ impl Error {
     }
 }
 
-/// The key a TOML line sets (`a.b = 1` → `a.b`; `[[listener.route]]` → `listener.route`).
-fn key_of_line(line: &str) -> String {
-    let t = line.trim();
-    if let Some(inner) = t.strip_prefix("[[").and_then(|s| s.split("]]").next()) {
-        return inner.trim().to_string();
+/// One step of a key path: a key of a table, or an index in an array (of tables).
+#[derive(Debug, Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+use Seg::{Index, Key};
+
+/// Where the keys of a configuration text are: the text parsed again by `toml_edit` (the parser
+/// under `toml`), which keeps each key's and value's span. Only built to report an error.
+struct Locator<'a> {
+    text: &'a str,
+    doc: Option<toml_edit::ImDocument<&'a str>>,
+}
+
+/// A child of a [`Node`]: its key (none for an array's element), the key's span (an element's
+/// own span), and the child.
+type Child<'d> = (Option<&'d str>, Option<Range<usize>>, Node<'d>);
+
+/// A node of the parsed text, whatever its form.
+#[derive(Clone, Copy)]
+enum Node<'d> {
+    Item(&'d toml_edit::Item),
+    Table(&'d toml_edit::Table),
+    Value(&'d toml_edit::Value),
+}
+
+impl<'d> Node<'d> {
+    /// Its own span: a value's, or a table's (its header).
+    fn span(self) -> Option<Range<usize>> {
+        match self {
+            Node::Item(toml_edit::Item::Value(v)) | Node::Value(v) => v.span(),
+            Node::Item(toml_edit::Item::Table(t)) | Node::Table(t) => t.span(),
+            Node::Item(_) => None,
+        }
     }
-    if let Some(inner) = t.strip_prefix('[').and_then(|s| s.split(']').next()) {
-        return inner.trim().to_string();
+
+    /// Its children.
+    fn children(self) -> Vec<Child<'d>> {
+        use toml_edit::{Item, Value};
+        let table = |t: &'d toml_edit::Table| {
+            t.iter()
+                .map(|(k, v)| (Some(k), t.key(k).and_then(|k| k.span()), Node::Item(v)))
+                .collect()
+        };
+        match self {
+            Node::Table(t) | Node::Item(Item::Table(t)) => table(t),
+            Node::Item(Item::ArrayOfTables(a)) => {
+                a.iter().map(|t| (None, t.span(), Node::Table(t))).collect()
+            }
+            Node::Item(Item::Value(v)) | Node::Value(v) => match v {
+                Value::InlineTable(t) => t
+                    .iter()
+                    .map(|(k, v)| (Some(k), t.key(k).and_then(|k| k.span()), Node::Value(v)))
+                    .collect(),
+                Value::Array(a) => a.iter().map(|v| (None, v.span(), Node::Value(v))).collect(),
+                _ => Vec::new(),
+            },
+            Node::Item(Item::None) => Vec::new(),
+        }
     }
-    match t.split_once('=') {
-        Some((k, _)) => k.trim().trim_matches('"').to_string(),
-        None => t.to_string(),
+}
+
+fn holds(span: &Option<Range<usize>>, offset: usize) -> bool {
+    span.as_ref().is_some_and(|s| s.contains(&offset))
+}
+
+impl<'a> Locator<'a> {
+    fn new(text: &'a str) -> Self {
+        Locator {
+            text,
+            doc: toml_edit::ImDocument::parse(text).ok(),
+        }
+    }
+
+    /// The line (from 1) holding byte `offset`.
+    fn line_at(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    /// The path (`cache.max_size`, `listener.route.proxy.upstream`) of the deepest key whose
+    /// key or value holds byte `offset`; empty if none does (a syntax error between keys).
+    fn key_at(&self, offset: usize) -> String {
+        fn find<'d>(node: Node<'d>, offset: usize, path: &mut Vec<&'d str>) -> bool {
+            for (key, key_span, child) in node.children() {
+                let depth = path.len();
+                path.extend(key);
+                if find(child, offset, path)
+                    || holds(&key_span, offset)
+                    || holds(&child.span(), offset)
+                {
+                    return true;
+                }
+                path.truncate(depth);
+            }
+            false
+        }
+        let mut path = Vec::new();
+        if let Some(doc) = &self.doc {
+            find(Node::Item(doc.as_item()), offset, &mut path);
+        }
+        path.join(".")
+    }
+
+    /// The line where the text sets `path` (its key; for a table in an array, its header), or
+    /// 0 if it does not.
+    fn line_of(&self, path: &[Seg]) -> usize {
+        let Some(doc) = &self.doc else { return 0 };
+        let mut node = Node::Item(doc.as_item());
+        let mut span = None;
+        for seg in path {
+            let children = node.children();
+            let found = match *seg {
+                Key(k) => children.into_iter().find(|(name, ..)| *name == Some(k)),
+                Index(i) => children
+                    .into_iter()
+                    .filter(|(name, ..)| name.is_none())
+                    .nth(i),
+            };
+            let Some((_, key_span, child)) = found else {
+                return 0;
+            };
+            span = key_span;
+            node = child;
+        }
+        span.map_or(0, |s| self.line_at(s.start))
+    }
+
+    /// An error blaming the first of `paths` the text sets (else the first path, without a line).
+    fn error(&self, origin: &str, paths: &[&[Seg]], message: String) -> Error {
+        let (line, path) = paths
+            .iter()
+            .map(|p| (self.line_of(p), *p))
+            .find(|(line, _)| *line > 0)
+            .unwrap_or((0, paths.first().copied().unwrap_or(&[])));
+        let key = path
+            .iter()
+            .filter_map(|s| match s {
+                Key(k) => Some(*k),
+                Index(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join(".");
+        Error::Invalid {
+            origin: origin.to_string(),
+            line,
+            key,
+            message,
+        }
     }
 }
 
@@ -188,17 +532,20 @@ fn key_of_line(line: &str) -> String {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Worker threads; 0 means one per core.
-    pub workers: usize,
+    pub workers: Workers,
     /// Open connections at most, over all listeners; at the bound, accepting pauses.
     pub max_connections: Bounded<1, 10_000_000>,
     /// Largest request head (request line plus headers) accepted; larger gets 431.
-    pub max_header_size: ByteSize,
+    /// At least 8 KiB (a browser's head with its cookies), at most 1 MiB (each connection may
+    /// buffer that much).
+    pub max_header_size: ByteSize<{ 8 * KIB }, MIB>,
     /// Most request header fields accepted (HTTP/1.1 and HTTP/2); more gets 431.
     pub max_headers: Bounded<1, 10_000>,
-    /// Time a client has to send a complete request head (slowloris guard).
-    pub header_read_timeout: Dur,
-    /// Keep-alive connections with no traffic for this long are closed.
-    pub idle_timeout: Dur,
+    /// Time a client has to send a complete request head (slowloris guard); 100ms to 1h (0
+    /// timed every request out).
+    pub header_read_timeout: Dur<100, HOUR_MS>,
+    /// Keep-alive connections with no traffic for this long are closed; at least 100ms.
+    pub idle_timeout: Dur<100>,
     /// An HTTP/1.1 connection idle this long hands its buffers back and waits, kept open, as a
     /// bare socket until its next request (nginx does the same on keep-alive); 0 keeps them.
     pub idle_release: Dur,
@@ -217,6 +564,16 @@ pub struct ServerConfig {
     pub global_queue_interval: Bounded<1, 255>,
 }
 
+impl ServerConfig {
+    /// Worker threads this asks for (`workers`; 0 = one per core).
+    pub fn worker_count(&self) -> usize {
+        match self.workers.as_usize() {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
 /// The layout of the worker threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -231,7 +588,7 @@ pub enum Threading {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            workers: 0,
+            workers: Bounded(0),
             max_connections: Bounded(100_000),
             max_header_size: ByteSize(16 * 1024),
             max_headers: Bounded(100),
@@ -251,9 +608,10 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
-    /// Total bytes the cache may hold (bodies of every encoding plus headers).
-    pub max_size: ByteSize,
-    /// Responses larger than this are streamed through, never stored.
+    /// Total bytes the cache may hold (bodies of every encoding plus headers); at least 64 KiB
+    /// (0 stored nothing, silently: a route's `cache = false` says so).
+    pub max_size: ByteSize<{ 64 * KIB }>,
+    /// Responses larger than this are streamed through, never stored; at most `max_size`.
     pub max_object_size: ByteSize,
     /// Name of the response header telling HIT, MISS, BYPASS or EXPIRED.
     pub status_header: HeaderNameCfg,
@@ -263,7 +621,7 @@ pub struct CacheConfig {
     /// Store responses carrying Set-Cookie (the cookie itself is never stored, only the body).
     pub store_set_cookie: bool,
     /// Fraction of (Date - Last-Modified) used as a heuristic lifetime (RFC 9111 §4.2.2).
-    pub heuristic_fraction: f64,
+    pub heuristic_fraction: Fraction,
     /// Serve a stale response at once and refresh it in the background for this long past its
     /// lifetime, when the origin did not say (RFC 5861 stale-while-revalidate). 0 = only when the
     /// origin allows it.
@@ -296,7 +654,7 @@ impl Default for CacheConfig {
             status_header: HeaderNameCfg(HeaderName::from_static("x-cache")),
             coalesce_timeout: Dur(Duration::from_secs(10)),
             store_set_cookie: false,
-            heuristic_fraction: 0.1,
+            heuristic_fraction: Fraction(0.1),
             stale_while_revalidate: Dur(Duration::ZERO),
             stale_if_error: Dur(Duration::ZERO),
             stale_if_disconnected: Dur(Duration::from_secs(60)),
@@ -315,6 +673,7 @@ impl Default for CacheConfig {
 pub struct CompressionConfig {
     pub enabled: bool,
     /// Content types compressed (`text/*` matches any text type); parameters are ignored.
+    #[serde(deserialize_with = "media_ranges")]
     pub types: Vec<String>,
     /// Bodies shorter than this are stored identity only.
     pub min_length: ByteSize,
@@ -322,7 +681,7 @@ pub struct CompressionConfig {
     pub brotli_level: Bounded<0, 11>,
     pub zstd_level: Bounded<1, 22>,
     /// Compressions running at once (off the async workers); 0 means one per core.
-    pub threads: usize,
+    pub threads: Workers,
     /// Compress responses that are not stored (passed through) on the fly, per request.
     pub dynamic: bool,
     /// Levels for on-the-fly compression: cheap, since they are paid on every request.
@@ -357,7 +716,7 @@ impl Default for CompressionConfig {
             gzip_level: Bounded(9),
             brotli_level: Bounded(11),
             zstd_level: Bounded(19),
-            threads: 0,
+            threads: Bounded(0),
             dynamic: true,
             dynamic_gzip_level: Bounded(1),
             dynamic_brotli_level: Bounded(4),
@@ -442,12 +801,14 @@ impl TryFrom<RawRoute> for RouteConfig {
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     pub upstream: Upstream,
+    /// At least 1ms (0 failed every connection).
     #[serde(default = "ProxyConfig::default_connect_timeout")]
-    pub connect_timeout: Dur,
+    pub connect_timeout: Dur<1>,
     /// Time until the upstream's response head arrives, counted once the request (with its
-    /// body) has been sent; while a body is being sent, the longest time without progress of it.
+    /// body) has been sent; while a body is being sent, the longest time without progress of
+    /// it. At least 1ms.
     #[serde(default = "ProxyConfig::default_response_timeout")]
-    pub response_timeout: Dur,
+    pub response_timeout: Dur<1>,
     /// Set false to proxy without caching.
     #[serde(default = "yes")]
     pub cache: bool,
@@ -470,10 +831,10 @@ impl ProxyConfig {
             access: crate::admin::Access::default(),
         }
     }
-    fn default_connect_timeout() -> Dur {
+    fn default_connect_timeout() -> Dur<1> {
         Dur(Duration::from_secs(5))
     }
-    fn default_response_timeout() -> Dur {
+    fn default_response_timeout() -> Dur<1> {
         Dur(Duration::from_secs(30))
     }
     fn default_pool_idle() -> usize {
@@ -506,7 +867,10 @@ pub struct StaticConfig {
     #[serde(default)]
     pub cache_control_by_extension: std::collections::BTreeMap<String, HeaderValueCfg>,
     /// Charset added to text types (`text/*`, JavaScript, JSON, XML, SVG); `""` adds none.
-    #[serde(default = "StaticConfig::default_charset")]
+    #[serde(
+        default = "StaticConfig::default_charset",
+        deserialize_with = "charset"
+    )]
     pub charset: String,
     /// Files up to this size are held in the memory cache (with their compressed variants);
     /// larger ones are streamed from disk in chunks.
@@ -571,15 +935,15 @@ pub struct RespondConfig {
     #[serde(default)]
     pub body: String,
     #[serde(default = "RespondConfig::default_type")]
-    pub content_type: String,
+    pub content_type: HeaderValueCfg,
 }
 
 impl RespondConfig {
     fn default_status() -> Bounded<100, 999> {
         Bounded(200)
     }
-    fn default_type() -> String {
-        "text/plain".into()
+    fn default_type() -> HeaderValueCfg {
+        HeaderValueCfg(http::HeaderValue::from_static("text/plain"))
     }
 }
 
@@ -590,9 +954,10 @@ impl RespondConfig {
 pub struct ImagesConfig {
     /// Directory holding the originals (created at start if missing), sharded by MD5.
     pub dir: PathBuf,
-    /// Largest upload accepted, enforced while reading (413 beyond).
+    /// Largest upload accepted, enforced while reading (413 beyond); at most 1 GiB, since an
+    /// upload is held in memory whole.
     #[serde(default = "ImagesConfig::default_max_upload")]
-    pub max_upload_size: ByteSize,
+    pub max_upload_size: ByteSize<0, GIB>,
     /// Largest source image, in pixels, read from its header before decoding (bombs refused).
     #[serde(default = "ImagesConfig::default_max_pixels")]
     pub max_pixels: Bounded<1, 1_000_000_000>,
@@ -607,8 +972,8 @@ pub struct ImagesConfig {
     #[serde(default = "ImagesConfig::default_originals_memory")]
     pub originals_memory: ByteSize,
     /// Transforms running at once; 0 means one per core.
-    #[serde(default)]
-    pub workers: usize,
+    #[serde(default = "ImagesConfig::default_workers")]
+    pub workers: Workers,
     /// Transforms waiting for a worker at most; beyond, 503 with Retry-After at once.
     #[serde(default = "ImagesConfig::default_queue_depth")]
     pub queue_depth: Bounded<0, 1_000_000>,
@@ -647,7 +1012,7 @@ impl ImagesConfig {
             max_output_dimension: Self::default_max_output(),
             max_frames: Self::default_max_frames(),
             originals_memory: Self::default_originals_memory(),
-            workers: 0,
+            workers: Bounded(0),
             queue_depth: Self::default_queue_depth(),
             default_format: Self::default_format(),
             default_quality: Self::default_quality(),
@@ -658,7 +1023,7 @@ impl ImagesConfig {
             admin_token: None,
         }
     }
-    fn default_max_upload() -> ByteSize {
+    fn default_max_upload() -> ByteSize<0, GIB> {
         ByteSize(20 << 20)
     }
     fn default_max_pixels() -> Bounded<1, 1_000_000_000> {
@@ -669,6 +1034,9 @@ impl ImagesConfig {
     }
     fn default_max_frames() -> Bounded<1, 100_000> {
         Bounded(100)
+    }
+    fn default_workers() -> Workers {
+        Bounded(0)
     }
     fn default_originals_memory() -> ByteSize {
         ByteSize(64 << 20)
@@ -750,123 +1118,279 @@ impl<'de> Deserialize<'de> for Cidr {
 pub struct Bounded<const LO: i64, const HI: i64>(pub i64);
 
 impl<const LO: i64, const HI: i64> Bounded<LO, HI> {
+    /// `v` if it is within the bounds.
+    pub fn new(v: i64) -> Result<Self, String> {
+        if (LO..=HI).contains(&v) {
+            Ok(Bounded(v))
+        } else {
+            Err(format!("{v} is out of range (must be {LO} to {HI})"))
+        }
+    }
+
     pub fn get(self) -> i64 {
         self.0
+    }
+
+    /// The value as a count (a negative one as 0).
+    pub fn as_usize(self) -> usize {
+        usize::try_from(self.0).unwrap_or(0)
+    }
+}
+
+/// As the command line writes it (`--workers 4`).
+impl<const LO: i64, const HI: i64> FromStr for Bounded<LO, HI> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a whole number from {LO} to {HI}"))?;
+        Self::new(v)
     }
 }
 
 impl<'de, const LO: i64, const HI: i64> Deserialize<'de> for Bounded<LO, HI> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = i64::deserialize(d)?;
-        if !(LO..=HI).contains(&v) {
+        Self::new(i64::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
+
+/// `v` if it is within `lo..=hi`, else an error giving the range in `show`'s words ("must be at
+/// least 8KiB", "must be 100ms to 1h"; a bound at the end of `u64` is no bound).
+fn within(v: u64, lo: u64, hi: u64, show: fn(u64) -> String) -> Result<u64, String> {
+    if (lo..=hi).contains(&v) {
+        return Ok(v);
+    }
+    let range = match (lo > 0, hi < u64::MAX) {
+        (true, true) => format!("must be {} to {}", show(lo), show(hi)),
+        (true, false) => format!("must be at least {}", show(lo)),
+        _ => format!("must be at most {}", show(hi)),
+    };
+    Err(format!("{} is out of range ({range})", show(v)))
+}
+
+/// A whole number with a unit (`"64KiB"`, `"250ms"`, `"10"`) as a count of the smallest unit:
+/// `units` maps each spelling (lowercase) to its multiple; `kind`, `example` and `unit_help`
+/// word the errors.
+fn parse_with_unit(
+    s: &str,
+    units: &[(&str, u64)],
+    kind: &str,
+    example: &str,
+    unit_help: &str,
+) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid {kind} `{s}` (expected e.g. {example})"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let (_, mult) = units
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .ok_or_else(|| format!("invalid {kind} unit in `{s}` (use {unit_help})"))?;
+    n.checked_mul(*mult)
+        .ok_or_else(|| format!("{kind} `{s}` is too large"))
+}
+
+/// A size in bytes within `MIN..=MAX`, written as a number or a string like `"256MiB"`,
+/// `"16KB"`, `"1g"`. Without bounds, any size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize<const MIN: u64 = 0, const MAX: u64 = { u64::MAX }>(pub u64);
+
+/// `n` bytes in the largest unit that writes it whole: `8KiB`, `1MiB`, `1000`.
+pub fn show_size(n: u64) -> String {
+    match n {
+        0 => "0".into(),
+        n if n % GIB == 0 => format!("{}GiB", n / GIB),
+        n if n % MIB == 0 => format!("{}MiB", n / MIB),
+        n if n % KIB == 0 => format!("{}KiB", n / KIB),
+        n => n.to_string(),
+    }
+}
+
+/// A size as written (`"64KiB"`), unbounded.
+fn parse_size(s: &str) -> Result<u64, String> {
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("b", 1),
+        ("k", KIB),
+        ("kb", KIB),
+        ("kib", KIB),
+        ("m", MIB),
+        ("mb", MIB),
+        ("mib", MIB),
+        ("g", GIB),
+        ("gb", GIB),
+        ("gib", GIB),
+    ];
+    let example = "512, \"64KiB\", \"256MiB\"";
+    parse_with_unit(s, UNITS, "size", example, "B, KiB, MiB or GiB")
+}
+
+impl<const MIN: u64, const MAX: u64> ByteSize<MIN, MAX> {
+    /// `n` bytes if within the bounds.
+    pub fn new(n: u64) -> Result<Self, String> {
+        within(n, MIN, MAX, show_size).map(ByteSize)
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> FromStr for ByteSize<MIN, MAX> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(parse_size(s)?)
+    }
+}
+
+impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for ByteSize<MIN, MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Measured {
+            expecting: "a size such as 1048576 or \"256MiB\"",
+            number: |n| u64::try_from(n).map_err(|_| "a size cannot be negative".into()),
+            make: Self::new,
+            parse: parse_size,
+        })
+    }
+}
+
+/// Deserializes a measure written as a number or as a string with a unit (a size, a duration):
+/// `number` turns a number into the count `make` takes, `parse` a string.
+struct Measured<T> {
+    expecting: &'static str,
+    number: fn(i64) -> Result<u64, String>,
+    make: fn(u64) -> Result<T, String>,
+    parse: fn(&str) -> Result<u64, String>,
+}
+
+impl<T> de::Visitor<'_> for Measured<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        (self.number)(v).and_then(self.make).map_err(E::custom)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        match i64::try_from(v) {
+            Ok(v) => self.visit_i64(v),
+            Err(_) => Err(E::custom(format!("{v} is too large"))),
+        }
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.parse)(v).and_then(self.make).map_err(E::custom)
+    }
+}
+
+/// A duration within `MIN_MS..=MAX_MS` milliseconds, written as `"250ms"`, `"10s"`, `"5m"`,
+/// `"1h"`, or a number of seconds. Without bounds, 0 to [`YEAR_MS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur<const MIN_MS: u64 = 0, const MAX_MS: u64 = YEAR_MS>(pub Duration);
+
+/// `ms` milliseconds in the largest unit that writes it whole: `100ms`, `10s`, `1h`.
+pub fn show_duration(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        ms if ms % HOUR_MS == 0 => format!("{}h", ms / HOUR_MS),
+        ms if ms % MINUTE_MS == 0 => format!("{}m", ms / MINUTE_MS),
+        ms if ms % SECOND_MS == 0 => format!("{}s", ms / SECOND_MS),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A duration as written (`"250ms"`), in milliseconds.
+fn parse_ms(s: &str) -> Result<u64, String> {
+    const UNITS: &[(&str, u64)] = &[
+        ("ms", 1),
+        ("", SECOND_MS),
+        ("s", SECOND_MS),
+        ("m", MINUTE_MS),
+        ("h", HOUR_MS),
+    ];
+    let example = "\"500ms\", \"10s\", \"5m\"";
+    parse_with_unit(s, UNITS, "duration", example, "ms, s, m or h")
+}
+
+impl<const MIN_MS: u64, const MAX_MS: u64> Dur<MIN_MS, MAX_MS> {
+    /// `ms` milliseconds if within the bounds.
+    pub fn from_ms(ms: u64) -> Result<Self, String> {
+        within(ms, MIN_MS, MAX_MS, show_duration).map(|ms| Dur(Duration::from_millis(ms)))
+    }
+}
+
+impl<const MIN_MS: u64, const MAX_MS: u64> FromStr for Dur<MIN_MS, MAX_MS> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::from_ms(parse_ms(s)?)
+    }
+}
+
+impl<'de, const MIN_MS: u64, const MAX_MS: u64> Deserialize<'de> for Dur<MIN_MS, MAX_MS> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Measured {
+            expecting: "a duration such as \"10s\" or \"500ms\"",
+            number: |secs| {
+                u64::try_from(secs)
+                    .map_err(|_| "a duration cannot be negative".to_string())?
+                    .checked_mul(SECOND_MS)
+                    .ok_or_else(|| format!("duration {secs} is too large"))
+            },
+            make: Self::from_ms,
+            parse: parse_ms,
+        })
+    }
+}
+
+/// A fraction: a finite number from 0 to 1 (an integer is taken too: `0`, `1`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fraction(pub f64);
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(Fraction(v))
+        } else {
+            Err(de::Error::custom(format!(
+                "{v} is out of range (must be a number from 0 to 1)"
+            )))
+        }
+    }
+}
+
+/// An RFC 9110 token: a content type's parts, a charset's name.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Content types written `type/subtype` or `type/*` (`[compression] types`): anything else
+/// would never match a response.
+fn media_ranges<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let types = Vec::<String>::deserialize(d)?;
+    for t in &types {
+        let ok = t.trim().split_once('/').is_some_and(|(major, minor)| {
+            is_token(major) && major != "*" && (minor == "*" || is_token(minor))
+        });
+        if !ok {
             return Err(de::Error::custom(format!(
-                "{v} is out of range (must be {LO} to {HI})"
+                "`{t}` is not a content type (use e.g. \"text/html\" or \"text/*\")"
             )));
         }
-        Ok(Bounded(v))
     }
+    Ok(types)
 }
 
-/// A size in bytes, written as a number or a string like `"256MiB"`, `"16KB"`, `"1g"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteSize(pub u64);
-
-impl FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
-            format!("invalid size `{s}` (expected e.g. 512, \"64KiB\", \"256MiB\")")
-        })?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            _ => {
-                return Err(format!(
-                    "invalid size unit in `{s}` (use B, KiB, MiB or GiB)"
-                ))
-            }
-        };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| format!("size `{s}` is too large"))
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size such as 1048576 or \"256MiB\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom("a size cannot be negative"))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A duration written as `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or a number of seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-impl FromStr for Dur {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
-            format!("invalid duration `{s}` (expected e.g. \"500ms\", \"10s\", \"5m\")")
-        })?;
-        let d = match unit.trim() {
-            "ms" => Duration::from_millis(n),
-            "" | "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            _ => {
-                return Err(format!(
-                    "invalid duration unit in `{s}` (use ms, s, m or h)"
-                ))
-            }
-        };
-        Ok(Dur(d))
-    }
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Dur;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration such as \"10s\" or \"500ms\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dur, E> {
-                u64::try_from(v)
-                    .map(|s| Dur(Duration::from_secs(s)))
-                    .map_err(|_| E::custom("a duration cannot be negative"))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Dur, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
+/// A charset's name for Content-Type (`utf-8`), or empty for none.
+fn charset<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim().is_empty() || is_token(s.trim()) {
+        Ok(s)
+    } else {
+        Err(de::Error::custom(format!(
+            "`{s}` is not a charset name (e.g. \"utf-8\"; \"\" adds none)"
+        )))
     }
 }
 
@@ -1085,6 +1609,151 @@ mod tests {
         assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
         let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
         assert!(e.contains("line 4") && e.contains("`w`"), "{e}");
+    }
+
+    #[test]
+    fn bounded_sizes_durations_and_fractions() {
+        type Head = ByteSize<{ 8 * KIB }, MIB>;
+        assert_eq!("16KiB".parse::<Head>().unwrap(), ByteSize(16 * KIB));
+        let e = "1KiB".parse::<Head>().unwrap_err();
+        assert!(
+            e.contains("1KiB") && e.contains("must be 8KiB to 1MiB"),
+            "{e}"
+        );
+        let e = ByteSize::<MIB>::new(0).unwrap_err();
+        assert!(e.contains("must be at least 1MiB"), "{e}");
+        type Timeout = Dur<100, HOUR_MS>;
+        assert!("0s".parse::<Timeout>().unwrap_err().contains("100ms to 1h"));
+        assert!("2h".parse::<Timeout>().is_err());
+        assert!("100ms".parse::<Timeout>().is_ok());
+        // Once an overflow panic; now an error, as is anything past a year.
+        assert!("99999999999999999h".parse::<Dur>().is_err());
+        assert!("8761h".parse::<Dur>().is_err());
+        assert_eq!(
+            "8760h".parse::<Dur>().unwrap().0,
+            Duration::from_millis(YEAR_MS)
+        );
+        assert!("2000".parse::<Workers>().unwrap_err().contains("0 to 1024"));
+        for bad in ["-3.5", "nan", "inf", "1.01"] {
+            let e = err(&format!("[cache]\nheuristic_fraction = {bad}\n{MIN}"));
+            assert!(e.contains("line 2, key `cache.heuristic_fraction`"), "{e}");
+        }
+        let c = Config::parse(&format!("[cache]\nheuristic_fraction = 1\n{MIN}"), "t").unwrap();
+        assert_eq!(c.cache.heuristic_fraction, Fraction(1.0));
+    }
+
+    #[test]
+    fn errors_name_the_full_key_path_even_in_inline_tables() {
+        let e = err(&format!(
+            "{MIN}[[listener.route]]\npath = \"/r\"\nrespond = {{ body = \"x\", status = 1000 }}\n"
+        ));
+        assert!(
+            e.contains("line 7, key `listener.route.respond.status`: 1000 is out of range"),
+            "{e}"
+        );
+        let e = err(&format!("[server]\nworkers = 1\nh2c = \"yes\"\n{MIN}"));
+        assert!(e.contains("line 3, key `server.h2c`"), "{e}");
+        let e = err(&format!("cache.max_size = \"1KiB\"\n{MIN}"));
+        assert!(e.contains("line 1, key `cache.max_size`"), "{e}");
+    }
+
+    #[test]
+    fn listeners_sharing_a_port() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(ports_collide(a("127.0.0.1:80"), a("127.0.0.1:80")));
+        assert!(ports_collide(a("0.0.0.0:80"), a("127.0.0.1:80")));
+        assert!(ports_collide(a("127.0.0.1:80"), a("0.0.0.0:80")));
+        assert!(ports_collide(a("[::]:80"), a("10.0.0.1:80")));
+        assert!(ports_collide(a("[::]:80"), a("0.0.0.0:80")));
+        assert!(ports_collide(a("[::ffff:127.0.0.1]:80"), a("127.0.0.1:80")));
+        assert!(!ports_collide(a("0.0.0.0:80"), a("[::1]:80")));
+        assert!(!ports_collide(a("127.0.0.1:80"), a("127.0.0.2:80")));
+        assert!(!ports_collide(a("127.0.0.1:80"), a("127.0.0.1:81")));
+        assert!(!ports_collide(a("0.0.0.0:0"), a("127.0.0.1:0")));
+        let e = err(&format!(
+            "{MIN}[[listener]]\naddr = \"0.0.0.0:1\"\n[[listener.route]]\nrespond = {{}}\n"
+        ));
+        assert!(
+            e.contains("line 6, key `listener.addr`") && e.contains("(line 2)"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "[admin]\ntoken = \"t\"\nlisten = \"[::]:1\"\n{MIN}"
+        ));
+        assert!(e.contains("line 3, key `admin.listen`"), "{e}");
+    }
+
+    #[test]
+    fn cross_key_checks_blame_the_key_that_is_set() {
+        let e = err(&format!("[cache]\nmax_size = \"8MiB\"\n{MIN}"));
+        assert!(e.contains("line 2, key `cache.max_size`"), "{e}");
+        let e = err(&format!(
+            "[cache]\nmax_object_size = \"9MiB\"\nmax_size = \"8MiB\"\n{MIN}"
+        ));
+        assert!(e.contains("line 2, key `cache.max_object_size`"), "{e}");
+        let text = format!("[cache]\nmax_object_size = \"8MiB\"\nmax_size = \"8MiB\"\n{MIN}");
+        assert!(Config::parse(&text, "t").is_ok());
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nstatic = { root = \"/x\", bundled = \"demo\" }\n");
+        assert!(e.contains("line 4, key `listener.route.static`"), "{e}");
+    }
+
+    #[test]
+    fn values_that_would_never_match_or_never_work() {
+        let e = err(&format!(
+            "[compression]\ntypes = [\"text/*\", \"json\"]\n{MIN}"
+        ));
+        assert!(
+            e.contains("line 2, key `compression.types`") && e.contains("`json`"),
+            "{e}"
+        );
+        assert!(err(&format!("[compression]\ntypes = [\"*/*\"]\n{MIN}")).contains("types"));
+        let ok = format!("[compression]\ntypes = [\"text/*\", \"application/ld+json\"]\n{MIN}");
+        assert!(Config::parse(&ok, "t").is_ok());
+        let route = "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\n";
+        let e = err(&format!(
+            "{route}static = {{ root = \"/x\", charset = \"utf-8\\r\\nx: y\" }}\n"
+        ));
+        assert!(
+            e.contains("line 4, key `listener.route.static.charset`"),
+            "{e}"
+        );
+        assert!(Config::parse(
+            &format!("{route}static = {{ root = \"/x\", charset = \"\" }}\n"),
+            "t"
+        )
+        .is_ok());
+        let e = err(&format!(
+            "{route}[listener.route.images]\ndir = \"/x\"\nupload_token = true\n"
+        ));
+        assert!(
+            e.contains("line 6, key `listener.route.images.upload_token`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn max_connections_fits_the_open_files_limit() {
+        // Set in the file and above the limit: an error naming it.
+        let mut c =
+            Config::parse(&format!("[server]\nmax_connections = 5000\n{MIN}"), "t").unwrap();
+        let e = c.fit_open_files(1024).unwrap_err().to_string();
+        assert!(e.contains("line 2, key `server.max_connections`"), "{e}");
+        assert!(e.contains("1024") && e.contains("991"), "{e}");
+        assert!(c.fit_open_files(5033).unwrap().is_none());
+        // The default is lowered to what fits: 1024 less 32 reserved and one listening socket.
+        let mut c = Config::parse(MIN, "t").unwrap();
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(991));
+        assert_eq!(c.server.max_connections.get(), 991);
+        // per-core: a listening socket per listener and worker.
+        let mut c = Config::parse(
+            &format!("[server]\nthreading = \"per-core\"\nworkers = 4\n{MIN}"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(988));
+        // No room at all is an error even for the default.
+        let mut c = Config::parse(MIN, "t").unwrap();
+        assert!(c.fit_open_files(33).is_err());
     }
 
     #[test]

@@ -18,8 +18,16 @@ fn main() -> ExitCode {
         .init();
 
     if let Some(Command::Check { file }) = &cli.command {
-        return match Config::load(file) {
-            Ok(cfg) => {
+        // The open-files limit is checked as `run` would, on this machine.
+        let checked = Config::load(file).and_then(|mut cfg| {
+            let fit = server::fit_open_files(&mut cfg)?;
+            Ok((cfg, fit))
+        });
+        return match checked {
+            Ok((cfg, fit)) => {
+                if let Some(n) = fit.and_then(|f| f.lowered_to) {
+                    println!("note: max_connections lowered from its default to {n}, what the open-files limit here allows");
+                }
                 println!(
                     "{}: ok ({} listener(s), {} route(s))",
                     file.display(),
@@ -35,16 +43,28 @@ fn main() -> ExitCode {
         };
     }
 
-    let (cfg, source) = match cli.config() {
+    let (mut cfg, source) = match cli.config() {
         Ok(x) => x,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    match server::raise_nofile_limit() {
-        Some((old, new)) => tracing::info!(old, new, "open-files limit"),
-        None => tracing::warn!("cannot read the open-files limit"),
+    match server::fit_open_files(&mut cfg) {
+        Ok(Some(f)) => {
+            tracing::info!(old = f.old, new = f.new, "open-files limit");
+            if let Some(n) = f.lowered_to {
+                tracing::warn!(
+                    max_connections = n,
+                    "max_connections lowered from its default to fit the open-files limit"
+                );
+            }
+        }
+        Ok(None) => tracing::warn!("cannot read the open-files limit"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
     }
     let rt = match server::runtime(&cfg.server) {
         Ok(rt) => rt,

@@ -18,9 +18,7 @@ impl Respond {
     pub fn new(cfg: &RespondConfig) -> Respond {
         let status = StatusCode::from_u16(cfg.status.get() as u16).unwrap_or(StatusCode::OK);
         let mut headers = HeaderMap::new();
-        if let Ok(v) = HeaderValue::from_str(&cfg.content_type) {
-            headers.insert(header::CONTENT_TYPE, v);
-        }
+        headers.insert(header::CONTENT_TYPE, cfg.content_type.0.clone());
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(cfg.body.len()));
         Respond {
             status,

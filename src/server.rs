@@ -109,7 +109,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         shutdown: shutdown_rx,
     };
     let extra_threads = match server.threading {
-        Threading::PerCore => worker_count(&server).saturating_sub(1),
+        Threading::PerCore => server.worker_count().saturating_sub(1),
         Threading::WorkStealing => 0,
     };
     let reuse_port = extra_threads > 0;
@@ -235,15 +235,6 @@ async fn return_freed_memory(mut shutdown: watch::Receiver<bool>) {
                 unsafe { libc::malloc_trim(0) };
             });
         }
-    }
-}
-
-/// Worker threads the configuration asks for (0 = one per core).
-pub fn worker_count(cfg: &ServerConfig) -> usize {
-    if cfg.workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        cfg.workers
     }
 }
 
@@ -1039,6 +1030,31 @@ pub fn raise_nofile_limit() -> Option<(u64, u64)> {
     }
 }
 
+/// What [`fit_open_files`] did to the open-files limit and the connection bound.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenFiles {
+    /// The soft limit before and after raising it.
+    pub old: u64,
+    pub new: u64,
+    /// `max_connections` when it was lowered from its default to fit.
+    pub lowered_to: Option<i64>,
+}
+
+/// At start-up (and in `larder check`): raises the open-files soft limit to the hard one, then
+/// checks `max_connections` against it ([`Config::fit_open_files`]). `None` when the limit
+/// cannot be read.
+pub fn fit_open_files(cfg: &mut Config) -> Result<Option<OpenFiles>, crate::config::Error> {
+    let Some((old, new)) = raise_nofile_limit() else {
+        return Ok(None);
+    };
+    let lowered_to = cfg.fit_open_files(new)?;
+    Ok(Some(OpenFiles {
+        old,
+        new,
+        lowered_to,
+    }))
+}
+
 /// Builds the runtime `main` runs [`start`] on: with `threading = "per-core"` a single-threaded
 /// runtime (worker 0; `start` adds the others), with `"work-stealing"` one multi-threaded runtime
 /// with `workers` threads.
@@ -1049,7 +1065,7 @@ pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
             .build(),
         Threading::WorkStealing => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(worker_count(cfg));
+            b.worker_threads(cfg.worker_count());
             // Connections woken beyond a worker's local queue (256 tasks) wait in the global
             // queue; tokio checks it every 31 polls by default, which starves those connections
             // at 1,000+ clients (p99 150 ms and more while p50 is 2 ms). Checking it every

@@ -94,3 +94,147 @@ fn missing_file_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/larder.toml"));
 }
+
+/// larder with `args` (`{}` standing for the path of a file holding `text`), its open-files limit
+/// (soft and hard) set to `nofile`, stopped after 20 s if it still runs: (exit code, stderr and
+/// stdout).
+fn run_limited(nofile: u32, args: &str, text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("larder.toml");
+    std::fs::write(&path, text).unwrap();
+    let args = args.replace("{}", "\"$1\"");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n {nofile} && exec timeout 20 \"$0\" {args}"
+        ))
+        .arg(env!("CARGO_BIN_EXE_larder"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// Values `larder check` used to accept and that broke only at runtime (a runaway thread count,
+/// ports already taken, a head timeout of zero, a NaN fraction, a cache of zero bytes...): each
+/// is refused, with the key's full path and its line.
+#[test]
+fn regression_check_accepts_values_that_break_at_runtime() {
+    // Four lines: the listener and a route.
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            format!("[server]\nworkers = 100000000\n{l}"),
+            2,
+            "server.workers",
+        ),
+        (
+            format!("[server]\nmax_header_size = \"1KiB\"\n{l}"),
+            2,
+            "server.max_header_size",
+        ),
+        (
+            format!("[server]\nh2c = true\nheader_read_timeout = \"0s\"\n{l}"),
+            3,
+            "server.header_read_timeout",
+        ),
+        (
+            format!("[cache]\nheuristic_fraction = -3.5\n{l}"),
+            2,
+            "cache.heuristic_fraction",
+        ),
+        (
+            format!("[cache]\nheuristic_fraction = nan\n{l}"),
+            2,
+            "cache.heuristic_fraction",
+        ),
+        (format!("[cache]\nmax_size = 0\n{l}"), 2, "cache.max_size"),
+        (
+            format!("[cache]\nmax_size = \"1MiB\"\nmax_object_size = \"2MiB\"\n{l}"),
+            3,
+            "cache.max_object_size",
+        ),
+        (
+            format!("[cache]\nmax_object_size = \"300MiB\"\n{l}"),
+            2,
+            "cache.max_object_size",
+        ),
+        (
+            format!(
+                "{l}[[listener]]\naddr = \"0.0.0.0:18080\"\n[[listener.route]]\nrespond = {{}}\n"
+            ),
+            6,
+            "listener.addr",
+        ),
+        (
+            format!("{l}[[listener]]\naddr = \"[::]:18080\"\n[[listener.route]]\nrespond = {{}}\n"),
+            6,
+            "listener.addr",
+        ),
+        (
+            format!("[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:18080\"\n{l}"),
+            3,
+            "admin.listen",
+        ),
+        (
+            format!("{l}[[listener.route]]\npath = \"/x\"\nrespond = {{ status = 1000 }}\n"),
+            7,
+            "listener.route.respond.status",
+        ),
+        (
+            format!("[server]\nidle_timeout = \"99999999999999999h\"\n{l}"),
+            2,
+            "server.idle_timeout",
+        ),
+        (
+            format!("{l}[[listener.route]]\npath = \"/s\"\nstatic = {{ index = [] }}\n"),
+            7,
+            "listener.route.static",
+        ),
+    ];
+    for (text, line, key) in cases {
+        let (ok, msg) = check(&text);
+        assert!(!ok, "accepted:\n{text}");
+        let want = format!("line {line}, key `{key}`");
+        assert!(msg.contains(&want), "{text}\n=> {msg}\n(wanted {want})");
+    }
+}
+
+/// `max_connections` above what the open-files limit allows made accept() fail with EMFILE
+/// long before the bound engaged. Now `check` (and `run`) refuse it, naming the key and line,
+/// after raising the soft limit; the default is lowered to fit instead.
+#[test]
+fn regression_max_connections_above_open_files_limit() {
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    let too_many = format!("[server]\nmax_connections = 5000\n{l}");
+    let (code, msg) = run_limited(1024, "check {}", &too_many);
+    assert_eq!(code, Some(2), "{msg}");
+    assert!(
+        msg.contains("line 2, key `server.max_connections`") && msg.contains("1024"),
+        "{msg}"
+    );
+    // Unset, the default (100000) is lowered to what the limit allows, and said so.
+    let (code, msg) = run_limited(1024, "check {}", l);
+    assert_eq!(code, Some(0), "{msg}");
+    assert!(msg.contains("max_connections lowered"), "{msg}");
+    // Run refuses it the same way, before binding anything.
+    let (code, msg) = run_limited(1024, "--config {}", &too_many);
+    assert_eq!(code, Some(2), "{msg}");
+    assert!(
+        msg.contains("line 2, key `server.max_connections`"),
+        "{msg}"
+    );
+}
+
+/// `--workers 100000000` started that many runtime workers: memory climbed and the port never
+/// opened. The flag has the bound of the `workers` key.
+#[test]
+fn regression_workers_flag_is_bounded() {
+    let args = "--workers 100000000 --upstream http://127.0.0.1:9 --listen 127.0.0.1:0";
+    let (code, msg) = run_limited(1024, args, "");
+    assert_eq!(code, Some(2), "{msg}");
+    assert!(msg.contains("--workers") && msg.contains("1024"), "{msg}");
+}

@@ -115,7 +115,7 @@ async fn warm_server(
         "127.0.0.1:0".parse().unwrap(),
         HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
     );
-    cfg.server.workers = 1;
+    cfg.server.workers = larder::config::Bounded(1);
     cfg.server.idle_release = larder::config::Dur(idle_release);
     cfg.server.release_above_connections = release_above;
     let h = larder::server::start(cfg).await.unwrap();

@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -75,19 +74,6 @@ fn accept_loop_survives_running_out_of_file_descriptors() {
     .env("RUST_LOG", "warn")
     .stdout(Stdio::null())
     .stderr(Stdio::null());
-    // SAFETY: only async-signal-safe setrlimit between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 40,
-                rlim_max: 40,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let mut child = Child(cmd.spawn().unwrap());
 
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -101,8 +87,25 @@ fn accept_loop_survives_running_out_of_file_descriptors() {
         std::thread::sleep(Duration::from_millis(50));
     };
 
-    // Far more connections than descriptors: the kernel completes the handshakes, larder
-    // accepts until EMFILE and must keep going.
+    // larder fits max_connections to its open-files limit at start, so accepting pauses at the
+    // bound before descriptors run out. Descriptors can still run out (upstream connections and
+    // files take them too, or the limit is lowered under a running process): lower it to 40
+    // now, then send far more connections than descriptors. The kernel completes the
+    // handshakes, larder accepts until EMFILE and must keep going.
+    let lim = libc::rlimit {
+        rlim_cur: 40,
+        rlim_max: 40,
+    };
+    // SAFETY: prlimit on our own child with a valid rlimit and no old-limit pointer.
+    let set = unsafe {
+        libc::prlimit(
+            child.0.id() as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
     let mut flood: Vec<TcpStream> = (0..120)
         .filter_map(|_| TcpStream::connect(addr).ok())
         .collect();

@@ -408,7 +408,7 @@ async fn eviction_keeps_store_under_its_byte_bound() {
         .header("cache-control", "max-age=600")
     })
     .await;
-    let cfg = format!("[cache]\nmax_size = \"256KiB\"\n{PROXY}");
+    let cfg = format!("[cache]\nmax_size = \"256KiB\"\nmax_object_size = \"64KiB\"\n{PROXY}");
     let larder = larder(&cfg, &origin.url()).await;
     let c = client();
     for i in 0..200 {

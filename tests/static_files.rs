@@ -91,7 +91,7 @@ async fn get(addr: SocketAddr, method: &str, target: &str, extra: &[&str]) -> Re
 async fn start_with(cfg: StaticConfig) -> (larder::server::Handle, SocketAddr) {
     let mut config =
         Config::single_route("127.0.0.1:0".parse().unwrap(), HandlerConfig::Static(cfg));
-    config.server.workers = 2;
+    config.server.workers = larder::config::Bounded(2);
     let handle = larder::server::start(config).await.unwrap();
     let addr = handle.addrs[0];
     (handle, addr)
@@ -698,7 +698,7 @@ async fn two_thousand_keepalive_connections() {
         "127.0.0.1:0".parse().unwrap(),
         HandlerConfig::Static(StaticConfig::new_root(dir.path().to_path_buf())),
     );
-    config.server.workers = 2;
+    config.server.workers = larder::config::Bounded(2);
     config.server.threading = larder::config::Threading::PerCore;
     let h = larder::server::start(config).await.unwrap();
     let addr = h.addrs[0];

@@ -90,8 +90,24 @@ impl Store {
         let capacity = cfg.max_size.0.max(1);
         // quick_cache wants an estimate of the item count; assume ~16 KiB per entry.
         let estimated = (capacity / (16 * 1024)).clamp(64, 1 << 22) as usize;
+        // It splits the capacity into shards (4 per core by default) and admits nothing above
+        // 97% of a shard: fewer shards where one would not hold a `max_object_size` response
+        // with its head (90% of a shard, a power of two of them).
+        let per_core = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64 * 4;
+        let fit = (capacity / 10 * 9 / cfg.max_object_size.0.max(1)).clamp(1, per_core);
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(estimated)
+            .weight_capacity(capacity)
+            .shards(1 << fit.ilog2())
+            .build()
+            .expect("capacity and shard count are set");
         Store {
-            entries: QuickCache::with_weighter(estimated, capacity, ByBytes),
+            entries: QuickCache::with_options(
+                options,
+                ByBytes,
+                Default::default(),
+                Default::default(),
+            ),
             inflight: Arc::new(Inflight::default()),
             max_object_size: cfg.max_object_size.0,
         }
@@ -331,6 +347,32 @@ mod tests {
     fn key_lowercases_host_only() {
         let k = CacheKey::from_parts("http", "Example.COM", "/A?b=C");
         assert_eq!(k.as_str(), "http://example.com/A?b=C");
+    }
+
+    /// quick_cache splits `max_size` into 4 shards per core and admits nothing above 97% of a
+    /// shard: with the embedded default's 64 MiB on 2 cores (8 MiB shards), a 15 MiB response
+    /// under the 16 MiB `max_object_size` was never stored, though `check` accepted both.
+    #[test]
+    fn regression_objects_up_to_max_object_size_are_stored() {
+        let cfg = CacheConfig {
+            max_size: ByteSize(64 << 20),
+            max_object_size: ByteSize(16 << 20),
+            ..CacheConfig::default()
+        };
+        let store = Store::new(&cfg);
+        let e = Entry::build(
+            StatusCode::OK,
+            HeaderMap::new(),
+            vec![(Encoding::Identity, Bytes::from(vec![b'x'; 15 << 20]))],
+            entry::tests_support::fresh(),
+            false,
+        );
+        let key = CacheKey::from_parts("http", "h", "/big");
+        store.insert(key.clone(), Arc::new(e));
+        assert!(
+            store.get(&key).is_some(),
+            "a 15 MiB response was not stored"
+        );
     }
 
     #[test]

@@ -638,7 +638,7 @@ fn freshness_lifetime(
                 .unwrap_or(response_time)
                 .duration_since(lm)
                 .unwrap_or(Duration::ZERO);
-            return Ok(since.mul_f64(cfg.heuristic_fraction.clamp(0.0, 1.0)));
+            return Ok(since.mul_f64(cfg.heuristic_fraction.0));
         }
     }
     Err(NoStoreReason::NoFreshness)

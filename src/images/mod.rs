@@ -176,7 +176,7 @@ impl Images {
         };
         Images {
             inner: Arc::new(Inner {
-                pool: Pool::new(cfg.workers, cfg.queue_depth.get() as usize),
+                pool: Pool::new(cfg.workers.as_usize(), cfg.queue_depth.get() as usize),
                 prefix: prefix.to_string(),
                 store,
                 status_header: cache.cfg.status_header.0.clone(),
