@@ -518,10 +518,7 @@ mod tests {
 
     #[test]
     fn sample_photo() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/bench/data/photo-640x856.jpg"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-640x856.jpg");
         let b = std::fs::read(path).expect("bench/data photo in the repository");
         let p = probe(&b).unwrap();
         assert_eq!((p.width, p.height, p.format), (640, 856, ImageFormat::Jpeg));
