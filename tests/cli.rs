@@ -73,8 +73,8 @@ fn bad_values_are_named_with_their_line() {
             "idle_timeout",
         ),
         (
-            format!("{base}images = {{ dir = \"/x\", max_upscale = 0.5 }}\n"),
-            "line 4",
+            format!("{base}[listener.route.images]\ndir = \"/x\"\nmax_upscale = 0.5\n"),
+            "line 6",
             "max_upscale",
         ),
         (

@@ -5,6 +5,8 @@
 //! (libjpeg-turbo's and libwebp's own buffers are C allocations and not counted; their pixel
 //! buffers are counted where they are copied into Rust.)
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
@@ -73,51 +75,36 @@ fn gradient(w: u32, h: u32, channels: u8) -> Raster {
     }
 }
 
-/// A 16-bit RGBA PNG (the kind that took 570 MB at 7000×7000).
-fn png16(w: u32, h: u32) -> Vec<u8> {
-    let mut px = Vec::with_capacity((w * h * 8) as usize);
-    for y in 0..h {
-        for x in 0..w {
-            for v in [x * 9, y * 7, x + y, 60_000] {
-                px.extend_from_slice(&(v as u16).to_be_bytes());
-            }
-        }
-    }
+fn encode_png(w: u32, h: u32, color: png::ColorType, depth: png::BitDepth, px: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut e = png::Encoder::new(&mut out, w, h);
-    e.set_color(png::ColorType::Rgba);
-    e.set_depth(png::BitDepth::Sixteen);
+    e.set_color(color);
+    e.set_depth(depth);
     let mut wr = e.write_header().unwrap();
-    wr.write_image_data(&px).unwrap();
+    wr.write_image_data(px).unwrap();
     wr.finish().unwrap();
     out
+}
+
+/// A 16-bit RGBA PNG (the kind that took 570 MB at 7000×7000).
+fn png16(w: u32, h: u32) -> Vec<u8> {
+    let px: Vec<u8> = (0..w * h)
+        .flat_map(|i| [(i % w) * 9, (i / w) * 7, i % 60_000, 60_000])
+        .flat_map(|v| (v as u16).to_be_bytes())
+        .collect();
+    encode_png(w, h, png::ColorType::Rgba, png::BitDepth::Sixteen, &px)
 }
 
 /// A gray + alpha PNG (decoded through a 2-byte buffer, then expanded to RGBA).
 fn png_gray_alpha(w: u32, h: u32) -> Vec<u8> {
     let px: Vec<u8> = (0..w * h).flat_map(|i| [(i % 251) as u8, 128]).collect();
-    let mut out = Vec::new();
-    let mut e = png::Encoder::new(&mut out, w, h);
-    e.set_color(png::ColorType::GrayscaleAlpha);
-    e.set_depth(png::BitDepth::Eight);
-    let mut wr = e.write_header().unwrap();
-    wr.write_image_data(&px).unwrap();
-    wr.finish().unwrap();
-    out
-}
-
-/// The photo tagged with EXIF orientation 6 (decoded, then turned upright: one more copy).
-fn oriented_photo() -> Vec<u8> {
-    let jpeg = std::fs::read(PHOTO).unwrap();
-    let tiff: &[u8] = b"MM\0\x2a\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x06\0\0\0\0\0\0";
-    let mut app1 = b"Exif\0\0".to_vec();
-    app1.extend_from_slice(tiff);
-    let mut tagged = jpeg[..2].to_vec();
-    tagged.extend_from_slice(&[0xFF, 0xE1]);
-    tagged.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
-    tagged.extend_from_slice(&app1);
-    tagged.extend_from_slice(&jpeg[2..]);
-    tagged
+    encode_png(
+        w,
+        h,
+        png::ColorType::GrayscaleAlpha,
+        png::BitDepth::Eight,
+        &px,
+    )
 }
 
 /// Runs `query` on `src`: (estimated bytes, peak live bytes above what was live before).
@@ -148,7 +135,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("jpeg rotated 45", photo.clone(), "w=300&r=45&f=webp"),
         ("jpeg to avif", photo.clone(), "w=200&h=200&f=avif"),
         ("jpeg to gif", photo.clone(), "w=320&f=gif"),
-        ("jpeg oriented", oriented_photo(), "q=80"),
+        ("jpeg oriented", common::exif_oriented(&photo, 6), "q=80"),
         ("png 16-bit", png16(1200, 900), "w=300&f=jpeg"),
         ("png 16-bit full", png16(600, 400), "f=webp"),
         ("png gray+alpha", png_gray_alpha(800, 600), "q=80&f=png"),

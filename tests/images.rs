@@ -2,6 +2,8 @@
 //! rotation, grayscale, each output format, `f=auto`, the normalized cache key, coalescing,
 //! pixel bombs, presets, parameter errors, DELETE purging cached variants, AVIF sources.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -605,15 +607,7 @@ async fn exif_orientation_is_applied() {
         turbojpeg::Subsamp::Sub2x2,
     )
     .unwrap();
-    let tiff: &[u8] = b"MM\0\x2a\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x06\0\0\0\0\0\0";
-    let mut app1 = b"Exif\0\0".to_vec();
-    app1.extend_from_slice(tiff);
-    let mut tagged = jpeg[..2].to_vec();
-    tagged.extend_from_slice(&[0xFF, 0xE1]);
-    tagged.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
-    tagged.extend_from_slice(&app1);
-    tagged.extend_from_slice(&jpeg[2..]);
-    let r = upload(l.addr, tagged, "image/jpeg").await;
+    let r = upload(l.addr, common::exif_oriented(&jpeg, 6), "image/jpeg").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = get(l.addr, &format!("/{}?q=80", r.field("md5"))).await;
     assert_eq!(dims(&r.body), (20, 40));
@@ -1087,7 +1081,7 @@ async fn regression_decode_memory_is_bounded() {
 /// completes before they all do (ordering only: nothing here is timed).
 #[tokio::test(flavor = "multi_thread")]
 async fn regression_cheap_transform_is_not_queued_behind_expensive_ones() {
-    let l = start("workers = 1").await;
+    let l = start("workers = 1\nqueue_timeout = \"120s\"").await;
     let md5 = upload_photo(&l).await;
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -1099,12 +1093,16 @@ async fn regression_cheap_transform_is_not_queued_behind_expensive_ones() {
             order.lock().unwrap().push(name);
         }));
     };
-    // Full-size re-encodes, distinct (q) so they are not coalesced.
+    // Full-size re-encodes of a 2-megapixel PNG (each takes over a second in a debug build,
+    // far longer than the pauses below), distinct (q) so they are not coalesced.
+    let big = upload(l.addr, coords_png(1600, 1200), "image/png")
+        .await
+        .field("md5");
     for q in 1..=4 {
-        request(format!("expensive {q}"), format!("/{md5}?q={q}&f=webp"));
+        request(format!("expensive {q}"), format!("/{big}?q={q}&f=png"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Let them reach the queue (were they slower to, the cheap one would only gain).
+    // Let them reach the queue (the first one is still running when the cheap one comes).
     tokio::time::sleep(Duration::from_millis(200)).await;
     request("cheap".into(), format!("/{md5}?w=8&h=8&g=1&f=jpeg"));
     for t in tasks {
