@@ -977,6 +977,25 @@ pub struct ImagesConfig {
     /// Transforms waiting for a worker at most; beyond, 503 with Retry-After at once.
     #[serde(default = "ImagesConfig::default_queue_depth")]
     pub queue_depth: Bounded<0, 1_000_000>,
+    /// Longest a transform waits for a worker and its decode memory; then 503 with Retry-After.
+    #[serde(default = "ImagesConfig::default_queue_timeout")]
+    pub queue_timeout: Dur<1>,
+    /// Memory the route's transforms may hold at once (decoded pixels, resize and encode
+    /// buffers, estimated from the header before decoding). A transform waits until its
+    /// estimate fits; one that could never fit gets 422.
+    #[serde(default = "ImagesConfig::default_decode_memory")]
+    pub decode_memory: ByteSize<MIB>,
+    /// Largest scale factor applied to the source (1.0: never enlarged). A request for more
+    /// gets the largest allowed size with the requested aspect ratio.
+    #[serde(default = "ImagesConfig::default_max_upscale")]
+    pub max_upscale: Upscale,
+    /// rav1e's speed preset for AVIF output: 1 (slowest, smallest) to 10 (fastest).
+    #[serde(default = "ImagesConfig::default_avif_speed")]
+    pub avif_speed: Bounded<1, 10>,
+    /// Largest AVIF output in pixels (AVIF encoding costs far more CPU per pixel than the
+    /// other formats): `f=avif` beyond it gets 400, `f=auto` falls back to the source's format.
+    #[serde(default = "ImagesConfig::default_max_avif_pixels")]
+    pub max_avif_pixels: Bounded<1, 1_000_000_000>,
     /// Output format when a request has no `f`: `none` keeps the source's, `auto` picks AVIF
     /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`.
     #[serde(default = "ImagesConfig::default_format")]
@@ -1014,6 +1033,11 @@ impl ImagesConfig {
             originals_memory: Self::default_originals_memory(),
             workers: Bounded(0),
             queue_depth: Self::default_queue_depth(),
+            queue_timeout: Self::default_queue_timeout(),
+            decode_memory: Self::default_decode_memory(),
+            max_upscale: Self::default_max_upscale(),
+            avif_speed: Self::default_avif_speed(),
+            max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
             default_quality: Self::default_quality(),
             cache_results: true,
@@ -1043,6 +1067,22 @@ impl ImagesConfig {
     }
     fn default_queue_depth() -> Bounded<0, 1_000_000> {
         Bounded(64)
+    }
+    fn default_queue_timeout() -> Dur<1> {
+        Dur(Duration::from_secs(10))
+    }
+    fn default_decode_memory() -> ByteSize<MIB> {
+        ByteSize(512 << 20)
+    }
+    fn default_max_upscale() -> Upscale {
+        Upscale(1.0)
+    }
+    fn default_avif_speed() -> Bounded<1, 10> {
+        Bounded(10)
+    }
+    /// 1920×1080.
+    fn default_max_avif_pixels() -> Bounded<1, 1_000_000_000> {
+        Bounded(2_073_600)
     }
     fn default_format() -> crate::images::params::FormatChoice {
         crate::images::params::FormatChoice::Keep
@@ -1391,6 +1431,22 @@ fn charset<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         Err(de::Error::custom(format!(
             "`{s}` is not a charset name (e.g. \"utf-8\"; \"\" adds none)"
         )))
+    }
+}
+
+/// A scale factor from 1.0 (no enlargement) to 16.0, written as a number (`1`, `2.5`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Upscale(pub f64);
+
+impl<'de> Deserialize<'de> for Upscale {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !(1.0..=16.0).contains(&v) {
+            return Err(de::Error::custom(format!(
+                "{v} is out of range (must be 1.0 to 16.0; 1.0 never enlarges)"
+            )));
+        }
+        Ok(Upscale(v))
     }
 }
 

@@ -211,15 +211,26 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     })
 }
 
-/// Connections that gave their buffers back since freed memory was last returned.
+/// Bytes freed since freed memory was last returned: buffers of connections going idle, and
+/// the working memory of finished image transforms.
 static RELEASED: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc keeps freed memory in its arenas. When many connections have released their buffers
-/// (thousands of clients going idle together), this asks it, at most once a second and off the
-/// async workers, to return the free pages to the system, so that RSS follows what idle
-/// connections really hold.
+/// What an idle connection gives back (its read and write buffers).
+const CONNECTION_BUFFERS: usize = 16 << 10;
+
+/// Notes `bytes` of heap freed (e.g. an image transform's buffers), for [`return_freed_memory`].
+pub fn memory_freed(bytes: u64) {
+    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    RELEASED.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// glibc keeps freed memory in its arenas (and, once a large block was freed, serves blocks up
+/// to 32 MiB from them rather than from fresh mappings). When enough has been freed (thousands
+/// of clients going idle together, a burst of image transforms), this asks it, at most once a
+/// second and off the async workers, to return the free pages of every arena to the system, so
+/// that RSS follows what is really held.
 async fn return_freed_memory(mut shutdown: watch::Receiver<bool>) {
-    const ENOUGH: usize = 256; // about 4 MiB of buffers
+    const ENOUGH: usize = 4 << 20;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -668,7 +679,7 @@ async fn serve_h1<S>(
                     unreachable!("hyper finished, so it was serving")
                 };
                 if idle_release {
-                    RELEASED.fetch_add(1, Ordering::Relaxed);
+                    RELEASED.fetch_add(CONNECTION_BUFFERS, Ordering::Relaxed);
                 }
                 releasing = false;
                 idle_release = false;

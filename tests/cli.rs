@@ -27,7 +27,7 @@ fn example_config_checks_ok() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 listener(s), 3 route(s))"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 listener(s), 4 route(s))"));
 }
 
 #[test]
@@ -37,7 +37,13 @@ fn example_config_sets_every_documented_key() {
         .unwrap();
     let cfg = larder::config::Config::parse(&text, "example").unwrap();
     assert_eq!(cfg.cache.max_size.0, 256 << 20);
-    assert_eq!(cfg.listeners[0].routes.len(), 3);
+    assert_eq!(cfg.listeners[0].routes.len(), 4);
+    let larder::config::HandlerConfig::Images(images) = &cfg.listeners[0].routes[3].handler else {
+        panic!("the fourth route is the image server")
+    };
+    assert_eq!(images.decode_memory.0, 512 << 20);
+    assert_eq!(images.max_upscale.0, 1.0);
+    assert_eq!(images.max_avif_pixels.get(), 1920 * 1080);
 }
 
 #[test]
@@ -65,6 +71,11 @@ fn bad_values_are_named_with_their_line() {
             format!("[server]\nidle_timeout = \"5 parsecs\"\n{base}respond = {{}}\n"),
             "line 2",
             "idle_timeout",
+        ),
+        (
+            format!("{base}[listener.route.images]\ndir = \"/x\"\nmax_upscale = 0.5\n"),
+            "line 6",
+            "max_upscale",
         ),
         (
             "[[listener]]\naddr = \"not an address\"\n".to_string(),

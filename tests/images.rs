@@ -2,6 +2,8 @@
 //! rotation, grayscale, each output format, `f=auto`, the normalized cache key, coalescing,
 //! pixel bombs, presets, parameter errors, DELETE purging cached variants, AVIF sources.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -168,6 +170,9 @@ fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
         max_pixels: 50_000_000,
         max_dim: 4096,
         max_frames: 1,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 2_073_600,
     };
     larder::images::codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
         .unwrap()
@@ -307,7 +312,8 @@ async fn every_mode_has_the_expected_size() {
         ("w=50&p=3", (320, 428)),
         ("w=25&h=50&p=3", (160, 428)),
         ("w=100&h=100&p=4", (75, 100)),
-        ("w=1000&h=1000&p=4", (748, 1000)),
+        // Never enlarged (max_upscale 1.0): the source's size.
+        ("w=1000&h=1000&p=4", (640, 856)),
     ] {
         let r = get(l.addr, &format!("/{md5}?{q}")).await;
         assert_eq!(r.status, 200, "{q}: {}", r.text());
@@ -601,15 +607,7 @@ async fn exif_orientation_is_applied() {
         turbojpeg::Subsamp::Sub2x2,
     )
     .unwrap();
-    let tiff: &[u8] = b"MM\0\x2a\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x06\0\0\0\0\0\0";
-    let mut app1 = b"Exif\0\0".to_vec();
-    app1.extend_from_slice(tiff);
-    let mut tagged = jpeg[..2].to_vec();
-    tagged.extend_from_slice(&[0xFF, 0xE1]);
-    tagged.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
-    tagged.extend_from_slice(&app1);
-    tagged.extend_from_slice(&jpeg[2..]);
-    let r = upload(l.addr, tagged, "image/jpeg").await;
+    let r = upload(l.addr, common::exif_oriented(&jpeg, 6), "image/jpeg").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = get(l.addr, &format!("/{}?q=80", r.field("md5"))).await;
     assert_eq!(dims(&r.body), (20, 40));
@@ -707,6 +705,9 @@ fn time_transform(
         max_pixels: 50_000_000,
         max_dim: 4096,
         max_frames: 100,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 2_073_600,
     };
     let mut total = transform::Timing::default();
     let start = std::time::Instant::now();
@@ -989,6 +990,9 @@ fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
         max_pixels: 50_000_000,
         max_dim: 4096,
         max_frames: 100,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 2_073_600,
     };
     let p = Params::parse("w=32&h=32&p=1&g=1&f=png").unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
@@ -1002,4 +1006,110 @@ fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
     // The middle 64 of 400 rows (168..232): brightness about 107 at the top, 148 at the bottom.
     assert!(row(0).abs_diff(108) <= 4, "top row {}", row(0));
     assert!(row(31).abs_diff(147) <= 4, "bottom row {}", row(31));
+}
+
+/// #12 item 9: a 200×150 upload asked for `w=4096&h=4096` was enlarged to 4096×4096 (as AVIF,
+/// 14 s of CPU). Now never enlarged by default, and at most `max_upscale` times when set.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_small_upload_is_not_enlarged() {
+    for (extra, want) in [("", (150, 150)), ("max_upscale = 2", (300, 300))] {
+        let l = start(extra).await;
+        let md5 = upload(l.addr, coords_png(200, 150), "image/png")
+            .await
+            .field("md5");
+        let r = get(l.addr, &format!("/{md5}?w=1000&h=1000&f=png")).await;
+        assert_eq!(r.status, 200, "{extra}: {}", r.text());
+        assert_eq!(dims(&r.body), want, "{extra}");
+        l.handle.shutdown().await;
+    }
+}
+
+/// #12 item 9: AVIF output had no size bound of its own (its encoder costs far more per pixel
+/// than the others). Over `max_avif_pixels`, `f=avif` is a 400 naming `f`; `f=auto` falls back
+/// to the format a client without AVIF gets.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_avif_output_is_capped() {
+    let l = start("max_avif_pixels = 10000\navif_speed = 8").await;
+    let md5 = upload_photo(&l).await;
+    let r = get(l.addr, &format!("/{md5}?w=200&h=200&f=avif")).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("`f`"), "{}", r.text());
+    let r = get(l.addr, &format!("/{md5}?w=100&h=100&f=avif")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), "image/avif");
+    let auto = |q: &'static str| {
+        let path = format!("/{md5}?{q}&f=auto");
+        async move {
+            send(
+                l.addr,
+                Method::GET,
+                &path,
+                &[("accept", "image/avif,image/webp")],
+                Bytes::new(),
+            )
+            .await
+        }
+    };
+    let r = auto("w=200&h=200").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), "image/jpeg");
+    assert_eq!(sniff::probe(&r.body).unwrap().format.name(), "jpeg");
+    assert_eq!(r.header("vary"), "Accept");
+    let r = auto("w=100&h=100").await;
+    assert_eq!(r.header("content-type"), "image/avif");
+    l.handle.shutdown().await;
+}
+
+/// #12 item 9: decoding had no memory bound (a 16-bit 7000×7000 PNG took 570 MB per request,
+/// whatever the other workers held). A transform whose estimate can never fit `decode_memory`
+/// is refused with 422 before any decoding; smaller ones run.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_decode_memory_is_bounded() {
+    let l = start("decode_memory = \"1MiB\"").await;
+    let big = upload(l.addr, coords_png(1000, 1000), "image/png").await;
+    let r = get(l.addr, &format!("/{}?w=10&h=10", big.field("md5"))).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("decode_memory"), "{}", r.text());
+    let small = upload(l.addr, coords_png(100, 100), "image/png").await;
+    let r = get(l.addr, &format!("/{}?w=10&h=10", small.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    l.handle.shutdown().await;
+}
+
+/// #12 item 9: with transforms run first come, first served, four expensive transforms made a
+/// 1 ms one wait 27 s. On one worker, expensive transforms are queued, then a cheap one: it
+/// completes before they all do (ordering only: nothing here is timed).
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_cheap_transform_is_not_queued_behind_expensive_ones() {
+    let l = start("workers = 1\nqueue_timeout = \"120s\"").await;
+    let md5 = upload_photo(&l).await;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let mut request = |name: String, path: String| {
+        let (addr, order) = (l.addr, order.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = get(addr, &path).await;
+            assert_eq!(r.status, 200, "{name}: {}", r.text());
+            order.lock().unwrap().push(name);
+        }));
+    };
+    // Full-size re-encodes of a 2-megapixel PNG (each takes over a second in a debug build,
+    // far longer than the pauses below), distinct (q) so they are not coalesced.
+    let big = upload(l.addr, coords_png(1600, 1200), "image/png")
+        .await
+        .field("md5");
+    for q in 1..=4 {
+        request(format!("expensive {q}"), format!("/{big}?q={q}&f=png"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let them reach the queue (the first one is still running when the cheap one comes).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    request("cheap".into(), format!("/{md5}?w=8&h=8&g=1&f=jpeg"));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let cheap = order.iter().position(|n| n == "cheap").unwrap();
+    assert!(cheap < 4, "the cheap transform completed last: {order:?}");
+    l.handle.shutdown().await;
 }

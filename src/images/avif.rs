@@ -653,6 +653,9 @@ mod tests {
         max_pixels: 1 << 20,
         max_dim: 4096,
         max_frames: 1,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 2_073_600,
     };
 
     /// A `w`×`h` raster of (x·k, y·k, 200[, alpha by column]) pixels.

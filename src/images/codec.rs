@@ -88,6 +88,8 @@ pub enum CodecError {
     TooManyPixels { pixels: u64, limit: u64 },
     #[error("image has {frames} frames, more than the limit of {limit}")]
     TooManyFrames { frames: u32, limit: u32 },
+    #[error("this transform needs about {need} bytes of memory, more than the route's decode_memory of {budget}")]
+    OverMemoryBudget { need: u64, budget: u64 },
     #[error("cannot decode {0}: {1}")]
     Decode(&'static str, String),
     #[error("transforming {0} sources is not supported")]
@@ -325,14 +327,25 @@ fn flip_h(img: &Raster) -> Raster {
     }
 }
 
-/// Encodes with fast settings; `quality` 1-100 applies to JPEG, WebP and AVIF.
+/// Encodes with fast settings (AVIF at rav1e's fastest speed); `quality` 1-100 applies to JPEG,
+/// WebP and AVIF.
 pub fn encode(img: &Raster, format: ImageFormat, quality: u8) -> Result<Vec<u8>, CodecError> {
+    encode_at(img, format, quality, 10)
+}
+
+/// [`encode`] with AVIF at rav1e's speed preset `avif_speed` (1 slowest to 10 fastest).
+pub fn encode_at(
+    img: &Raster,
+    format: ImageFormat,
+    quality: u8,
+    avif_speed: u8,
+) -> Result<Vec<u8>, CodecError> {
     match format {
         ImageFormat::Jpeg => encode_jpeg(img, quality),
         ImageFormat::Png => encode_png(img),
         ImageFormat::Gif => encode_gif(img),
         ImageFormat::Webp => encode_webp(img, quality),
-        ImageFormat::Avif => encode_avif(img, quality),
+        ImageFormat::Avif => encode_avif(img, quality, avif_speed),
     }
 }
 
@@ -435,12 +448,12 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
     Ok(mem.to_vec())
 }
 
-fn encode_avif(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
+fn encode_avif(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
     use rgb::FromSlice;
     let enc = ravif::Encoder::new()
         .with_quality(f32::from(quality))
         .with_alpha_quality(f32::from(quality))
-        .with_speed(10)
+        .with_speed(speed.clamp(1, 10))
         .with_num_threads(Some(1));
     let (w, h) = (img.width as usize, img.height as usize);
     let res = if img.has_alpha() {
@@ -468,6 +481,9 @@ mod tests {
             max_pixels: 50_000_000,
             max_dim: 4096,
             max_frames: 1,
+            max_upscale: 1.0,
+            avif_speed: 10,
+            max_avif_pixels: 2_073_600,
         };
         // 100×134 needed: 2/8 (160×214) is the smallest scale at or above it.
         let (r, band) = decode(&b, &p, (100, 134), true, (0.0, 1.0), &limits).unwrap();
@@ -499,6 +515,9 @@ mod tests {
             max_pixels: 1 << 20,
             max_dim: 4096,
             max_frames: 10,
+            max_upscale: 1.0,
+            avif_speed: 10,
+            max_avif_pixels: 2_073_600,
         };
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x10\0\0\0\x10\x08\x02\0\0\0".to_vec();
         png.extend_from_slice(b"garbage garbage garbage");

@@ -93,6 +93,26 @@ pub struct Decoded {
     pub data: Vec<u8>,
 }
 
+/// The DCT scale (in eighths) a `w`×`h` image decodes at for `need`: the smallest keeping both
+/// sides at or above it.
+fn scale_eighths(w: u32, h: u32, need: (u32, u32)) -> u32 {
+    let fits = |n: u32, d: u32, need: u32| eighths(d, n) >= need.min(d);
+    (1..=8)
+        .find(|&n| fits(n, w, need.0) && fits(n, h, need.1))
+        .unwrap_or(8)
+}
+
+/// The size a `w`×`h` image decodes to for `need` (before any band is cut).
+pub fn scaled_size(w: u32, h: u32, need: (u32, u32)) -> (u32, u32) {
+    let n = scale_eighths(w, h, need);
+    (eighths(w, n), eighths(h, n))
+}
+
+/// `d` scaled by `n`/8, as libjpeg-turbo rounds it.
+fn eighths(d: u32, n: u32) -> u32 {
+    (d * n).div_ceil(8)
+}
+
 /// Decodes `src` as `req` asks. `max_pixels` bounds the full-size image (checked by the caller's
 /// probe already; enforced here again from the real header).
 pub fn decode(src: &[u8], req: Request, max_pixels: u64) -> Result<Decoded, JpegError> {
@@ -101,12 +121,8 @@ pub fn decode(src: &[u8], req: Request, max_pixels: u64) -> Result<Decoded, Jpeg
         if u64::from(w) * u64::from(hgt) > max_pixels {
             return Err(JpegError("image has too many pixels".into()));
         }
-        let fits = |n: u32, d: u32, need: u32| (d * n).div_ceil(8) >= need.min(d);
-        let n = (1..=8)
-            .find(|&n| fits(n, w, req.need.0) && fits(n, hgt, req.need.1))
-            .unwrap_or(8);
-        let scaled = |d: u32| (d * n).div_ceil(8);
-        let (sw, sh) = (scaled(w), scaled(hgt));
+        let n = scale_eighths(w, hgt, req.need);
+        let (sw, sh) = (eighths(w, n), eighths(hgt, n));
         // libjpeg-turbo lists its factors in lowest terms (2/8 is 1/4).
         let g = [8u32, 4, 2, 1]
             .into_iter()

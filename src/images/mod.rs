@@ -5,7 +5,9 @@
 //!                                   ─▶ MD5 ─▶ store (atomic, dedup) ─▶ JSON {md5,size,width,...}
 //! GET  <prefix><md5>?w=&h=&p=... ─▶ params (400 naming one) ─▶ preset (t=) ─▶ key
 //!        ─▶ cache HIT ─▶ deliver
-//!        └▶ coalesce ─leader─▶ load original ─▶ pool (503 when full): decode → resize → encode
+//!        └▶ coalesce ─leader─▶ load original ─▶ prepare: plan + estimate memory and cost (400/422)
+//!                              ─▶ pool (503 when full or after queue_timeout; fair order; within
+//!                                 decode_memory): decode → resize → encode
 //!                              ─▶ store entry ─▶ deliver MISS; followers get the same entry
 //! GET  <prefix>info?md5=    ─▶ JSON from the original's header
 //! DELETE <prefix><md5>      ─▶ admin token ─▶ remove original ─▶ purge cached variants
@@ -15,7 +17,7 @@
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
 //! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`pool`] (the bounded blocking pool).
+//! YUV to RGB), [`pool`] (the bounded blocking pool: memory budget, fair order).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
@@ -138,7 +140,10 @@ impl From<TransformError> for ImageError {
 impl From<PoolError> for ImageError {
     fn from(e: PoolError) -> Self {
         match e {
-            PoolError::Busy => ImageError::Busy,
+            PoolError::Busy | PoolError::Waited => ImageError::Busy,
+            PoolError::OverBudget { need, budget } => {
+                ImageError::Refused(CodecError::OverMemoryBudget { need, budget })
+            }
             PoolError::Panicked => ImageError::Internal,
         }
     }
@@ -173,10 +178,18 @@ impl Images {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
             max_frames: cfg.max_frames.get() as u32,
+            max_upscale: cfg.max_upscale.0,
+            avif_speed: cfg.avif_speed.get() as u8,
+            max_avif_pixels: cfg.max_avif_pixels.get() as u64,
         };
         Images {
             inner: Arc::new(Inner {
-                pool: Pool::new(cfg.workers.as_usize(), cfg.queue_depth.get() as usize),
+                pool: Pool::new(
+                    cfg.workers.as_usize(),
+                    cfg.queue_depth.get() as usize,
+                    cfg.decode_memory.0,
+                    cfg.queue_timeout.0,
+                ),
                 prefix: prefix.to_string(),
                 store,
                 status_header: cache.cfg.status_header.0.clone(),
@@ -416,11 +429,23 @@ impl Inner {
             (data, probe.format)
         } else {
             let limits = self.limits;
-            let format = resolved.format;
-            let (out, timing) = self
+            // Planned from the header: bad parameters and sources over the limits are refused
+            // here, before queueing; the estimates decide when the transform may start.
+            let prepared = transform::prepare(&probe, &resolved, &limits)?;
+            let job = pool::Job {
+                memory: prepared.memory,
+                cost: prepared.cost,
+            };
+            let ran = self
                 .pool
-                .run(move || transform::run(&data, &probe, &resolved, &limits))
-                .await??;
+                .run(job, move || {
+                    transform::run(&data, &probe, &resolved, &limits)
+                })
+                .await?;
+            // Its buffers are free now: let the server give such memory back to the system.
+            crate::server::memory_freed(prepared.memory);
+            let (out, timing) = ran?;
+            let format = prepared.format;
             tracing::debug!(
                 md5 = md5.as_str(),
                 params = key.as_str(),

@@ -1,14 +1,16 @@
 //! The transform pipeline, pure and synchronous (it runs on the blocking pool):
 //! plan the geometry → decode (shrinking on load) → orient → crop+resize (SIMD) → rotate →
-//! grayscale → encode. [`run`] returns the encoded bytes and the time spent in each step.
+//! grayscale → encode. [`prepare`] plans from the header alone and estimates the peak memory
+//! and CPU cost (never enlarging past `max_upscale`, holding AVIF output to its pixel cap);
+//! [`run`] returns the encoded bytes and the time spent in each step.
 
 use std::time::{Duration, Instant};
 
 use fast_image_resize as fr;
 
 use super::codec::{self, CodecError, Raster};
-use super::params::{Mode, Resolved};
-use super::sniff::Probe;
+use super::params::{Mode, Resolved, Target};
+use super::sniff::{ImageFormat, Probe};
 
 /// Why a transform could not be made (mapped to 400/422 by the handler).
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +43,17 @@ fn at_least_one(v: f64) -> u32 {
     (v.round() as u32).max(1)
 }
 
-/// Computes the geometry of zimg's `p` modes for a `sw`×`sh` (oriented) source.
-pub fn plan(sw: u32, sh: u32, r: &Resolved, max_dim: u32) -> Result<Plan, TransformError> {
+/// Computes the geometry of zimg's `p` modes for a `sw`×`sh` (oriented) source. A request
+/// wider or taller than `max_dim` is refused; a plan enlarging the source by more than
+/// `max_upscale` is shrunk to that scale, keeping the requested aspect ratio (as thumbor's
+/// `no_upscale` and imgproxy without `enlarge` do).
+pub fn plan(
+    sw: u32,
+    sh: u32,
+    r: &Resolved,
+    max_dim: u32,
+    max_upscale: f64,
+) -> Result<Plan, TransformError> {
     let (fw, fh) = (f64::from(sw), f64::from(sh));
     let full = (0.0, 0.0, fw, fh);
     let proportional = |w: Option<u32>, h: Option<u32>| -> (u32, u32) {
@@ -58,7 +69,7 @@ pub fn plan(sw: u32, sh: u32, r: &Resolved, max_dim: u32) -> Result<Plan, Transf
             return Err(TransformError::Param(name, "must be at least 1".into()));
         }
     }
-    let p = match r.mode {
+    let mut p = match r.mode {
         Mode::Stretch => Plan {
             crop: full,
             out: proportional(r.w, r.h),
@@ -137,6 +148,14 @@ pub fn plan(sw: u32, sh: u32, r: &Resolved, max_dim: u32) -> Result<Plan, Transf
             format!("output height {} exceeds {max_dim}", p.out.1),
         ));
     }
+    let scale = (f64::from(p.out.0) / p.crop.2).max(f64::from(p.out.1) / p.crop.3);
+    if scale > max_upscale {
+        let k = max_upscale / scale;
+        p.out = (
+            at_least_one(f64::from(p.out.0) * k),
+            at_least_one(f64::from(p.out.1) * k),
+        );
+    }
     let (rw, rh) = rotated_size(p.out.0, p.out.1, r.r);
     if rw > max_dim || rh > max_dim {
         return Err(TransformError::Param(
@@ -170,16 +189,37 @@ pub struct Limits {
     pub max_pixels: u64,
     pub max_dim: u32,
     pub max_frames: u32,
+    /// Largest scale factor applied to the source (1.0: never enlarged).
+    pub max_upscale: f64,
+    /// rav1e's speed preset (1-10) for AVIF output.
+    pub avif_speed: u8,
+    /// Largest AVIF output, in pixels.
+    pub max_avif_pixels: u64,
 }
 
-/// Transforms `src` (probed as `probe`) as `r` asks.
-pub fn run(
-    src: &[u8],
-    probe: &Probe,
-    r: &Resolved,
-    limits: &Limits,
-) -> Result<(Vec<u8>, Timing), TransformError> {
-    let mut t = Timing::default();
+/// A transform decided from the header and the parameters alone, before any pixel is decoded:
+/// its geometry, its output format, and what it will cost (the pool admits and orders it by
+/// these estimates).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prepared {
+    pub plan: Plan,
+    /// The format encoded (an `f=auto` AVIF over `max_avif_pixels` falls back to the format a
+    /// client without AVIF gets).
+    pub format: ImageFormat,
+    /// The smallest decoded size (unoriented) keeping the plan's scale: a JPEG decoder may
+    /// shrink to it.
+    need: (u32, u32),
+    /// Rows kept, as fractions of the unoriented height: a JPEG decoder may decode only them.
+    rows: (f64, f64),
+    /// Peak heap bytes of the transform, estimated (see [`Prepared::estimate`]).
+    pub memory: u64,
+    /// CPU cost in weighted pixels, comparable between transforms (not a time).
+    pub cost: u64,
+}
+
+/// Plans `r` for a source probed as `probe` and estimates its cost: 400 for parameters out of
+/// bounds, 422 for a source over the limits.
+pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared, TransformError> {
     codec::check_limits(probe, limits)?;
     // Geometry in oriented coordinates first: it decides how much the decoder may shrink.
     let swapped = probe.orientation >= 5;
@@ -188,7 +228,7 @@ pub fn run(
     } else {
         (probe.width, probe.height)
     };
-    let plan = plan(ow, oh, r, limits.max_dim)?;
+    let plan = plan(ow, oh, r, limits.max_dim, limits.max_upscale)?;
 
     // The decoded image must keep at least the plan's scale: crop region → out size.
     let scale = (f64::from(plan.out.0) / plan.crop.2).max(f64::from(plan.out.1) / plan.crop.3);
@@ -209,8 +249,111 @@ pub fn run(
         (0.0, 1.0)
     };
 
+    let (ew, eh) = rotated_size(plan.out.0, plan.out.1, r.r);
+    let encoded = u64::from(ew) * u64::from(eh);
+    let mut format = r.format;
+    if format == ImageFormat::Avif && encoded > limits.max_avif_pixels {
+        if !r.negotiated() {
+            return Err(TransformError::Param(
+                "f",
+                format!(
+                    "AVIF output is limited to {} pixels and this one is {ew}x{eh}: ask for a \
+                     smaller size or another format",
+                    limits.max_avif_pixels
+                ),
+            ));
+        }
+        format = Target::Auto(None).output(probe.format);
+    }
+    let mut p = Prepared {
+        plan,
+        format,
+        need,
+        rows,
+        memory: 0,
+        cost: 0,
+    };
+    (p.memory, p.cost) = p.estimate(probe, r, limits.avif_speed);
+    Ok(p)
+}
+
+impl Prepared {
+    /// Peak heap bytes and CPU cost, from sizes alone. Memory is the largest of three phases,
+    /// each counted from what the code below holds at once: decoding (the decoder's buffers and
+    /// the raster, plus a copy to orient it), resizing (the raster, the resizer's intermediate
+    /// image, the result) and encoding (the result, a rotated or gray copy, the encoder's
+    /// buffers). Bytes per pixel are upper bounds per format, checked against a counting
+    /// allocator by `tests/image_memory.rs`. The cost weights are coarse ratios of per-pixel
+    /// time between codecs (AVIF encoding dwarfs everything else), enough to order transforms.
+    fn estimate(&self, probe: &Probe, r: &Resolved, avif_speed: u8) -> (u64, u64) {
+        let (dw, dh) = match probe.format {
+            ImageFormat::Jpeg => super::jpeg::scaled_size(probe.width, probe.height, self.need),
+            _ => (probe.width, probe.height),
+        };
+        let (dw, dh, decoded) = (u64::from(dw), u64::from(dh), u64::from(dw) * u64::from(dh));
+        let channels: u64 = match probe.format {
+            ImageFormat::Jpeg if r.gray => 1,
+            ImageFormat::Jpeg => 3,
+            _ => 4,
+        };
+        const MIB: u64 = 1 << 20;
+        // Decoding: bytes per pixel (the decoder's buffers and the raster), bytes besides the
+        // pixels, work per pixel. rav1d's frame buffers, several planes each, dwarf the raster.
+        let (decode_bytes, decode_fixed, decode_work) = match probe.format {
+            ImageFormat::Jpeg => (channels, 0, 1),
+            ImageFormat::Png => (6, 0, 3),
+            ImageFormat::Gif => (8, 0, 2),
+            ImageFormat::Webp => (8, 0, 3),
+            ImageFormat::Avif => (32, 2 * MIB, 8),
+        };
+        let (ow, oh) = (u64::from(self.plan.out.0), u64::from(self.plan.out.1));
+        let (ew, eh) = rotated_size(self.plan.out.0, self.plan.out.1, r.r);
+        let encoded = u64::from(ew) * u64::from(eh);
+        // Encoding: the same for the encoder (its own copy of the pixels included). rav1e's
+        // are measured at ~53 bytes a pixel above ~3 MB; its work is ~200 times JPEG's at its
+        // fastest speed, and grows as the speed setting falls.
+        let (encode_bytes, encode_fixed, encode_work) = match self.format {
+            ImageFormat::Jpeg => (4, 0, 1),
+            ImageFormat::Png => (8, 0, 3),
+            ImageFormat::Gif => (12, 0, 6),
+            ImageFormat::Webp => (8, 0, 6),
+            ImageFormat::Avif => (56, 3 * MIB, 200 * (11 - u64::from(avif_speed.clamp(1, 10)))),
+        };
+        let oriented = if probe.orientation > 1 { 1 } else { 0 };
+        let decode = decoded * (decode_bytes + oriented * channels) + decode_fixed;
+        // The raster (and for RGBA the resizer's alpha-premultiplied copy of it), the resizer's
+        // intermediate image (one pass done) and the result.
+        let premultiplied = if channels == 4 { 4 } else { 0 };
+        let resize =
+            decoded * (channels + premultiplied) + 4 * (ow * dh).max(dw * oh) + 4 * ow * oh;
+        // The resized image, a rotated or gray copy, the encoder.
+        let encode = 4 * ow * oh + 8 * encoded + encode_bytes * encoded + encode_fixed;
+        // Besides: the resizer's coefficients, row buffers, the encoded output.
+        let memory = decode.max(resize).max(encode) + (256 << 10);
+        let cost = decoded * decode_work + ow * oh + encoded * encode_work;
+        (memory, cost)
+    }
+}
+
+/// Transforms `src` (probed as `probe`) as `r` asks.
+pub fn run(
+    src: &[u8],
+    probe: &Probe,
+    r: &Resolved,
+    limits: &Limits,
+) -> Result<(Vec<u8>, Timing), TransformError> {
+    let mut t = Timing::default();
+    let p = prepare(probe, r, limits)?;
+    let plan = p.plan;
+    // The oriented source's width.
+    let ow = if probe.orientation >= 5 {
+        probe.height
+    } else {
+        probe.width
+    };
+
     let start = Instant::now();
-    let (img, band) = codec::decode(src, probe, need, r.gray, rows, limits)?;
+    let (img, band) = codec::decode(src, probe, p.need, r.gray, p.rows, limits)?;
     let img = codec::orient(img, probe.orientation);
     t.decode = start.elapsed();
 
@@ -240,7 +383,7 @@ pub fn run(
     t.resize = start.elapsed();
 
     let start = Instant::now();
-    let out = codec::encode(&img, r.format, r.quality)?;
+    let out = codec::encode_at(&img, p.format, r.quality, limits.avif_speed)?;
     t.encode = start.elapsed();
     Ok((out, t))
 }
@@ -368,7 +511,6 @@ pub fn rotate(img: &Raster, deg: u32) -> Raster {
 mod tests {
     use super::*;
     use crate::images::params::{FormatChoice, Params};
-    use crate::images::sniff::ImageFormat;
 
     fn resolved(q: &str) -> Resolved {
         let p = Params::parse(q).unwrap();
@@ -378,7 +520,7 @@ mod tests {
 
     #[test]
     fn plans_every_mode() {
-        let out = |q: &str| plan(640, 856, &resolved(q), 4096).unwrap().out;
+        let out = |q: &str| plan(640, 856, &resolved(q), 4096, 1.0).unwrap().out;
         assert_eq!(out("w=100&h=100&p=0"), (100, 100));
         assert_eq!(out("w=100&h=100&p=1"), (100, 100));
         assert_eq!(out("w=100&p=1"), (100, 134));
@@ -387,13 +529,31 @@ mod tests {
         assert_eq!(out("w=50&p=3"), (320, 428));
         assert_eq!(out("w=100&h=100&p=4"), (75, 100));
         assert!(matches!(
-            plan(640, 856, &resolved("w=5000"), 4096),
+            plan(640, 856, &resolved("w=5000"), 4096, 1.0),
             Err(TransformError::Param("w", _))
         ));
         assert!(matches!(
-            plan(640, 856, &resolved("p=2&x=700"), 4096),
+            plan(640, 856, &resolved("p=2&x=700"), 4096, 1.0),
             Err(TransformError::Param("x", _))
         ));
+    }
+
+    /// #12 item 9: `w=4096&h=4096` of a 200×150 source planned a 4096×4096 result (and, as
+    /// AVIF, seconds of CPU).
+    #[test]
+    fn regression_upscale_is_bounded() {
+        let out = |q: &str, up: f64| plan(200, 150, &resolved(q), 4096, up).unwrap().out;
+        // Never enlarged by default; the requested aspect ratio is kept.
+        assert_eq!(out("w=4096&h=4096", 1.0), (150, 150));
+        assert_eq!(out("w=1000&h=300&p=0", 1.0), (200, 60));
+        assert_eq!(out("w=400", 1.0), (200, 150));
+        assert_eq!(out("w=1000&h=1000&p=4", 1.0), (200, 150));
+        assert_eq!(out("w=300&p=3", 1.0), (200, 150));
+        assert_eq!(out("w=1000&p=2", 1.0), (200, 150));
+        // Shrinking is untouched; a larger factor allows up to it.
+        assert_eq!(out("w=100&h=100", 1.0), (100, 100));
+        assert_eq!(out("w=4096&h=4096", 2.0), (300, 300));
+        assert_eq!(out("w=300", 2.0), (300, 225));
     }
 
     #[test]

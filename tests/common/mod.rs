@@ -452,3 +452,43 @@ pub async fn h2_connection(
     tokio::spawn(conn);
     h2
 }
+
+/// `jpeg` with an EXIF APP1 segment tagging `orientation` (1-8) inserted after its SOI marker.
+pub fn exif_oriented(jpeg: &[u8], orientation: u8) -> Vec<u8> {
+    let tiff: &[u8] = &[
+        b'M',
+        b'M',
+        0,
+        0x2a,
+        0,
+        0,
+        0,
+        0x08,
+        0,
+        0x01,
+        0x01,
+        0x12,
+        0,
+        0x03,
+        0,
+        0,
+        0,
+        0x01,
+        0,
+        orientation,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(tiff);
+    let mut tagged = jpeg[..2].to_vec();
+    tagged.extend_from_slice(&[0xFF, 0xE1]);
+    tagged.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    tagged.extend_from_slice(&app1);
+    tagged.extend_from_slice(&jpeg[2..]);
+    tagged
+}
