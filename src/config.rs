@@ -809,6 +809,10 @@ pub struct ProxyConfig {
     /// it. At least 1ms.
     #[serde(default = "ProxyConfig::default_response_timeout")]
     pub response_timeout: Dur<1>,
+    /// Longest silence while reading an upstream body (between two reads, like nginx's
+    /// `proxy_read_timeout`). At least 1ms.
+    #[serde(default = "ProxyConfig::default_body_timeout")]
+    pub body_timeout: Dur<1>,
     /// Set false to proxy without caching.
     #[serde(default = "yes")]
     pub cache: bool,
@@ -826,6 +830,7 @@ impl ProxyConfig {
             upstream,
             connect_timeout: Self::default_connect_timeout(),
             response_timeout: Self::default_response_timeout(),
+            body_timeout: Self::default_body_timeout(),
             cache: true,
             pool_max_idle: Self::default_pool_idle(),
             access: crate::admin::Access::default(),
@@ -836,6 +841,9 @@ impl ProxyConfig {
     }
     fn default_response_timeout() -> Dur<1> {
         Dur(Duration::from_secs(30))
+    }
+    fn default_body_timeout() -> Dur<1> {
+        Dur(Duration::from_secs(60))
     }
     fn default_pool_idle() -> usize {
         1024
@@ -1810,6 +1818,21 @@ mod tests {
         // No room at all is an error even for the default.
         let mut c = Config::parse(MIN, "t").unwrap();
         assert!(c.fit_open_files(33).is_err());
+    }
+
+    #[test]
+    fn proxy_body_timeout_defaults_to_60s_and_is_never_zero() {
+        let c = Config::parse(MIN, "t").unwrap();
+        let HandlerConfig::Proxy(p) = &c.listeners[0].routes[0].handler else {
+            panic!("proxy route")
+        };
+        assert_eq!(p.body_timeout, Dur(Duration::from_secs(60)));
+        let e = err(&MIN.replace("2\" }", "2\", body_timeout = \"0s\" }"));
+        assert!(
+            e.contains("line 4, key `listener.route.proxy.body_timeout`")
+                && e.contains("must be 1ms to"),
+            "{e}"
+        );
     }
 
     #[test]

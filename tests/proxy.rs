@@ -246,9 +246,11 @@ async fn coalesces_100_concurrent_misses_into_one_fetch() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn failing_fill_releases_waiters_and_caches_nothing() {
+async fn regression_followers_of_a_failed_fill_get_its_error() {
     // The leader's fetch (marked by a request header larder forwards) sends half its body and
-    // dies, also when larder sends it again; every other fetch succeeds.
+    // dies, also when larder sends it again; every other fetch succeeds. The requests waiting
+    // on the leader get its error at once instead of each sending its own request upstream;
+    // nothing is cached and the key is not poisoned.
     let origin = Origin::start(|seen, _| {
         let r = Reply::ok("complete and correct body").header("cache-control", "max-age=60");
         if seen.headers.contains_key("x-leader") {
@@ -275,13 +277,75 @@ async fn failing_fill_releases_waiters_and_caches_nothing() {
     assert_eq!(l.status, 502, "{:?}", String::from_utf8_lossy(&l.body));
     for w in waiters {
         let g = w.await.unwrap();
-        assert_eq!(g.status, 200);
-        assert_eq!(g.body, "complete and correct body");
+        assert_eq!(g.status, 502, "{:?}", String::from_utf8_lossy(&g.body));
     }
+    let fetched_alone = origin
+        .seen()
+        .iter()
+        .filter(|s| !s.headers.contains_key("x-leader"))
+        .count();
+    assert_eq!(fetched_alone, 0, "waiters fetched on their own");
     // The key is not poisoned: the next request fills and the one after hits.
     let next = get(&c, &url, &[]).await;
     assert_eq!(next.cache(), "MISS");
+    assert_eq!(next.body, "complete and correct body");
     assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_stalled_upstream_body_times_out() {
+    // The origin sends 100 of 1,000 bytes and goes silent for 20 s.
+    let origin = Origin::start(|seen, _| {
+        let cc = if seen.path == "/stored" {
+            "max-age=60"
+        } else {
+            "no-store"
+        };
+        Reply::ok(vec![b'x'; 1000])
+            .header("cache-control", cc)
+            .stall(Duration::from_secs(20))
+    })
+    .await;
+    let larder = larder(&proxy_with(r#"body_timeout = "300ms""#), &origin.url()).await;
+    let c = client();
+    let base = format!("http://{}", larder.addrs[0]);
+    let bound = Duration::from_secs(5);
+
+    // A fill: its client and a request waiting on it both get 504, nothing is stored, and the
+    // waiter did not fetch on its own.
+    let leader = {
+        let (c, url) = (c.clone(), format!("{base}/stored"));
+        tokio::spawn(async move { get(&c, &url, &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiter = {
+        let (c, url) = (c.clone(), format!("{base}/stored"));
+        tokio::spawn(async move { get(&c, &url, &[]).await })
+    };
+    let l = tokio::time::timeout(bound, leader)
+        .await
+        .expect("the fill gave up")
+        .unwrap();
+    let w = tokio::time::timeout(bound, waiter)
+        .await
+        .expect("the waiter got an answer")
+        .unwrap();
+    assert_eq!((l.status.as_u16(), w.status.as_u16()), (504, 504));
+    assert_eq!(origin.hits(), 1);
+    assert_eq!(larder.cache.store.len(), 0);
+
+    // Streamed (not stored): the head went out with Content-Length 1000; the body then fails,
+    // so the client sees a truncated response, never a complete one.
+    let resp = tokio::time::timeout(bound, c.get(format!("{base}/streamed").parse().unwrap()))
+        .await
+        .expect("head")
+        .expect("head");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-length"], "1000");
+    let body = tokio::time::timeout(bound, http_body_util::BodyExt::collect(resp.into_body()))
+        .await
+        .expect("the body was cut off, not left hanging");
+    assert!(body.is_err(), "a truncated body ended cleanly");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -2,10 +2,12 @@
 //! files, one stat and one read of a file).
 //!
 //! The first request for a missing key becomes the leader and holds a [`FillGuard`]; later ones
-//! become followers holding a receiver. The leader either completes the guard with the stored
-//! entry (followers serve it) or drops it (fetch failed, response not storable, client went away):
-//! dropping releases the followers, who then fetch for themselves. Nothing is ever marked
-//! uncacheable by a failed fill.
+//! become followers holding a receiver. The leader ends the fill one of three ways, and the
+//! followers learn it at once: it completes the guard with the stored entry (followers serve
+//! it), fails it with the upstream's error (followers answer that error, or a stale response
+//! they may serve, without a request of their own), or drops it (response not storable, client
+//! went away): dropping releases the followers, who then fetch for themselves. Nothing is ever
+//! marked uncacheable by a failed fill: the key is free for the next request.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -16,13 +18,17 @@ use tokio::sync::watch;
 
 use super::entry::Entry;
 use super::CacheKey;
+use crate::proxy::upstream::FetchError;
 
 /// What a follower learns from the leader's fill (`V`: what a fill produces; for the cache, the
 /// stored entry).
 #[derive(Clone)]
 pub enum FillOutcome<V = Arc<Entry>> {
-    /// The fill stored this entry: serve it.
+    /// The fill stored this entry: serve it (if it answers the follower's request).
     Filled(V),
+    /// The upstream could not be reached, timed out or broke off (proxy fills): answer this
+    /// error, as the leader did, rather than ask the upstream again.
+    Failed(FetchError),
     /// The fill stored nothing: fetch for yourself.
     Released,
 }
@@ -90,7 +96,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
             }
             Join::Follower(f) => match f.wait(timeout).await {
                 FillOutcome::Filled(v) => Some(v),
-                FillOutcome::Released => fill().await,
+                FillOutcome::Failed(_) | FillOutcome::Released => fill().await,
             },
         }
     }
@@ -109,7 +115,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
     }
 }
 
-/// Held by the leader of a fill; dropping it without [`FillGuard::complete`] releases waiters.
+/// Held by the leader of a fill; dropping it without [`FillGuard::complete`] or
+/// [`FillGuard::fail`] releases waiters.
 pub struct FillGuard<K: Hash + Eq + Clone = CacheKey, V: Clone = Arc<Entry>> {
     key: K,
     tx: watch::Sender<Option<FillOutcome<V>>>,
@@ -122,6 +129,12 @@ impl<K: Hash + Eq + Clone, V: Clone> FillGuard<K, V> {
         self.inflight.finish(&self.key);
         self.tx.send_replace(Some(FillOutcome::Filled(entry)));
         // Drop runs next and finds the outcome already set.
+    }
+
+    /// The fetch failed: followers answer `error` too.
+    pub fn fail(self, error: FetchError) {
+        self.inflight.finish(&self.key);
+        self.tx.send_replace(Some(FillOutcome::Failed(error)));
     }
 }
 
@@ -168,6 +181,25 @@ mod tests {
         assert!(matches!(waiter.await.unwrap(), FillOutcome::Released));
         assert!(inflight.is_empty());
         // The key is not poisoned: the next request leads a new fill.
+        assert!(matches!(inflight.join(&key), Join::Leader(_)));
+    }
+
+    #[tokio::test]
+    async fn failed_leader_hands_its_error_to_followers() {
+        let inflight: Arc<Inflight> = Arc::new(Inflight::default());
+        let key = CacheKey::from_parts("http", "h", "/f");
+        let Join::Leader(guard) = inflight.join(&key) else {
+            panic!("first is leader")
+        };
+        let Join::Follower(f) = inflight.join(&key) else {
+            panic!("second is follower")
+        };
+        let waiter = tokio::spawn(f.wait(Duration::from_secs(5)));
+        guard.fail(FetchError::Timeout(Duration::from_secs(1)));
+        assert!(matches!(
+            waiter.await.unwrap(),
+            FillOutcome::Failed(FetchError::Timeout(_))
+        ));
         assert!(matches!(inflight.join(&key), Join::Leader(_)));
     }
 

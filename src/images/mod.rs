@@ -390,7 +390,7 @@ impl Images {
             }
             Join::Follower(f) => match f.wait(inner.cache.cfg.coalesce_timeout.0).await {
                 FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),
-                FillOutcome::Released => {
+                FillOutcome::Failed(_) | FillOutcome::Released => {
                     let entry = Arc::clone(inner).make(md5, resolved).await?;
                     Ok(deliver(&entry, CacheStatus::Miss))
                 }

@@ -2,7 +2,8 @@
 //! refresh on 304, fall back to stale on errors when allowed, decide storability, buffer, decode
 //! once, store, and answer the client that caused the fill. A response that will not be stored
 //! is passed on, or, when the client asked for a range of it, dropped for the client's own
-//! request. Dropping the fill guard without completing it releases coalesced waiters.
+//! request. The fill guard is completed with the stored entry, failed with the upstream's error
+//! (waiters answer it too), or dropped when nothing is stored (waiters fetch for themselves).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,9 +14,8 @@ use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{request, response, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use hyper::body::Incoming;
 
-use super::upstream::{self, FetchError, VIA};
+use super::upstream::{self, FetchError, UpstreamBody, VIA};
 use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
@@ -79,6 +79,7 @@ impl Proxy {
             &me.client,
             Request::from_parts(parts, Body::empty()),
             me.cfg.response_timeout.0,
+            me.cfg.body_timeout.0,
         )
         .await;
         let respond = |entry: &Entry, status| {
@@ -90,22 +91,19 @@ impl Proxy {
                 &me.status_header,
             )
         };
-        // The origin could not be reached or broke off: the stale response if stale-if-error or
-        // the disconnected grace allows it (RFC 5861 §4, RFC 9111 §4.2.4; never under
-        // must-revalidate), else 502/504. Nothing is stored.
-        let grace = me.cache.cfg.stale_if_disconnected.0;
-        let failed = |e: FetchError| match stale.as_ref().filter(|o| {
-            let now = Instant::now();
-            o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
-        }) {
-            Some(old) => respond(old, CacheStatus::Stale),
-            None => me.tag(e.response(), status),
+        // The origin could not be reached, timed out or broke off: nothing is stored, and the
+        // waiters get the same error at once.
+        let failed = |guard: Option<FillGuard>, e: FetchError| {
+            if let Some(g) = guard {
+                g.fail(e.clone());
+            }
+            me.failure(&e, stale.as_deref(), client_method, client_headers, status)
         };
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "fill failed");
-                return failed(e);
+                return failed(guard, e);
             }
         };
         let ctx = FetchContext {
@@ -201,7 +199,7 @@ impl Proxy {
             }
             Buffered::Failed(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
-                return failed(e);
+                return failed(guard, e);
             }
         };
 
@@ -391,13 +389,13 @@ enum Buffered {
 }
 
 /// Reads `body` whole if it fits in `max` bytes.
-async fn buffer_up_to(mut body: Incoming, max: u64) -> Buffered {
+async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
     loop {
         match body.frame().await {
             None => break,
-            Some(Err(e)) => return Buffered::Failed(FetchError::Body(e.to_string())),
+            Some(Err(e)) => return Buffered::Failed(e),
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {
                     continue; // trailers are not stored
@@ -408,7 +406,7 @@ async fn buffer_up_to(mut body: Incoming, max: u64) -> Buffered {
                     let head = futures_util::stream::iter(
                         chunks
                             .into_iter()
-                            .map(|c| Ok::<_, hyper::Error>(http_body::Frame::data(c))),
+                            .map(|c| Ok::<_, FetchError>(http_body::Frame::data(c))),
                     );
                     let rest = BodyStream::new(body);
                     return Buffered::TooLarge(Body::stream(StreamBody::new(head.chain(rest))));

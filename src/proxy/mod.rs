@@ -41,7 +41,7 @@ use crate::cache::{Cache, CacheKey, FillOutcome, Join};
 use crate::config::ProxyConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::inbound;
-use upstream::VIA;
+use upstream::{FetchError, VIA};
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
 #[derive(Clone)]
@@ -226,6 +226,9 @@ impl Proxy {
                         me.deliver_settled(&entry, &parts.method, &parts.headers, CacheStatus::Hit)
                             .await
                     }
+                    FillOutcome::Failed(e) => {
+                        me.failure(&e, stored.as_deref(), &parts.method, &parts.headers, status)
+                    }
                     _ => {
                         let req = Request::from_parts(parts, Body::empty());
                         Box::pin(self.forward(req, peer, status)).await
@@ -283,6 +286,7 @@ impl Proxy {
             &me.client,
             Request::from_parts(parts, body),
             me.cfg.response_timeout.0,
+            me.cfg.body_timeout.0,
         )
         .await
         {
@@ -375,6 +379,33 @@ impl Inner {
             status,
             &self.status_header,
         )
+    }
+
+    /// The answer to a request whose fetch failed (its own, or the fill it waited on): the stale
+    /// response if stale-if-error or the disconnected grace allows it (RFC 5861 §4, RFC 9111
+    /// §4.2.4; never under must-revalidate), else the error as 502/504.
+    fn failure(
+        &self,
+        e: &FetchError,
+        stale: Option<&crate::cache::Entry>,
+        method: &Method,
+        request: &http::HeaderMap,
+        status: CacheStatus,
+    ) -> Response<Body> {
+        let now = Instant::now();
+        let grace = self.cache.cfg.stale_if_disconnected.0;
+        match stale.filter(|o| {
+            o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
+        }) {
+            Some(old) => deliver::from_entry(
+                old,
+                method,
+                request,
+                CacheStatus::Stale,
+                &self.status_header,
+            ),
+            None => self.tag(e.response(), status),
+        }
     }
 
     fn tag(&self, mut r: Response<Body>, status: CacheStatus) -> Response<Body> {

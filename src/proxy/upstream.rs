@@ -1,6 +1,6 @@
 //! Talking to the upstream: the pooled keep-alive client, the request and response header rules
-//! of a proxy (RFC 9110 §7.6: hop-by-hop fields, Via, X-Forwarded-*), and upstream errors as
-//! 502/504 responses.
+//! of a proxy (RFC 9110 §7.6: hop-by-hop fields, Via, X-Forwarded-*), the idle timeout on
+//! upstream bodies ([`UpstreamBody`]), and upstream errors as 502/504 responses.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{request, Request, Response, StatusCode, Uri};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
@@ -37,8 +40,9 @@ pub fn client(cfg: &ProxyConfig) -> Client {
 }
 
 /// Why an upstream exchange failed. The text (for the log) carries the detail: hyper's error
-/// chain, addresses. The client gets [`FetchError::response`], a short fixed text.
-#[derive(Debug, thiserror::Error)]
+/// chain, addresses. The client gets [`FetchError::response`], a short fixed text. Cloned for
+/// every request waiting on a failed fill.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
     #[error("cannot connect to upstream {0}")]
     Connect(String),
@@ -48,6 +52,8 @@ pub enum FetchError {
     Upstream(String),
     #[error("upstream body failed: {0}")]
     Body(String),
+    #[error("upstream body stalled: nothing received for {0:?}")]
+    BodyTimeout(Duration),
     /// The client's request body broke off (malformed chunks, the client gone) while it was
     /// being forwarded.
     #[error("request body broke off: {0}")]
@@ -68,6 +74,10 @@ impl FetchError {
             FetchError::Body(_) => (
                 StatusCode::BAD_GATEWAY,
                 "the upstream's response broke off\n",
+            ),
+            FetchError::BodyTimeout(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream's response stalled\n",
             ),
             FetchError::RequestBody(_) => (StatusCode::BAD_REQUEST, "request body broken off\n"),
         };
@@ -91,7 +101,8 @@ pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
 /// Sends `req` upstream and waits for the response head: at most `timeout` once the request
 /// (with its body) has been sent, and while a body is being sent, at most `timeout` without
 /// progress of it (a large upload to an origin that reads slowly is not cut off, a stalled one
-/// is). Failures are logged with their detail.
+/// is). The response's body then fails if the upstream sends nothing of it for `body_timeout`.
+/// Failures are logged with their detail.
 ///
 /// A bodiless request with an idempotent method (RFC 9110 §9.2.2) is sent once more, on a new
 /// connection, when a pooled keep-alive connection turns out to have been closed or reset by
@@ -101,7 +112,8 @@ pub async fn send(
     client: &Client,
     req: Request<Body>,
     timeout: Duration,
-) -> Result<Response<hyper::body::Incoming>, FetchError> {
+    body_timeout: Duration,
+) -> Result<Response<UpstreamBody>, FetchError> {
     let result = exchange(client, req, timeout).await;
     if let Err(e) = &result {
         match e {
@@ -109,7 +121,7 @@ pub async fn send(
             _ => tracing::warn!(error = %e, "upstream request failed"),
         }
     }
-    result
+    result.map(|r| r.map(|body| UpstreamBody::new(body, body_timeout)))
 }
 
 async fn exchange(
@@ -241,6 +253,61 @@ impl http_body::Body for Uploading {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// An upstream response body that fails with [`FetchError::BodyTimeout`] when the upstream sends
+/// nothing for `idle` (like nginx's `proxy_read_timeout`, the clock restarts with each frame),
+/// and with [`FetchError::Body`] when the connection breaks. Every consumer sees the failure as an
+/// error, never as the end of the body: a fill stores nothing and a streamed response is cut off
+/// (hyper then closes the client's connection, so the client sees it incomplete).
+pub struct UpstreamBody {
+    inner: Incoming,
+    // Boxed so the body stays Unpin (one allocation per upstream response, not per hit).
+    silence: Pin<Box<tokio::time::Sleep>>,
+    idle: Duration,
+}
+
+impl UpstreamBody {
+    fn new(inner: Incoming, idle: Duration) -> Self {
+        UpstreamBody {
+            inner,
+            silence: Box::pin(tokio::time::sleep(idle)),
+            idle,
+        }
+    }
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = FetchError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, FetchError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.silence.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(FetchError::Body(source_chain(&e))))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match this.silence.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(FetchError::BodyTimeout(this.idle)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Reply {
     pub abort_body: bool,
     /// Instead of `body`, a generated body of this many bytes (see [`Generated`]).
     pub generated: Option<Generated>,
+    /// Send the head and part of the body, then go silent for this long (keeping the connection
+    /// open) before dropping it.
+    pub stall: Option<Duration>,
 }
 
 /// A long body made up as it is sent: byte `i` is [`pattern_byte`]`(i)`, in 64 KiB chunks, with
@@ -61,6 +64,7 @@ impl Reply {
             delay: Duration::ZERO,
             abort_body: false,
             generated: None,
+            stall: None,
         }
     }
     /// A generated body of `len` bytes (Content-Length sent when `declared`), counted into
@@ -88,6 +92,10 @@ impl Reply {
     }
     pub fn abort(mut self) -> Reply {
         self.abort_body = true;
+        self
+    }
+    pub fn stall(mut self, d: Duration) -> Reply {
+        self.stall = Some(d);
         self
     }
 }
@@ -240,12 +248,43 @@ impl http_body::Body for GeneratedBody {
     }
 }
 
+/// A body that sends its first chunk, then nothing until its timer ends, then fails.
+struct Stalling {
+    first: Option<Bytes>,
+    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Stalling {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if let Some(b) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b))));
+        }
+        match std::future::Future::poll(self.silence.as_mut(), cx) {
+            std::task::Poll::Ready(()) => {
+                std::task::Poll::Ready(Some(Err(std::io::Error::other("origin gives up"))))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
 type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 fn build_reply(r: Reply) -> Response<OriginBody> {
     let len = r.body.len();
     let body: OriginBody = if let Some(g) = r.generated.clone() {
         GeneratedBody { g, sent: 0 }.boxed()
+    } else if let Some(d) = r.stall {
+        Stalling {
+            first: Some(r.body.slice(..len / 10)),
+            silence: Box::pin(tokio::time::sleep(d)),
+        }
+        .boxed()
     } else if r.abort_body {
         let half = r.body.slice(..len / 2);
         Aborting(Some(half)).boxed()
@@ -260,7 +299,7 @@ fn build_reply(r: Reply) -> Response<OriginBody> {
             http::HeaderValue::from_str(v).unwrap(),
         );
     }
-    if r.abort_body {
+    if r.abort_body || r.stall.is_some() {
         resp.headers_mut()
             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     }
@@ -287,6 +326,14 @@ addr = "127.0.0.1:0"
   path = "/"
   proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
 "#;
+
+/// [`PROXY`] with more keys in the proxy route's table, e.g. `body_timeout = "1s"`.
+pub fn proxy_with(route_keys: &str) -> String {
+    PROXY.replace(
+        r#"connect_timeout = "1s" }"#,
+        &format!(r#"connect_timeout = "1s", {route_keys} }}"#),
+    )
+}
 
 /// A response as the test client received it.
 #[derive(Debug)]
