@@ -40,7 +40,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTRO
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, Inflight};
+use crate::cache::{Cache, CacheKey, Entry, FillKey, Inflight};
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::config::{Bundle, StaticConfig};
 use crate::deliver::etag_list_matches;
@@ -356,7 +356,7 @@ impl StaticFiles {
             .store
             .inflight
             .once(
-                key,
+                &FillKey::from(key.clone()),
                 timeout,
                 || self.cache.store.get(key),
                 || self.load_memory(plan.clone(), key.clone()),

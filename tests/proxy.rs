@@ -349,6 +349,56 @@ async fn regression_stalled_upstream_body_times_out() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn regression_coalesced_followers_respect_vary_cookie() {
+    coalesced_requests_get_their_own_variant("cookie", "session=alice", "session=bob").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_coalesced_followers_respect_vary_accept_language() {
+    coalesced_requests_get_their_own_variant("accept-language", "en", "fr").await;
+}
+
+/// A slow origin answers with `Vary: <field>` and echoes the field. A request with value `a`
+/// leads the fill; requests with `b` arriving meanwhile must not get `a`'s variant: they get
+/// their own, fetched once for both; another `a` gets the leader's.
+async fn coalesced_requests_get_their_own_variant(field: &'static str, a: &str, b: &str) {
+    let origin = Origin::start(move |seen, _| {
+        let v = seen
+            .headers
+            .get(field)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        Reply::ok(format!("for {v}"))
+            .header("cache-control", "max-age=60")
+            .header("vary", field)
+            .delay(Duration::from_millis(300))
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = Arc::new(format!("http://{}/varies", larder.addrs[0]));
+    let ask = |value: &str| {
+        let (c, url, value) = (c.clone(), url.clone(), value.to_string());
+        tokio::spawn(async move { get(&c, &url, &[(field, &value)]).await })
+    };
+    let first = ask(a);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let others = [ask(b), ask(b), ask(a)];
+    assert_eq!(first.await.unwrap().body, format!("for {a}"));
+    let [b1, b2, a2] = others;
+    let (b1, b2, a2) = (b1.await.unwrap(), b2.await.unwrap(), a2.await.unwrap());
+    assert_eq!(b1.body, format!("for {b}"), "{}", b1.cache());
+    assert_eq!(b2.body, format!("for {b}"), "{}", b2.cache());
+    assert_eq!(a2.body, format!("for {a}"));
+    assert_eq!(a2.cache(), "HIT");
+    assert_eq!(origin.hits(), 2, "one fetch per variant");
+    // Both variants are stored.
+    assert_eq!(get(&c, &url, &[(field, a)]).await.body, format!("for {a}"));
+    assert_eq!(get(&c, &url, &[(field, b)]).await.body, format!("for {b}"));
+    assert_eq!(origin.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn accept_encoding_matrix_decodes_to_identity() {
     let body = big_json();
     let b2 = body.clone();

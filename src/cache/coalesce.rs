@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::entry::Entry;
-use super::CacheKey;
+use super::FillKey;
 use crate::proxy::upstream::FetchError;
 
 /// What a follower learns from the leader's fill (`V`: what a fill produces; for the cache, the
@@ -36,7 +36,7 @@ pub enum FillOutcome<V = Arc<Entry>> {
 type Slot<V> = watch::Receiver<Option<FillOutcome<V>>>;
 
 /// Fills in flight, by key.
-pub struct Inflight<K = CacheKey, V = Arc<Entry>> {
+pub struct Inflight<K = FillKey, V = Arc<Entry>> {
     map: Mutex<HashMap<K, Slot<V>>>,
 }
 
@@ -49,7 +49,7 @@ impl<K, V> Default for Inflight<K, V> {
 }
 
 /// A request's role for a missing key.
-pub enum Join<K: Hash + Eq + Clone = CacheKey, V: Clone = Arc<Entry>> {
+pub enum Join<K: Hash + Eq + Clone = FillKey, V: Clone = Arc<Entry>> {
     Leader(FillGuard<K, V>),
     Follower(Follower<V>),
 }
@@ -117,7 +117,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Inflight<K, V> {
 
 /// Held by the leader of a fill; dropping it without [`FillGuard::complete`] or
 /// [`FillGuard::fail`] releases waiters.
-pub struct FillGuard<K: Hash + Eq + Clone = CacheKey, V: Clone = Arc<Entry>> {
+pub struct FillGuard<K: Hash + Eq + Clone = FillKey, V: Clone = Arc<Entry>> {
     key: K,
     tx: watch::Sender<Option<FillOutcome<V>>>,
     inflight: Arc<Inflight<K, V>>,
@@ -165,11 +165,12 @@ impl<V: Clone> Follower<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::CacheKey;
 
     #[tokio::test]
     async fn dropped_leader_releases_followers() {
         let inflight: Arc<Inflight> = Arc::new(Inflight::default());
-        let key = CacheKey::from_parts("http", "h", "/x");
+        let key = FillKey::from(CacheKey::from_parts("http", "h", "/x"));
         let Join::Leader(guard) = inflight.join(&key) else {
             panic!("first is leader")
         };
@@ -187,7 +188,7 @@ mod tests {
     #[tokio::test]
     async fn failed_leader_hands_its_error_to_followers() {
         let inflight: Arc<Inflight> = Arc::new(Inflight::default());
-        let key = CacheKey::from_parts("http", "h", "/f");
+        let key = FillKey::from(CacheKey::from_parts("http", "h", "/f"));
         let Join::Leader(guard) = inflight.join(&key) else {
             panic!("first is leader")
         };
@@ -232,7 +233,7 @@ mod tests {
     #[tokio::test]
     async fn follower_times_out() {
         let inflight: Arc<Inflight> = Arc::new(Inflight::default());
-        let key = CacheKey::from_parts("http", "h", "/y");
+        let key = FillKey::from(CacheKey::from_parts("http", "h", "/y"));
         let _guard = inflight.join(&key);
         let Join::Follower(f) = inflight.join(&key) else {
             panic!()

@@ -14,6 +14,7 @@ use http::StatusCode;
 
 use super::pending::Pending;
 use super::policy::Freshness;
+use super::vary::Selection;
 use crate::compress::Encoding;
 
 /// Version of the entry layout (bumped when stored metadata changes meaning).
@@ -48,6 +49,9 @@ pub struct Entry {
     pub negotiated: bool,
     /// Tags for purge by tag (from the configured tag header).
     pub tags: Box<[Box<str>]>,
+    /// The requests this response answers (its Vary and the values that selected it, §4.1);
+    /// empty for a response that does not vary.
+    pub selection: Selection,
     /// Bytes this entry costs in the store.
     pub weight: u64,
     /// Set while compressed variants of this response are being built and published (a hit
@@ -127,6 +131,7 @@ impl Entry {
             auth_ok: false,
             negotiated,
             tags: Box::new([]),
+            selection: Selection::default(),
             weight,
             pending: None,
         }
@@ -145,6 +150,7 @@ impl Entry {
         e.auth_ok = self.auth_ok;
         e.tags = self.tags.clone();
         e.pending = self.pending.clone();
+        e.selection = self.selection.clone();
         e
     }
 
@@ -161,6 +167,7 @@ impl Entry {
         // Tags came from the stored response (the tag field is not stored): a refreshed entry
         // keeps them, so purge by tag still finds it.
         e.tags = self.tags.clone();
+        e.selection = self.selection.clone();
         e
     }
 

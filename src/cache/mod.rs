@@ -1,5 +1,5 @@
 //! The cache: a byte-bounded, scan-resistant in-memory store of [`Entry`]s, plus the in-flight
-//! fills that coalesce misses.
+//! fills that coalesce misses (keyed by [`FillKey`]: a URL, or one variant of a URL that varies).
 //!
 //! Storage is `quick_cache` (S3-FIFO-like Clock-PRO, weighted by bytes; see docs/design.md for
 //! why). Values are `Arc<Entry>`, so a hit is a hash lookup and a refcount increment. An entry is
@@ -21,6 +21,7 @@ use quick_cache::Weighter;
 pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
 pub use pending::Pending;
+pub use vary::Selection;
 use vary::VaryKey;
 
 use crate::compress::{Compressor, Encoding};
@@ -44,6 +45,32 @@ impl CacheKey {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// What one fill produces, the key concurrent misses coalesce on: the response for a URL, or, once
+/// the URL is known to vary on request fields (§4.1), the variant a request's values select (so
+/// requests for different variants do not wait on each other's fills).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FillKey {
+    url: CacheKey,
+    variant: Option<VaryKey>,
+}
+
+impl FillKey {
+    /// The fill of one variant of `url`.
+    pub fn variant(url: CacheKey, variant: VaryKey) -> FillKey {
+        FillKey {
+            url,
+            variant: Some(variant),
+        }
+    }
+}
+
+impl From<CacheKey> for FillKey {
+    /// The fill of a URL whose response does not vary (or is not known yet).
+    fn from(url: CacheKey) -> FillKey {
+        FillKey { url, variant: None }
     }
 }
 
@@ -81,7 +108,7 @@ impl Weighter<CacheKey, Slot> for ByBytes {
 /// The shared response store.
 pub struct Store {
     entries: QuickCache<CacheKey, Slot, ByBytes>,
-    pub inflight: Arc<Inflight>,
+    pub inflight: Arc<Inflight<FillKey>>,
     pub max_object_size: u64,
 }
 
@@ -143,19 +170,17 @@ impl Store {
         self.entries.insert(key, Slot::One(entry));
     }
 
-    /// Stores the response to `request`: as the one entry of `key`, or as the variant selected by
-    /// the request's values of the fields the response's Vary names. Returns false for `Vary: *`.
-    pub fn store(&self, key: CacheKey, entry: Arc<Entry>, request: &HeaderMap) -> bool {
-        let Some(names) = vary::selecting_names(&entry.headers) else {
-            return false;
-        };
-        if names.is_empty() {
+    /// Stores a response under `key`: as its one entry, or, if the response varies, as the variant
+    /// its [`Selection`](vary::Selection) names (replacing the variants of an older Vary).
+    pub fn store(&self, key: CacheKey, entry: Arc<Entry>) {
+        let selection = &entry.selection;
+        if !selection.varies() {
             self.insert(key, entry);
-            return true;
+            return;
         }
-        let vkey = VaryKey::of(&names, request);
+        let (names, vkey) = (selection.names(), selection.key().clone());
         let mut variants = match self.entries.peek(&key) {
-            Some(Slot::Varied(v)) if v.names == names => v
+            Some(Slot::Varied(v)) if *v.names == *names => v
                 .variants
                 .iter()
                 .filter(|(k, _)| *k != vkey)
@@ -166,9 +191,18 @@ impl Store {
         if variants.len() >= MAX_VARIANTS {
             variants.remove(0);
         }
+        let names = names.into();
         variants.push((vkey, entry));
         self.put_varied(key, names, variants);
-        true
+    }
+
+    /// The fill a miss for `request` joins: the URL's, or, when the URL is stored as varying,
+    /// the fill of the variant the request selects.
+    pub fn fill_key(&self, key: &CacheKey, request: &HeaderMap) -> FillKey {
+        match self.entries.peek(key) {
+            Some(Slot::Varied(v)) => FillKey::variant(key.clone(), VaryKey::of(&v.names, request)),
+            _ => FillKey::from(key.clone()),
+        }
     }
 
     fn put_varied(
@@ -373,6 +407,47 @@ mod tests {
             store.get(&key).is_some(),
             "a 15 MiB response was not stored"
         );
+    }
+
+    #[test]
+    fn misses_of_a_varying_url_coalesce_per_variant() {
+        use http::HeaderValue;
+        let store = Store::new(&CacheConfig::default());
+        let key = CacheKey::from_parts("http", "h", "/v");
+        let lang = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("accept-language", HeaderValue::from_static(v));
+            h
+        };
+        // Nothing known yet: every miss waits on the URL's fill.
+        assert_eq!(
+            store.fill_key(&key, &lang("en")),
+            FillKey::from(key.clone())
+        );
+        assert_eq!(
+            store.fill_key(&key, &lang("fr")),
+            FillKey::from(key.clone())
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("vary", HeaderValue::from_static("Accept-Language"));
+        let mut e = Entry::build(
+            StatusCode::OK,
+            headers,
+            vec![(Encoding::Identity, Bytes::from_static(b"en"))],
+            entry::tests_support::fresh(),
+            false,
+        );
+        e.selection = vary::Selection::of(&e.headers, &lang("en")).unwrap();
+        store.store(key.clone(), Arc::new(e));
+        // Known to vary: one fill per variant.
+        let (en, fr) = (
+            store.fill_key(&key, &lang("EN")),
+            store.fill_key(&key, &lang("fr")),
+        );
+        assert_ne!(en, fr);
+        assert_ne!(en, FillKey::from(key.clone()));
+        assert!(store.lookup(&key, &lang("en")).is_some());
+        assert!(store.lookup(&key, &lang("fr")).is_none());
     }
 
     #[test]

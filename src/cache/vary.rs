@@ -1,5 +1,6 @@
-//! Vary (RFC 9111 §4.1): which request fields select among stored responses for one URL, and how
-//! their values are normalized so that semantically equal requests share a variant.
+//! Vary (RFC 9111 §4.1): which request fields select among stored responses for one URL, how
+//! their values are normalized so that semantically equal requests share a variant, and which
+//! requests a given response may answer ([`Selection`]).
 //!
 //! Accept-Encoding is not a selecting field here: larder negotiates the coding itself from the
 //! variants of one entry, so it never splits the cache.
@@ -32,12 +33,55 @@ pub fn selecting_names(response: &HeaderMap) -> Option<Box<[HeaderName]>> {
 }
 
 /// The normalized values of the selecting fields in one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct VaryKey(Box<[Option<Box<str>>]>);
 
 impl VaryKey {
     pub fn of(names: &[HeaderName], request: &HeaderMap) -> VaryKey {
         VaryKey(names.iter().map(|n| normalize(n, request)).collect())
+    }
+}
+
+/// Which requests a stored response answers (§4.1): the selecting fields its Vary names and the
+/// values the request that caused it had for them. Empty for a response that does not vary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    names: Box<[HeaderName]>,
+    key: VaryKey,
+}
+
+impl Selection {
+    /// The selection of `response`, fetched for `request`; None for `Vary: *` (answers no one).
+    pub fn of(response: &HeaderMap, request: &HeaderMap) -> Option<Selection> {
+        let names = selecting_names(response)?;
+        let key = VaryKey::of(&names, request);
+        Some(Selection { names, key })
+    }
+
+    /// Whether the response varies on request fields (other than Accept-Encoding).
+    pub fn varies(&self) -> bool {
+        !self.names.is_empty()
+    }
+
+    /// The selecting field names, sorted.
+    pub fn names(&self) -> &[HeaderName] {
+        &self.names
+    }
+
+    /// The values that select this response.
+    pub fn key(&self) -> &VaryKey {
+        &self.key
+    }
+
+    /// The values `request` has for this response's selecting fields: the variant it selects.
+    pub fn key_of(&self, request: &HeaderMap) -> VaryKey {
+        VaryKey::of(&self.names, request)
+    }
+
+    /// Whether this response may answer `request`: every selecting field has the same normalized
+    /// value in both requests (absent in both counts as equal).
+    pub fn matches(&self, request: &HeaderMap) -> bool {
+        !self.varies() || self.key_of(request) == self.key
     }
 }
 
@@ -120,6 +164,20 @@ mod tests {
         let absent = VaryKey::of(&names, &headers(&[]));
         let empty = VaryKey::of(&names, &headers(&[("accept-language", "")]));
         assert_ne!(absent, empty);
+    }
+
+    #[test]
+    fn a_selection_matches_the_requests_that_select_it() {
+        let response = headers(&[("vary", "Cookie, Accept-Encoding")]);
+        let alice = headers(&[("cookie", "s=alice"), ("accept-encoding", "gzip")]);
+        let sel = Selection::of(&response, &alice).unwrap();
+        assert!(sel.varies());
+        assert!(sel.matches(&headers(&[("cookie", "s=alice")])));
+        assert!(!sel.matches(&headers(&[("cookie", "s=bob")])));
+        assert!(!sel.matches(&headers(&[])));
+        let plain = Selection::of(&headers(&[("vary", "accept-encoding")]), &alice).unwrap();
+        assert!(!plain.varies() && plain.matches(&headers(&[("cookie", "s=bob")])));
+        assert!(Selection::of(&headers(&[("vary", "*")]), &alice).is_none());
     }
 
     #[test]

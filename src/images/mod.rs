@@ -44,7 +44,7 @@ use hyper::body::Incoming;
 use crate::admin::json;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, FillOutcome, Join};
+use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
@@ -374,7 +374,7 @@ impl Images {
         if let Some(entry) = inner.cache.store.get(&key) {
             return Ok(deliver(&entry, CacheStatus::Hit));
         }
-        match inner.cache.store.inflight.join(&key) {
+        match inner.cache.store.inflight.join(&FillKey::from(key.clone())) {
             Join::Leader(guard) => {
                 // The fill runs as its own task: it completes (and feeds the followers) even if
                 // this client goes away.

@@ -20,7 +20,7 @@ use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
 use crate::cache::policy::{self, FetchContext};
-use crate::cache::{CacheKey, Entry, Pending};
+use crate::cache::{CacheKey, Entry, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 
@@ -260,12 +260,14 @@ impl Proxy {
         if negotiated {
             entry.pending = Some(Pending::new());
         }
+        // The requests this response answers: followers of the fill check theirs against it.
+        // `Vary: *` has none (and the policy refused it already): never stored.
+        let selection = Selection::of(&entry.headers, client_headers);
+        let answers_anyone = selection.is_some();
+        entry.selection = selection.unwrap_or_default();
         let entry = Arc::new(entry);
-        if me
-            .cache
-            .store
-            .store(key.clone(), Arc::clone(&entry), client_headers)
-        {
+        if answers_anyone {
+            me.cache.store.store(key.clone(), Arc::clone(&entry));
             if let Some(g) = guard {
                 g.complete(Arc::clone(&entry));
             }

@@ -9,7 +9,8 @@
 //!               │stale within stale-while-revalidate ──▶ deliver, refresh in background  STALE
 //!               │miss / stale
 //!               ▼
-//!          coalesce ──follower──▶ wait ─▶ filled? deliver : pass
+//!          coalesce (per variant) ──follower──▶ wait ─▶ filled and Vary matches? deliver
+//!               │                                  └─▶ failed? its error; other variant? its fill; else pass
 //!               │leader
 //!               ▼
 //!          fill (fill.rs): fetch, conditional if stale ─▶ 304: refresh        REVALIDATED
@@ -37,7 +38,7 @@ use hyper::body::Incoming;
 
 use crate::body::Body;
 use crate::cache::policy::RequestDirectives;
-use crate::cache::{Cache, CacheKey, FillOutcome, Join};
+use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::ProxyConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::inbound;
@@ -151,7 +152,8 @@ impl Proxy {
                 && directives.min_fresh.is_none()
                 && entry.freshness.serve_while_revalidating(now)
             {
-                if let Join::Leader(guard) = me.cache.store.inflight.join(&key) {
+                let fill_key = me.cache.store.fill_key(&key, req.headers());
+                if let Join::Leader(guard) = me.cache.store.inflight.join(&fill_key) {
                     let (parts, _) = req.into_parts();
                     let background = self.clone();
                     let entry = Arc::clone(entry);
@@ -205,37 +207,76 @@ impl Proxy {
             .await;
         }
 
-        // Coalesce concurrent misses.
-        match me.cache.store.inflight.join(&key) {
-            // Misses and passes are boxed so the future of a hit stays small: hyper moves it.
-            Join::Leader(guard) => {
-                Box::pin(self.fill(
-                    parts,
-                    peer,
-                    key,
-                    Some(guard),
-                    status,
-                    stored,
-                    directives.no_store,
-                ))
-                .await
-            }
-            Join::Follower(follower) => {
-                match Box::pin(follower.wait(me.cache.cfg.coalesce_timeout.0)).await {
-                    FillOutcome::Filled(entry) if !has_auth || entry.auth_ok => {
-                        me.deliver_settled(&entry, &parts.method, &parts.headers, CacheStatus::Hit)
-                            .await
-                    }
-                    FillOutcome::Failed(e) => {
-                        me.failure(&e, stored.as_deref(), &parts.method, &parts.headers, status)
-                    }
-                    _ => {
-                        let req = Request::from_parts(parts, Body::empty());
-                        Box::pin(self.forward(req, peer, status)).await
-                    }
+        // Misses are boxed so the future of a hit stays small: hyper moves it.
+        Box::pin(self.coalesced(parts, peer, key, &directives, stored)).await
+    }
+
+    /// Answers a miss through the fill that serves it: leads the fill, or waits on the one in
+    /// flight and serves what it stored, but only if that response answers this request (Vary,
+    /// §4.1). A URL stored as varying coalesces per variant from the start; for one not known to
+    /// vary, every miss waits on the URL's fill, and a request the stored variant does not
+    /// answer then joins (or leads) the fill of its own variant. Requests with credentials never
+    /// get here: they fetch on their own.
+    async fn coalesced(
+        &self,
+        parts: request::Parts,
+        peer: SocketAddr,
+        key: CacheKey,
+        directives: &RequestDirectives,
+        mut stored: Option<Arc<Entry>>,
+    ) -> Response<Body> {
+        let me = &self.0;
+        let mut fill_key = me.cache.store.fill_key(&key, &parts.headers);
+        let status = |stored: &Option<Arc<Entry>>| match stored {
+            Some(_) => CacheStatus::Expired,
+            None => CacheStatus::Miss,
+        };
+        // Waiting on the URL's fill, then on the variant's; one more in case the Vary changed.
+        for _ in 0..3 {
+            let follower = match me.cache.store.inflight.join(&fill_key) {
+                Join::Leader(guard) => {
+                    let status = status(&stored);
+                    let no_store = directives.no_store;
+                    return self
+                        .fill(parts, peer, key, Some(guard), status, stored, no_store)
+                        .await;
                 }
+                Join::Follower(f) => f,
+            };
+            match follower.wait(me.cache.cfg.coalesce_timeout.0).await {
+                FillOutcome::Filled(entry) if entry.selection.matches(&parts.headers) => {
+                    let (method, headers) = (&parts.method, &parts.headers);
+                    return me
+                        .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                        .await;
+                }
+                // Another variant: this request's own may be stored by now; if not, its fill.
+                FillOutcome::Filled(other) => {
+                    stored = me.cache.store.lookup(&key, &parts.headers);
+                    let now = Instant::now();
+                    if let Some(e) = stored
+                        .as_ref()
+                        .filter(|e| directives.accepts(&e.freshness, now))
+                    {
+                        let (method, headers) = (&parts.method, &parts.headers);
+                        return me
+                            .deliver_settled(e, method, headers, CacheStatus::Hit)
+                            .await;
+                    }
+                    let variant = other.selection.key_of(&parts.headers);
+                    fill_key = FillKey::variant(key.clone(), variant);
+                }
+                FillOutcome::Failed(e) => {
+                    let (method, headers) = (&parts.method, &parts.headers);
+                    return me.failure(&e, stored.as_deref(), method, headers, status(&stored));
+                }
+                FillOutcome::Released => break,
             }
         }
+        // Nothing stored for this request (or waited too long): fetch for itself.
+        let status = status(&stored);
+        let req = Request::from_parts(parts, Body::empty());
+        Box::pin(self.forward(req, peer, status)).await
     }
 
     /// Forwards a request the cache cannot serve and streams the response back. A successful
