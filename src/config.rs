@@ -816,6 +816,14 @@ pub struct ProxyConfig {
     /// Set false to proxy without caching.
     #[serde(default = "yes")]
     pub cache: bool,
+    /// Whether clients' request directives that would make larder fetch more (no-cache,
+    /// `Pragma: no-cache`, max-age, min-fresh) or serve staler (max-stale) are obeyed.
+    #[serde(default)]
+    pub request_cache_control: RequestCacheControl,
+    /// Addresses whose request directives are obeyed even when `request_cache_control` ignores
+    /// everyone else's (an office, a deploy script).
+    #[serde(default)]
+    pub request_cache_control_trusted: Vec<Cidr>,
     /// Idle pooled connections kept per upstream host.
     #[serde(default = "ProxyConfig::default_pool_idle")]
     pub pool_max_idle: usize,
@@ -832,6 +840,8 @@ impl ProxyConfig {
             response_timeout: Self::default_response_timeout(),
             body_timeout: Self::default_body_timeout(),
             cache: true,
+            request_cache_control: RequestCacheControl::default(),
+            request_cache_control_trusted: Vec::new(),
             pool_max_idle: Self::default_pool_idle(),
             access: crate::admin::Access::default(),
         }
@@ -848,6 +858,21 @@ impl ProxyConfig {
     fn default_pool_idle() -> usize {
         1024
     }
+}
+
+/// Whose Cache-Control request directives a proxy route obeys. RFC 9111 §5.2.1: "They are
+/// advisory; caches MAY implement them, but are not required to." `no-store` and
+/// `only-if-cached` are obeyed from everyone either way: they never make larder fetch more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestCacheControl {
+    /// Only from `request_cache_control_trusted` addresses: no client can make every request an
+    /// origin fetch (Varnish's default too).
+    #[default]
+    Ignore,
+    /// From every client.
+    #[serde(alias = "honor")]
+    Honour,
 }
 
 fn yes() -> bool {
@@ -1833,6 +1858,38 @@ mod tests {
                 && e.contains("must be 1ms to"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn request_cache_control_is_ignored_by_default() {
+        let proxy = |text: &str| {
+            let c = Config::parse(text, "t").unwrap();
+            let HandlerConfig::Proxy(p) = &c.listeners[0].routes[0].handler else {
+                panic!("proxy route")
+            };
+            p.clone()
+        };
+        let p = proxy(MIN);
+        assert_eq!(p.request_cache_control, RequestCacheControl::Ignore);
+        assert!(p.request_cache_control_trusted.is_empty());
+        for (value, want) in [
+            ("honour", RequestCacheControl::Honour),
+            ("honor", RequestCacheControl::Honour),
+            ("ignore", RequestCacheControl::Ignore),
+        ] {
+            let text = MIN.replace(
+                "2\" }",
+                &format!("2\", request_cache_control = \"{value}\" }}"),
+            );
+            assert_eq!(proxy(&text).request_cache_control, want);
+        }
+        let text = MIN.replace(
+            "2\" }",
+            "2\", request_cache_control_trusted = [\"10.0.0.0/8\"] }",
+        );
+        assert!(proxy(&text).request_cache_control_trusted[0].contains("10.1.2.3".parse().unwrap()));
+        let e = err(&MIN.replace("2\" }", "2\", request_cache_control = \"always\" }"));
+        assert!(e.contains("line 4") && e.contains("honour"), "{e}");
     }
 
     #[test]

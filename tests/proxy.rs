@@ -640,7 +640,8 @@ async fn request_directives_no_cache_and_only_if_cached() {
     let origin =
         Origin::start(|_, n| Reply::ok(format!("v{n}")).header("cache-control", "max-age=60"))
             .await;
-    let larder = larder(PROXY, &origin.url()).await;
+    let cfg = proxy_with(r#"request_cache_control = "honour""#);
+    let larder = larder(&cfg, &origin.url()).await;
     let c = client();
     let url = format!("http://{}/d", larder.addrs[0]);
     let miss = get(

@@ -12,8 +12,22 @@ async fn setup(
     extra: &str,
     handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
 ) -> (Origin, larder::server::Handle, Client, String) {
+    setup_route(extra, "", handler).await
+}
+
+/// [`setup`] with more keys in the proxy route's table (`request_cache_control = "honour"`).
+async fn setup_route(
+    extra: &str,
+    route_keys: &str,
+    handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+) -> (Origin, larder::server::Handle, Client, String) {
     let origin = Origin::start(handler).await;
-    let larder = larder(&format!("{extra}\n{PROXY}"), &origin.url()).await;
+    let proxy = if route_keys.is_empty() {
+        PROXY.to_string()
+    } else {
+        proxy_with(route_keys)
+    };
+    let larder = larder(&format!("{extra}\n{proxy}"), &origin.url()).await;
     let base = format!("http://{}", larder.addrs[0]);
     (origin, larder, client(), base)
 }
@@ -152,9 +166,12 @@ mod freshness {
 mod request_directives {
     use super::*;
 
+    /// The route setting that makes larder obey these advisory directives (§5.2.1).
+    const HONOUR: &str = r#"request_cache_control = "honour""#;
+
     #[tokio::test(flavor = "multi_thread")]
     async fn s5_2_1_max_age_min_fresh_max_stale() {
-        let (_o, _l, c, base) = setup("", |_, n| {
+        let (_o, _l, c, base) = setup_route("", HONOUR, |_, n| {
             Reply::ok(format!("{n}"))
                 .header("cache-control", "max-age=2")
                 .header("age", "1")
@@ -190,6 +207,121 @@ mod request_directives {
             "HIT"
         );
         assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn regression_request_reload_directives_are_ignored_by_default() {
+        // §5.2.1: request directives are advisory. By default a client cannot make larder
+        // fetch from the origin on every request: no-cache, max-age=0, min-fresh and Pragma
+        // are answered from the cache, and max-stale does not stretch a lifetime.
+        let (o, _l, c, base) = setup("", |_, n| {
+            Reply::ok(format!("{n}")).header("cache-control", "max-age=2")
+        })
+        .await;
+        let url = format!("{base}/reload");
+        assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+        for _ in 0..5 {
+            for h in [
+                ("cache-control", "no-cache"),
+                ("cache-control", "max-age=0"),
+                ("cache-control", "min-fresh=600"),
+                ("pragma", "no-cache"),
+            ] {
+                let g = get(&c, &url, &[h]).await;
+                assert_eq!((g.cache(), &g.body[..]), ("HIT", &b"0"[..]), "{h:?}");
+            }
+        }
+        assert_eq!(o.hits(), 1);
+        tokio::time::sleep(Duration::from_millis(2100)).await; // now stale
+        let g = get(&c, &url, &[("cache-control", "max-stale=600")]).await;
+        assert_eq!((g.cache(), &g.body[..]), ("EXPIRED", &b"1"[..]));
+        // only-if-cached is still honoured: it never costs the origin anything.
+        let cold = get(
+            &c,
+            &format!("{base}/cold"),
+            &[("cache-control", "only-if-cached")],
+        )
+        .await;
+        assert_eq!(cold.status, 504);
+        assert_eq!(o.hits(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn request_directives_are_honoured_from_trusted_addresses_only() {
+        // larder listens on 127.0.0.1; loopback lets a client connect from 127.0.0.2 too.
+        let (o, l, c, base) = setup_route(
+            "",
+            r#"request_cache_control_trusted = ["127.0.0.2"]"#,
+            |_, n| Reply::ok(format!("{n}")).header("cache-control", "max-age=60"),
+        )
+        .await;
+        let url = format!("{base}/t");
+        get(&c, &url, &[]).await;
+        assert_eq!(
+            get(&c, &url, &[("cache-control", "no-cache")])
+                .await
+                .cache(),
+            "HIT"
+        );
+        let from_trusted =
+            raw_get_from("127.0.0.2", l.addrs[0], "/t", "Cache-Control: no-cache").await;
+        assert!(from_trusted.contains("x-cache: expired"), "{from_trusted}");
+        assert_eq!(o.hits(), 2);
+    }
+
+    /// One GET over a socket bound to `source`, answered whole (Connection: close).
+    async fn raw_get_from(
+        source: &str,
+        to: std::net::SocketAddr,
+        path: &str,
+        field: &str,
+    ) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        let mut s = sock.connect(to).await.unwrap();
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: {to}\r\n{field}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&out).to_lowercase()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn regression_concurrent_no_cache_revalidations_coalesce() {
+        // With request directives honoured, 20 concurrent reloads revalidate once.
+        let (o, _l, c, base) = setup_route("", HONOUR, |seen, n| {
+            if seen.headers.contains_key("if-none-match") {
+                Reply::ok("")
+                    .status(304)
+                    .header("etag", "\"v\"")
+                    .header("cache-control", "max-age=60")
+                    .delay(Duration::from_millis(300))
+            } else {
+                Reply::ok(format!("{n}"))
+                    .header("etag", "\"v\"")
+                    .header("cache-control", "max-age=60")
+            }
+        })
+        .await;
+        let url = Arc::new(format!("{base}/rv"));
+        get(&c, &url, &[]).await;
+        let mut reloads = Vec::new();
+        for _ in 0..20 {
+            let (c, url) = (c.clone(), url.clone());
+            reloads.push(tokio::spawn(async move {
+                get(&c, &url, &[("cache-control", "no-cache")]).await
+            }));
+        }
+        for r in reloads {
+            let g = r.await.unwrap();
+            assert_eq!((g.status.as_u16(), &g.body[..]), (200, &b"0"[..]));
+        }
+        assert_eq!(o.hits(), 2, "one fill, one revalidation");
     }
 
     #[tokio::test(flavor = "multi_thread")]

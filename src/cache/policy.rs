@@ -693,6 +693,17 @@ impl RequestDirectives {
         }
     }
 
+    /// What a cache obeys from a client whose say over freshness it does not honour (§5.2.1:
+    /// request directives are advisory): `no-store` and `only-if-cached`, which never make it
+    /// fetch more; no-cache, max-age, min-fresh and max-stale are dropped.
+    pub fn binding_only(self) -> Self {
+        RequestDirectives {
+            no_store: self.no_store,
+            only_if_cached: self.only_if_cached,
+            ..RequestDirectives::default()
+        }
+    }
+
     /// Whether a stored response of this freshness satisfies the request as is (§4.2, §5.2.1).
     pub fn accepts(&self, f: &Freshness, now: Instant) -> bool {
         if self.no_cache || f.always_revalidate {
@@ -896,5 +907,19 @@ mod tests {
         };
         assert!(d.accepts(&f, Instant::now()));
         assert!(!RequestDirectives::default().accepts(&f, Instant::now()));
+        // Not honoured: max-stale no longer stretches the lifetime.
+        assert!(!d.clone().binding_only().accepts(&f, Instant::now()));
+    }
+
+    #[test]
+    fn binding_only_keeps_no_store_and_only_if_cached() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache, max-age=0, min-fresh=9, no-store, only-if-cached"),
+        );
+        let d = RequestDirectives::from_headers(&h).binding_only();
+        assert!(d.no_store && d.only_if_cached);
+        assert!(!d.no_cache && d.max_age.is_none() && d.min_fresh.is_none());
     }
 }

@@ -39,7 +39,7 @@ use hyper::body::Incoming;
 use crate::body::Body;
 use crate::cache::policy::RequestDirectives;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
 use crate::inbound;
 use upstream::{FetchError, VIA};
@@ -77,7 +77,7 @@ impl Proxy {
     /// miss, pass, purge) runs in a boxed future, so the future hyper holds and moves for every
     /// request stays small.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        match self.fresh_hit(req) {
+        match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
             Err(req) => Box::pin(self.handle_slow(req, peer)).await,
         }
@@ -87,7 +87,11 @@ impl Proxy {
     /// the request back unchanged (moved, not boxed: boxing would allocate on every miss).
     #[inline]
     #[allow(clippy::result_large_err)]
-    fn fresh_hit(&self, req: Request<Incoming>) -> Result<Response<Body>, Request<Incoming>> {
+    fn fresh_hit(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<Body>, Request<Incoming>> {
         let me = &self.0;
         if !me.cfg.cache
             || (req.method() != Method::GET && req.method() != Method::HEAD)
@@ -104,7 +108,12 @@ impl Proxy {
             // Compressed variants are being built: the client may have to wait for one.
             return Err(req);
         }
-        let directives = RequestDirectives::from_headers(req.headers());
+        // Only the freshness directives matter to a fresh hit, and only where honoured.
+        let directives = if me.honours(peer) {
+            RequestDirectives::from_headers(req.headers())
+        } else {
+            RequestDirectives::default()
+        };
         if directives.accepts(&entry.freshness, Instant::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
         } else {
@@ -132,7 +141,7 @@ impl Proxy {
             return Box::pin(self.pass(req, peer, CacheStatus::Bypass)).await;
         }
         let key = cache_key(&req);
-        let directives = RequestDirectives::from_headers(req.headers());
+        let directives = me.request_directives(req.headers(), peer);
         let has_auth = req.headers().contains_key(header::AUTHORIZATION);
 
         // Lookup.
@@ -193,8 +202,10 @@ impl Proxy {
             CacheStatus::Miss
         };
         let (parts, _body) = req.into_parts();
-        // Requests with credentials or that demand an end-to-end reload fetch on their own.
-        if has_auth || directives.no_cache {
+        // Requests with credentials fetch on their own, and so do no-store requests (their
+        // response is not stored: nobody could wait on it). A reload (no-cache, where honoured)
+        // coalesces like a miss: concurrent reloads make one revalidation.
+        if has_auth || directives.no_store {
             return Box::pin(self.fill(
                 parts,
                 peer,
@@ -366,6 +377,29 @@ impl Asked {
 }
 
 impl Inner {
+    /// Whether this route obeys the freshness directives of requests from `peer`
+    /// (`request_cache_control`, `request_cache_control_trusted`).
+    #[inline]
+    fn honours(&self, peer: SocketAddr) -> bool {
+        self.cfg.request_cache_control == RequestCacheControl::Honour
+            || self
+                .cfg
+                .request_cache_control_trusted
+                .iter()
+                .any(|c| c.contains(peer.ip()))
+    }
+
+    /// The request's directives as this route obeys them for `peer`: all of them where honoured,
+    /// else only no-store and only-if-cached (RFC 9111 §5.2.1: they are advisory).
+    fn request_directives(&self, headers: &http::HeaderMap, peer: SocketAddr) -> RequestDirectives {
+        let d = RequestDirectives::from_headers(headers);
+        if self.honours(peer) {
+            d
+        } else {
+            d.binding_only()
+        }
+    }
+
     #[inline]
     fn deliver<B>(
         &self,
