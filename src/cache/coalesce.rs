@@ -167,10 +167,17 @@ mod tests {
     use super::*;
     use crate::cache::CacheKey;
 
-    #[tokio::test]
-    async fn dropped_leader_releases_followers() {
+    /// A fill of `path`: its leader's guard and one follower waiting on it.
+    fn fill_with_a_waiter(
+        path: &str,
+    ) -> (
+        Arc<Inflight>,
+        FillKey,
+        FillGuard,
+        tokio::task::JoinHandle<FillOutcome>,
+    ) {
         let inflight: Arc<Inflight> = Arc::new(Inflight::default());
-        let key = FillKey::from(CacheKey::from_parts("http", "h", "/x"));
+        let key = FillKey::from(CacheKey::from_parts("http", "h", path));
         let Join::Leader(guard) = inflight.join(&key) else {
             panic!("first is leader")
         };
@@ -178,6 +185,12 @@ mod tests {
             panic!("second is follower")
         };
         let waiter = tokio::spawn(f.wait(Duration::from_secs(5)));
+        (inflight, key, guard, waiter)
+    }
+
+    #[tokio::test]
+    async fn dropped_leader_releases_followers() {
+        let (inflight, key, guard, waiter) = fill_with_a_waiter("/x");
         drop(guard);
         assert!(matches!(waiter.await.unwrap(), FillOutcome::Released));
         assert!(inflight.is_empty());
@@ -187,20 +200,13 @@ mod tests {
 
     #[tokio::test]
     async fn failed_leader_hands_its_error_to_followers() {
-        let inflight: Arc<Inflight> = Arc::new(Inflight::default());
-        let key = FillKey::from(CacheKey::from_parts("http", "h", "/f"));
-        let Join::Leader(guard) = inflight.join(&key) else {
-            panic!("first is leader")
-        };
-        let Join::Follower(f) = inflight.join(&key) else {
-            panic!("second is follower")
-        };
-        let waiter = tokio::spawn(f.wait(Duration::from_secs(5)));
+        let (inflight, key, guard, waiter) = fill_with_a_waiter("/f");
         guard.fail(FetchError::Timeout(Duration::from_secs(1)));
         assert!(matches!(
             waiter.await.unwrap(),
             FillOutcome::Failed(FetchError::Timeout(_))
         ));
+        assert!(inflight.is_empty());
         assert!(matches!(inflight.join(&key), Join::Leader(_)));
     }
 
