@@ -56,6 +56,7 @@ BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
 SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg"]
 SUITE_BUDGET_S = 15 * 60
 WARMUP_S = 1
+MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to
 RUN_OVERHEAD_S = 1.2    # probes, RSS, origin counter, pauses between runs
 PAIR_OVERHEAD_S = 2.0   # warm-up run and checks per cell and system
 FIXED_OVERHEAD_S = 40   # starting and stopping servers
@@ -122,16 +123,30 @@ def busy_pct(before, after):
     return round(100.0 * (after[0] - before[0]) / max(1, after[1] - before[1]), 1)
 
 
-def tree_ticks(pid):
-    total = 0
-    for p in [pid] + descendants(pid):
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_ns(pid):
+    """CPU time (user + system) of process pid in ns: its live threads and those that
+    exited (the kernel's per-process CPU clock, CLOCK_PROCESS_CPUTIME_ID of another
+    process), plus the children it has reaped, whose time /proc/PID/stat keeps only in
+    clock ticks. None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        reaped = (int(fields[13]) + int(fields[14])) * 1_000_000_000 // CLK_TCK
         try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+            own = time.clock_gettime_ns(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, SCHED)
+        except OSError:  # exited after the read above (or a zombie): the tick counters
+            own = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // CLK_TCK
+        return own + reaped
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree_cpu_ns(pid):
+    """CPU time in ns of pid and all its descendants (see proc_cpu_ns)."""
+    return sum(v for v in map(proc_cpu_ns, [pid] + descendants(pid)) if v is not None)
 
 
 def cpu_busy_pct(interval=1.0):
@@ -311,6 +326,46 @@ def http_req(port, path, headers=None, method="GET", body=None, timeout=10):
         c.close()
 
 
+def raw_response(port, path, headers, timeout=10):
+    """The exact bytes, head and body, a server sends for the request wrk sends
+    (GET, HTTP/1.1, Host with the port, the cell's headers, keep-alive)."""
+    req = (f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+           + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(req.encode("latin-1"))
+        buf = b""
+
+        def more():
+            nonlocal buf
+            d = s.recv(1 << 20)
+            if not d:
+                raise OSError("connection closed before the response was complete")
+            buf += d
+
+        while b"\r\n\r\n" not in buf:
+            more()
+        head_len = buf.index(b"\r\n\r\n") + 4
+        length, chunked = None, False
+        for line in buf[:head_len].decode("latin-1").split("\r\n")[1:]:
+            k, _, v = line.partition(":")
+            k = k.strip().lower()
+            if k == "content-length":
+                length = int(v.strip())
+            elif k == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+        if chunked:  # up to the last chunk (no trailers expected)
+            while not (buf.endswith(b"\r\n0\r\n\r\n") or buf[head_len:] == b"0\r\n\r\n"):
+                more()
+        elif length is None:
+            raise ValueError("response has neither Content-Length nor chunked encoding")
+        else:
+            while len(buf) < head_len + length:
+                more()
+            if len(buf) != head_len + length:
+                raise ValueError(f"{len(buf) - head_len - length} bytes after the response")
+        return buf
+
+
 def wait_http(port, path, timeout=15.0, proc=None):
     deadline = time.time() + timeout
     last = None
@@ -380,19 +435,18 @@ class System:
     def rss_kb(self):
         return rss_kb(self.pids())
 
-    def cpu_ticks(self):
-        return tree_ticks(self.proc.pid)
+    def cpu_ns(self):
+        return tree_cpu_ns(self.proc.pid)
 
     def wait_idle(self, limit=20.0):
         """Wait until the server has finished work left by a run's abandoned
         requests (it uses < 10% of a CPU), so the next run starts clean."""
-        hz = os.sysconf("SC_CLK_TCK")
         deadline = time.time() + limit
-        last = self.cpu_ticks()
+        last = self.cpu_ns()
         while time.time() < deadline:
             time.sleep(0.2)
-            cur = self.cpu_ticks()
-            if (cur - last) / hz < 0.02:
+            cur = self.cpu_ns()
+            if (cur - last) / 1e9 < 0.02:
                 return True
             last = cur
         return False
@@ -516,23 +570,50 @@ class Env:
         return System("varnish", PORTS["varnish"], p, cache_header="x-cache",
                       version=varnish_version())
 
-    def _start_ceiling(self):
-        # bench/ceiling.c: the least a server can do per request (see its header).
-        cc = shutil.which("cc") or shutil.which("gcc")
-        if not cc:
-            raise SkipSystem("no C compiler (cc) to build bench/ceiling.c")
+    def _ceiling_exe(self):
         exe = self.run / "ceiling"
-        out = sh([cc, "-O2", "-o", str(exe), str(BENCH / "ceiling.c")])
         if not exe.exists():
-            raise SkipSystem(f"bench/ceiling.c did not compile: {out[-300:]}")
-        p = self.procs.spawn("ceiling", [str(exe), str(PORTS["ceiling"]),
-                                         str(DATA / "small.html")],
+            cc = shutil.which("cc") or shutil.which("gcc")
+            if not cc:
+                raise SkipSystem("no C compiler (cc) to build bench/ceiling.c")
+            out = sh([cc, "-O2", "-o", str(exe), str(BENCH / "ceiling.c")])
+            if not exe.exists():
+                raise SkipSystem(f"bench/ceiling.c did not compile: {out[-300:]}")
+        return exe
+
+    def start_ceiling(self, cell, source, path):
+        """(Re)start bench/ceiling.c replaying, byte for byte, the response `source` (a
+        System that passed the cell's check) sends for the cell's request: the least a
+        server can do to answer it. Returns (System or None, why not)."""
+        self.stop("ceiling")
+        if "ceiling" in self.skipped:
+            return None, self.skipped["ceiling"]
+        try:
+            exe = self._ceiling_exe()
+        except SkipSystem as e:
+            self.skipped["ceiling"] = str(e)
+            warn(f"ceiling: SKIPPED: {e}")
+            return None, str(e)
+        try:
+            data = raw_response(source.port, path, cell["headers"])
+        except (OSError, ValueError) as e:
+            return None, f"could not fetch {source.name}'s response to replay: {e}"
+        if not data.startswith(b"HTTP/1.1 200 "):
+            return None, f"{source.name} answered {data[:40]!r}: nothing to replay"
+        resp = self.run / f"ceiling-{cell['id']}.http"
+        resp.write_bytes(data)
+        p = self.procs.spawn("ceiling", [str(exe), str(PORTS["ceiling"]), str(resp)],
                              self.logfile("ceiling"), cpu=SUT_CPU)
-        ok, why = wait_http(PORTS["ceiling"], "/bench-static/small.html", proc=p)
+        ok, why = wait_http(PORTS["ceiling"], "/", proc=p)
         if not ok:
             self.procs.stop(p)
-            raise SkipSystem(f"did not start: {why} {self.tail('ceiling')}")
-        return System("ceiling", PORTS["ceiling"], p, version="bench/ceiling.c")
+            return None, f"did not start: {why} {self.tail('ceiling')}"
+        s = System("ceiling", PORTS["ceiling"], p, cache_header=source.cache_header,
+                   version="bench/ceiling.c")
+        s.replays = dict(system=source.name, bytes=len(data),
+                         head_bytes=data.index(b"\r\n\r\n") + 4)
+        self.systems["ceiling"] = s
+        return s, ""
 
     def _larder_binary(self):
         if self.larder_bin is None:
@@ -725,19 +806,47 @@ AE = {"gzip": {"Accept-Encoding": "gzip"},
       "identity": {}}
 
 
-def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None,
-      baseline=None, target=None, goal=None, absolute=False):
+def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, goals=()):
     """One cell: the same request at the same concurrency on each system.
 
     kind: hit (must be a cache hit), static, fixed, pass (uncacheable), image
     expect_enc: Content-Encoding the response must carry (None = identity);
                 a system that serves something else is recorded as n/a.
-    baseline/target: the goal is larder >= target x the best baseline system,
-                or, with absolute, larder >= target req/s (ratio for information).
+    goals: G(...) rows judged on larder's (larder-img's) summary in this cell.
+    A "ceiling" among the systems replays the bytes the cell's first system
+    (larder) sent for the cell's request (see Env.start_ceiling); its path is
+    irrelevant.
     """
+    paths = dict(paths)
+    if "ceiling" in systems:
+        paths.setdefault("ceiling", "/")
     return dict(id=cid, label=label, conns=conns, systems=systems, paths=paths, kind=kind,
-                headers=headers or {}, expect_enc=expect_enc, baseline=baseline,
-                target=target, goal=goal, absolute=absolute)
+                headers=headers or {}, expect_enc=expect_enc, goals=list(goals))
+
+
+# What a goal row compares: larder's figure, and the figure of the best system in
+# `against` (highest req/s, lowest CPU per request or p99).
+#   rps      larder req/s >= target x the best of `against`
+#   rps_abs  larder req/s >= target (ratio to `against` for information)
+#   cpu      larder's server CPU per request <= target x that of `against`
+#   p99      larder's p99 <= target x that of `against`
+#   errors   larder's socket errors (connect/read/write) == 0
+# target None: the ratio is shown for information, nothing is judged.
+METRICS = {"rps": ("rps", max, ">="), "rps_abs": ("rps", max, ">="),
+           "cpu": ("cpu_us", min, "<="), "p99": ("p99_ms", min, "<="), "errors": (None, None, "==")}
+
+
+def G(text, metric, against=(), target=None):
+    assert metric in METRICS, metric
+    return dict(text=text, metric=metric, against=list(against), target=target)
+
+
+CEILING_HIT = 0.95  # larder's req/s against the ceiling's in every cached-hit cell
+
+
+def ceiling_goal(what, target=CEILING_HIT):
+    return G(f"{what}: larder >= {target:g}x the ceiling" if target else
+             f"{what}: larder against the ceiling (no goal)", "rps", ["ceiling"], target)
 
 
 def scenario_cells(name):
@@ -748,54 +857,75 @@ def scenario_cells(name):
                                 ("br", "Accept-Encoding: br, gzip", ("br", "gzip")),
                                 ("identity", "no Accept-Encoding", None)):
             cells.append(C(f"pike-{enc}", f"/data.json 140 KB hit, {label}", 1000,
-                           ["larder", "nginx", "varnish"], P("/data.json"), "hit",
-                           AE[enc], exp, baseline=["nginx", "varnish"], target=1.5,
-                           goal=f"pike {label}: larder >= 1.5x best anchor"))
+                           ["larder", "nginx", "varnish", "ceiling"], P("/data.json"), "hit",
+                           AE[enc], exp, goals=[
+                               G(f"pike {label}: larder >= 1.5x best anchor", "rps",
+                                 ["nginx", "varnish"], 1.5),
+                               ceiling_goal(f"pike {label}")]))
         return cells
     if name == "piper":
         cells = []
         path = "/bench-static/small.html"
         for n in (10, 100, 1000, 4000, 10000):
-            # "ceiling" is no contender: a minimal server (bench/ceiling.c) showing what the
-            # load generator reaches when the server does almost nothing.
+            # "ceiling" is no contender: a minimal server (bench/ceiling.c) replaying larder's
+            # response, showing what the kernel and the load generator allow in the cell.
+            if n < 1000:
+                gs = [G(f"piper {n} conns: larder >= 1.3x tuned nginx", "rps", ["nginx"], 1.3),
+                      G(f"piper {n} conns: 0 socket errors", "errors"),
+                      G(f"piper {n} conns: CPU per request against tuned nginx (no goal)",
+                        "cpu", ["nginx"]),
+                      ceiling_goal(f"piper {n} conns", None)]
+            else:
+                # connection scale, restated so that the load generator cannot cap it (issue 19)
+                gs = [G(f"piper {n} conns: larder CPU per request <= 0.77x tuned nginx",
+                        "cpu", ["nginx"], 0.77),
+                      ceiling_goal(f"piper {n} conns"),
+                      G(f"piper {n} conns: 0 socket errors", "errors"),
+                      G(f"piper {n} conns: p99 <= tuned nginx", "p99", ["nginx"], 1.0)]
             cells.append(C(f"piper-{n}", f"/small.html 100 B static, {n} conns", n,
                            ["larder", "nginx", "nginx-debian", "ceiling"],
-                           {s: path for s in ("larder", "nginx", "nginx-debian", "ceiling")},
-                           "static",
-                           baseline=["nginx"], target=1.3,
-                           goal=f"piper {n} conns: larder >= 1.3x tuned nginx, 0 socket errors"))
+                           {s: path for s in ("larder", "nginx", "nginx-debian")},
+                           "static", goals=gs))
         return cells
     if name == "pingap":
         return [
             C("pingap-fixed", "fixed tiny response (/ping, nginx return 200)", 100,
-              ["larder", "nginx"], {"larder": "/ping", "nginx": "/ping"}, "fixed",
-              baseline=["nginx"], target=0.9,
-              goal="pingap fixed response: larder within 10% of nginx return 200"),
+              ["larder", "nginx", "ceiling"], {"larder": "/ping", "nginx": "/ping"}, "fixed",
+              goals=[G("pingap fixed response: larder >= 1.0x nginx return 200", "rps",
+                       ["nginx"], 1.0),
+                     G("pingap fixed response: CPU per request against nginx (no goal)", "cpu",
+                       ["nginx"]),
+                     ceiling_goal("pingap fixed response", None)]),
             C("pingap-8k-gzip", "/page.html 8 KB hit, Accept-Encoding: gzip", 100,
-              ["larder", "nginx", "varnish"], P("/page.html"), "hit", AE["gzip"], "gzip",
-              baseline=["nginx", "varnish"], target=1.3,
-              goal="pingap 8 KB hit, gzip: larder >= 1.3x best anchor"),
+              ["larder", "nginx", "varnish", "ceiling"], P("/page.html"), "hit", AE["gzip"],
+              "gzip", goals=[G("pingap 8 KB hit, gzip: larder >= 1.3x best anchor", "rps",
+                               ["nginx", "varnish"], 1.3),
+                             ceiling_goal("pingap 8 KB hit, gzip")]),
             C("pingap-8k-identity", "/page.html 8 KB hit, no Accept-Encoding", 100,
-              ["larder", "nginx", "varnish"], P("/page.html"), "hit", {}, None,
-              baseline=["nginx", "varnish"], target=1.3,
-              goal="pingap 8 KB hit, identity: larder >= 1.3x best anchor"),
+              ["larder", "nginx", "varnish", "ceiling"], P("/page.html"), "hit", {}, None,
+              goals=[G("pingap 8 KB hit, identity: larder >= 1.3x best anchor", "rps",
+                       ["nginx", "varnish"], 1.3),
+                     ceiling_goal("pingap 8 KB hit, identity")]),
             C("pingap-nocache", "/nocache/page.html 8 KB uncacheable (proxied every time)", 10,
               ["larder", "nginx"], {s: "/nocache/page.html" for s in ("larder", "nginx")},
-              "pass", {}, None, baseline=["nginx"], target=1.0,
-              goal="pingap uncacheable proxied page: larder >= 1.0x nginx"),
+              "pass", {}, None,
+              goals=[G("pingap uncacheable proxied page: larder >= 1.0x nginx", "rps",
+                       ["nginx"], 1.0)]),
         ] + [
             C(f"pingap-otf-{enc}", f"24 KB uncacheable text compressed per request, {enc}", 10,
               ["larder", "nginx"], {s: "/nocache/gen/text-24k.html" for s in ("larder", "nginx")},
-              "pass", hdr, enc, baseline=["nginx"], target=1.0,
-              goal=f"pingap on-the-fly {enc}: larder >= 1.0x nginx")
+              "pass", hdr, enc,
+              goals=[G(f"pingap on-the-fly {enc}: larder >= 1.0x nginx", "rps", ["nginx"], 1.0)])
             for enc, hdr in (("gzip", AE["gzip"]), ("br", AE["br-only"]), ("zstd", AE["zstd"]))
         ]
     if name == "static-8k":
         path = "/bench-static/page.html"
         return [
             C(f"static-8k-{enc}", f"/page.html 8 KB static file, {label}", 10,
-              ["larder", "nginx"], {"larder": path, "nginx": path}, "static", AE[enc], exp,
-              baseline=["nginx"], target=None, goal=f"static 8 KB {enc}: larder vs nginx (no goal)")
+              ["larder", "nginx", "ceiling"], {"larder": path, "nginx": path}, "static",
+              AE[enc], exp,
+              goals=[G(f"static 8 KB {enc}: larder vs nginx (no goal)", "rps", ["nginx"]),
+                     ceiling_goal(f"static 8 KB {enc}")])
             for enc, label, exp in (("gzip", "Accept-Encoding: gzip", "gzip"),
                                     ("identity", "no Accept-Encoding", None))]
     if name == "zimg":
@@ -803,14 +933,14 @@ def scenario_cells(name):
                   ["larder-img", "thumbor"],
                   {"larder-img": "/@@MD5@@?w=100&h=100&g=1&f=jpeg",
                    "thumbor": "/unsafe/100x100/filters:grayscale():format(jpeg)/photo-640x856.jpg"},
-                  "image", baseline=["thumbor"], target=1000, absolute=True,
-                  goal=f"zimg {n} conns: larder >= 1000 req/s uncached")
+                  "image", goals=[G(f"zimg {n} conns: larder >= 1000 req/s uncached", "rps_abs",
+                                    ["thumbor"], 1000)])
                 for n in (10, 100, 500)] + [
             # The same transform with result caching on: a hit of a stored, prepared
             # response (compare with static-8k). thumbor stores no results by default.
             C(f"zimg-cached-{n}", f"the same, results cached (x-cache: HIT), {n} conns", n,
-              ["larder-img"], {"larder-img": "/cached/@@MD5@@?w=100&h=100&g=1&f=jpeg"},
-              "image", baseline=[], target=None, goal=None)
+              ["larder-img", "ceiling"], {"larder-img": "/cached/@@MD5@@?w=100&h=100&g=1&f=jpeg"},
+              "image", goals=[ceiling_goal(f"zimg cached {n} conns")])
             for n in (10, 100, 500)]
     raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
@@ -894,30 +1024,38 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
     origin_before = origin_requests()
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    # CPU accounting: how much of the machine went to processes other than
-    # this run's (server, origin, wrk) -- other work skews the numbers
-    hz = os.sysconf("SC_CLK_TCK")
+    # CPU accounting. The server's own CPU time (all its processes and threads, ns:
+    # tree_cpu_ns) over wrk's lifetime gives the server's CPU per request; work left
+    # after wrk exits (closing its connections, abandoned requests) is not counted.
+    # wrk's own CPU time comes from getrusage(RUSAGE_CHILDREN) once it is reaped.
+    # And how much of the machine went to processes other than this run's (server,
+    # origin, wrk): other work skews the numbers.
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    ours0 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
+    origin0 = tree_cpu_ns(origin_pid) if origin_pid else 0
     busy0, total0 = cpu_busy_ticks()
-    # How busy each pinned CPU was: a load CPU near 100% means wrk set the pace.
+    # How busy each pinned CPU was (whoever ran there).
     sut0, load0 = cpu_ticks(SUT_CPU), cpu_ticks(LOAD_CPU)
+    srv0 = sysm.cpu_ns()
+    t0 = time.monotonic()
     p = procs.spawn("wrk", argv, out_path)
     try:
         p.wait(timeout=duration + 60)
     except subprocess.TimeoutExpired:
         warn(f"wrk did not finish within {duration + 60}s; killed")
     finally:
+        srv1 = sysm.cpu_ns()
+        wall = time.monotonic() - t0
         procs.stop(p)
         stop.set()
         th.join()
     busy1, total1 = cpu_busy_ticks()
     sut_pct, load_pct = busy_pct(sut0, cpu_ticks(SUT_CPU)), busy_pct(load0, cpu_ticks(LOAD_CPU))
-    ours1 = sysm.cpu_ticks() + (tree_ticks(origin_pid) if origin_pid else 0)
+    origin1 = tree_cpu_ns(origin_pid) if origin_pid else 0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wrk_ticks = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * hz
-    other_pct = max(0.0, 100.0 * (busy1 - busy0 - (ours1 - ours0) - wrk_ticks)
-                    / max(1, total1 - total0))
+    wrk_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    server_s = max(0, srv1 - srv0) / 1e9
+    ours_ticks = (server_s + max(0, origin1 - origin0) / 1e9 + wrk_s) * CLK_TCK
+    other_pct = max(0.0, 100.0 * (busy1 - busy0 - ours_ticks) / max(1, total1 - total0))
     sysm.wait_idle()
     after = sysm.rss_kb()
     origin_after = origin_requests()
@@ -928,13 +1066,14 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
         return dict(error="wrk printed no result: " + " | ".join(out.strip().splitlines()[-4:]))
     r = json.loads(m.group(1))
     secs = r["duration_us"] / 1e6 or duration
+    good = r["requests"] - r["status"]
     delta = None
     if origin_before is not None and origin_after is not None:
         delta = origin_after - origin_before - 1  # minus the status request itself
     return dict(
         # req/s counts good answers only: wrk's requests include its
         # "Non-2xx or 3xx" ones (a 503 storm would otherwise look fast)
-        rps=(r["requests"] - r["status"]) / secs, rps_all=r["requests"] / secs,
+        rps=good / secs, rps_all=r["requests"] / secs,
         bytes_per_s=r["bytes"] / secs,
         p50_ms=r["p50_us"] / 1000, p90_ms=r["p90_us"] / 1000, p99_ms=r["p99_us"] / 1000,
         max_ms=r["max_us"] / 1000, requests=r["requests"],
@@ -942,6 +1081,11 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
         non2xx=r["status"], rss_peak_kb=max(peak[0], after), rss_after_kb=after,
         origin_requests=delta, other_cpu_pct=round(other_pct, 1), wrk=r,
         sut_cpu_pct=sut_pct, load_cpu_pct=load_pct,
+        # the server's and wrk's own CPU time; the server's per good answer
+        server_cpu_s=round(server_s, 6), wrk_cpu_s=round(wrk_s, 6), wall_s=round(wall, 3),
+        cpu_us=server_s * 1e6 / good if good else None,
+        server_cpu_pct=round(100.0 * server_s / wall, 1),
+        wrk_cpu_pct=round(100.0 * wrk_s / wall, 1),
     )
 
 
@@ -955,8 +1099,12 @@ def summarize(runs):
     for k in ("connect", "read", "write", "timeout", "non2xx", "requests"):
         s[k] = sum(r[k] for r in ok)
     s["other_cpu_pct"] = max(r.get("other_cpu_pct", 0) for r in ok)
-    for k in ("sut_cpu_pct", "load_cpu_pct"):
+    for k in ("sut_cpu_pct", "load_cpu_pct", "server_cpu_pct", "wrk_cpu_pct"):
         s[k] = round(sum(r.get(k, 0) for r in ok) / len(ok))
+    # server CPU per good answer over all runs (not a mean of the runs' ratios)
+    good = sum(r["requests"] - r["non2xx"] for r in ok)
+    s["cpu_us"] = sum(r["server_cpu_s"] for r in ok) * 1e6 / good if good else None
+    s["cpu_us_runs"] = [None if r["cpu_us"] is None else round(r["cpu_us"], 2) for r in ok]
     s["rss_peak_kb"] = max(r["rss_peak_kb"] for r in ok)
     s["rss_after_kb"] = ok[-1]["rss_after_kb"]
     o = [r["origin_requests"] for r in ok if r["origin_requests"] is not None]
@@ -966,10 +1114,8 @@ def summarize(runs):
 
 def run_scenario(name, env, args, duration):
     cells = scenario_cells(name)
-    if args.systems:
-        keep = set(args.systems.split(","))
-        for c in cells:
-            c["systems"] = [s for s in c["systems"] if s in keep or s.split("-")[0] in keep]
+    for c in cells:
+        c["systems"] = only_systems(c["systems"], args)
     log(f"\n=== scenario {name}: {len(cells)} cells, {args.reps} runs each, {duration}s per run ===")
     timeout_s = 10 if name == "zimg" else 2
     results = []
@@ -978,13 +1124,31 @@ def run_scenario(name, env, args, duration):
         res = {}
         active = []
         for sname in cell["systems"]:
-            sysm = env.get(sname)
+            if sname == "ceiling":
+                # replays what the first system that passed its check (larder) sent
+                if not active:
+                    res[sname] = dict(skipped="no system in this cell answered: "
+                                              "no response to replay")
+                    log(f"    {sname:13s} SKIPPED: {res[sname]['skipped']}")
+                    continue
+                sysm, why = env.start_ceiling(cell, active[0][1], active[0][2])
+                if sysm is None:
+                    res[sname] = dict(skipped=why)
+                    log(f"    {sname:13s} SKIPPED: {why}")
+                    continue
+                log(f"    {sname:13s} replays {sysm.replays['system']}'s response "
+                    f"({sysm.replays['head_bytes']} B head, "
+                    f"{sysm.replays['bytes'] - sysm.replays['head_bytes']:,} B body)")
+            else:
+                sysm = env.get(sname)
             if sysm is None:
                 res[sname] = dict(skipped=env.skipped.get(sname, "not started"))
                 continue
             path = cell["paths"][sname].replace("@@MD5@@", getattr(sysm, "md5", ""))
             chk = check_response(cell, sysm, path)
             res[sname] = dict(path=path, check=chk, runs=[])
+            if sname == "ceiling":
+                res[sname]["replays"] = sysm.replays
             if chk.get("na"):
                 res[sname]["na"] = chk["why"]
                 log(f"    {sname:13s} n/a: {chk['why']}")
@@ -1012,7 +1176,9 @@ def run_scenario(name, env, args, duration):
                         f"err c/r/w/t {r['connect']}/{r['read']}/{r['write']}/{r['timeout']}  "
                         f"non2xx {r['non2xx']}  origin {r['origin_requests']}  "
                         f"rss {r['rss_after_kb'] / 1024:.1f} MiB  other CPU {r['other_cpu_pct']:.0f}%  "
-                        f"CPU server/wrk {r['sut_cpu_pct']:.0f}/{r['load_cpu_pct']:.0f}%")
+                        f"server {fmt_us(r['cpu_us'])} us/req  own CPU server/wrk "
+                        f"{r['server_cpu_pct']:.0f}/{r['wrk_cpu_pct']:.0f}%  "
+                        f"CPU0/CPU1 {r['sut_cpu_pct']:.0f}/{r['load_cpu_pct']:.0f}%")
                 time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
         for sname, sysm, path in active:
             res[sname]["summary"] = summarize(res[sname]["runs"])
@@ -1027,57 +1193,62 @@ def run_scenario(name, env, args, duration):
 # goals, tables, charts
 
 
+def _ok_summary(r):
+    s = (r or {}).get("summary")
+    return s if s and "error" not in s else None
+
+
 def goals(name, cells):
+    """One row per goal of each cell (C(goals=...)), judged on this run's summaries."""
     out = []
     for c in cells:
-        if not c.get("goal"):
-            continue
         res = c["results"]
-        lr = next((res[s] for s in ("larder", "larder-img") if s in res), None)
-        lsum = lr.get("summary") if lr else None
-        row = dict(goal=c["goal"], cell=c["id"], target=c["target"], larder=None,
-                   baseline=None, baseline_system=None, ratio=None, met=None, note="")
-        if not lsum or "error" in lsum:
-            row["note"] = "larder " + ((lr or {}).get("na") and "n/a" or "not measured")
+        lname = next((s for s in ("larder", "larder-img") if s in res), None)
+        lsum = _ok_summary(res.get(lname))
+        for g in c.get("goals", []):
+            metric, target = g["metric"], g["target"]
+            key, best, _ = METRICS[metric]
+            row = dict(cell=c["id"], goal=g["text"], metric=metric, target=target,
+                       larder=None, baseline=None, baseline_system=None, ratio=None,
+                       met=None, note="")
             out.append(row)
-            continue
-        row["larder"] = lsum["rps"]
-        if c.get("absolute"):
-            row["met"] = lsum["rps"] >= c["target"]
-        if c["baseline"]:
-            best = None
-            for b in c["baseline"]:
-                bs = res.get(b, {}).get("summary")
-                if bs and "error" not in bs and (best is None or bs["rps"] > best[1]):
-                    best = (b, bs["rps"])
-            if best is None and c.get("absolute"):
-                out.append(row)
+            if not lsum:
+                lr = res.get(lname) or {}
+                row["note"] = "larder " + ("n/a" if lr.get("na") else "not measured")
                 continue
-            if best is None:
-                row["note"] = "no baseline measured (" + ", ".join(
-                    f"{b}: {res.get(b, {}).get('na') or res.get(b, {}).get('skipped') or 'none'}"
-                    for b in c["baseline"]) + ")"
-                out.append(row)
+            if metric == "errors":
+                row["larder"] = lsum["connect"] + lsum["read"] + lsum["write"]
+                row["met"] = row["larder"] == 0
                 continue
-            row["baseline_system"], row["baseline"] = best
-            row["ratio"] = lsum["rps"] / best[1] if best[1] else None
-            if row["ratio"] is not None and c["target"] is not None and not c.get("absolute"):
-                row["met"] = row["ratio"] >= c["target"]
-        if name == "piper":
-            socket_errs = lsum["connect"] + lsum["read"] + lsum["write"]
-            row["note"] = f"larder socket errors {socket_errs}"
-            # Whether wrk set the pace (its CPU near 100%), and what it reached against a
-            # server that does almost nothing (bench/ceiling.c).
-            loads = [f"{s} {res[s]['summary']['load_cpu_pct']}%" for s in ("larder", "nginx")
-                     if "error" not in res.get(s, {}).get("summary", {"error": 1})]
-            if loads:
-                row["note"] += "; wrk CPU with " + ", ".join(loads)
-            cs = res.get("ceiling", {}).get("summary")
-            if cs and "error" not in cs:
-                row["note"] += f"; minimal server {cs['rps']:,.0f} req/s"
-            if row["met"] is not None:
-                row["met"] = row["met"] and socket_errs == 0
-        out.append(row)
+            if key == "p99_ms" and not lsum["requests"]:
+                row["note"] = "larder answered nothing"
+                continue
+            row["larder"] = lsum.get(key)
+            if row["larder"] is None:
+                row["note"] = "larder's figure not measured"
+                continue
+            if metric == "rps_abs":
+                row["met"] = row["larder"] >= target
+            cands = []
+            for b in g["against"]:
+                bs = _ok_summary(res.get(b))
+                if bs and bs.get(key) is not None and (key != "p99_ms" or bs["requests"]):
+                    cands.append((b, bs[key]))
+            if not cands:
+                if g["against"]:
+                    row["note"] = "no baseline measured (" + ", ".join(
+                        f"{b}: {res.get(b, {}).get('na') or res.get(b, {}).get('skipped') or 'none'}"
+                        for b in g["against"]) + ")"
+                continue
+            row["baseline_system"], row["baseline"] = best(cands, key=lambda x: x[1])
+            if row["baseline"]:
+                row["ratio"] = row["larder"] / row["baseline"]
+            if row["ratio"] is not None and target is not None and metric != "rps_abs":
+                row["met"] = (row["ratio"] >= target if best is max else row["ratio"] <= target)
+            if metric == "rps":  # how far wrk's own core set the pace
+                row["note"] = "wrk CPU " + ", ".join(
+                    f"{s} {_ok_summary(res.get(s)).get('wrk_cpu_pct', '-')}%"
+                    for s in (lname, row["baseline_system"]))
     return out
 
 
@@ -1088,16 +1259,48 @@ def human_bytes(n):
         n /= 1024
 
 
+def fmt_us(us):
+    return "-" if us is None else f"{us:.1f}" if us < 100 else f"{us:,.0f}"
+
+
 def fmt_mib(kb):
     return f"{kb / 1024:.1f}" if kb else "-"
+
+
+def fmt_goal(metric, v):
+    if v is None:
+        return "-"
+    return {"rps": f"{v:,.0f} req/s", "rps_abs": f"{v:,.0f} req/s", "cpu": f"{v:.1f} µs/req",
+            "p99": f"{v:.2f} ms p99", "errors": f"{v} socket errors"}[metric]
+
+
+def goals_table(rows, scenario):
+    """Markdown lines: one row per goal (goals()), met or not with the figures."""
+    L = ["| cell | goal | larder | against | ratio | target | met |",
+         "|---|---|--:|--:|--:|--:|---|"]
+    for g in rows:
+        # rows of results written before issue 19 have no metric: req/s goals
+        metric = g.get("metric") or ("rps_abs" if scenario == "zimg" else "rps")
+        base = (f"{g['baseline_system']} {fmt_goal(metric, g['baseline'])}"
+                if g["baseline"] is not None else "-")
+        ratio = f"{g['ratio']:.2f}x" if g["ratio"] is not None else "-"
+        t = g["target"]
+        tgt = ("0" if metric == "errors" else "-" if t is None else
+               f">= {t:g} req/s" if metric == "rps_abs" else
+               f"{METRICS[metric][2]} {t:g}x")
+        met = {True: "yes", False: "**no**", None: "-"}[g["met"]]
+        note = f" ({g['note']})" if g["note"] else ""
+        L.append(f"| {g.get('cell', '')} | {g['goal']} | {fmt_goal(metric, g['larder'])} | "
+                 f"{base} | {ratio} | {tgt} | {met}{note} |")
+    return L
 
 
 def markdown(doc):
     L = []
     L.append(f"### {doc['scenario']} ({doc['date']}, {doc['duration_s']} s x {doc['reps']} runs per cell)")
     L.append("")
-    L.append("| cell | conns | system | req/s | transfer/s | p50 ms | p99 ms | socket err c/r/w | timeouts | non-2xx | RSS peak/after MiB | served | origin reqs | other CPU % | CPU % server/wrk |")
-    L.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|")
+    L.append("| cell | conns | system | req/s | server CPU µs/req | transfer/s | p50 ms | p99 ms | socket err c/r/w | timeouts | non-2xx | RSS peak/after MiB | served | origin reqs | other CPU % | own CPU % server/wrk |")
+    L.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|")
     for c in doc["cells"]:
         for sname, r in c["results"].items():
             head = f"| {c['id']} | {c['conns']} | {sname} |"
@@ -1114,13 +1317,16 @@ def markdown(doc):
                     served = "{}x{} {}ch".format(*chk["jpeg"])
                 if chk.get("hit") is False:
                     served += " (NOT A HIT)"
+                if r.get("replays"):
+                    served += f", {r['replays']['system']}'s bytes"
                 lat = (f"{s['p50_ms']:.2f} | {s['p99_ms']:.2f}" if s["requests"] else "- | -")
-                L.append(f"{head} {s['rps']:,.0f} | {human_bytes(s['bytes_per_s'])}/s | {lat} | "
+                L.append(f"{head} {s['rps']:,.0f} | {fmt_us(s.get('cpu_us'))} | "
+                         f"{human_bytes(s['bytes_per_s'])}/s | {lat} | "
                          f"{s['connect']}/{s['read']}/{s['write']} | {s['timeout']} | {s['non2xx']} | "
                          f"{fmt_mib(s['rss_peak_kb'])}/{fmt_mib(s['rss_after_kb'])} | {served} | "
                          f"{'-' if s['origin_requests'] is None else s['origin_requests']} | "
                          f"{s.get('other_cpu_pct', 0):.0f} | "
-                         f"{s.get('sut_cpu_pct', 0)}/{s.get('load_cpu_pct', 0)} |")
+                         f"{s.get('server_cpu_pct', '-')}/{s.get('wrk_cpu_pct', '-')} |")
             else:
                 if r.get("na"):
                     what, why = "n/a", r["na"]
@@ -1130,20 +1336,10 @@ def markdown(doc):
                     what = "skipped"
                     why = r.get("skipped") or r.get("summary", {}).get("error") or "not run"
                 why = why.replace("|", "/")[:160]
-                L.append(f"{head} {what} | - | - | - | - | - | - | - | {why} | - | - | - |")
+                L.append(f"{head} {what} | - | - | - | - | - | - | - | - | {why} | - | - | - |")
     L.append("")
     if doc["goals"]:
-        L.append("| goal | larder req/s | baseline | ratio | target | met |")
-        L.append("|---|--:|---|--:|--:|---|")
-        for g in doc["goals"]:
-            lr = f"{g['larder']:,.0f}" if g["larder"] is not None else "-"
-            base = f"{g['baseline_system']} {g['baseline']:,.0f}" if g["baseline"] is not None else "-"
-            ratio = f"{g['ratio']:.2f}x" if g["ratio"] is not None else "-"
-            tgt = "-" if g["target"] is None else (
-                f"{g['target']:g} req/s" if doc["scenario"] == "zimg" else f"{g['target']:g}x")
-            met = {True: "yes", False: "**no**", None: "-"}[g["met"]]
-            note = f" ({g['note']})" if g["note"] else ""
-            L.append(f"| {g['goal']} | {lr} | {base} | {ratio} | {tgt} | {met}{note} |")
+        L += goals_table(doc["goals"], doc["scenario"])
         L.append("")
     if doc.get("skipped_systems"):
         for s, why in doc["skipped_systems"].items():
@@ -1171,7 +1367,7 @@ def chart(doc, out):
         r = c["results"].get(s, {}).get("summary")
         if not r or "error" in r or (k != "rps" and not r.get("requests")):
             return None  # no latency without a single response
-        return r[k]
+        return r.get(k)  # results from before issue 19 have no CPU figures
 
     systems, missing = [], []
     for c in cells:
@@ -1180,28 +1376,32 @@ def chart(doc, out):
                 continue
             (systems if any(val(x, s, "rps") is not None for x in cells) else missing).append(s)
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    panels = (("rps", "req/s"), ("p99_ms", "p99 latency (ms)"),
+              ("cpu_us", "server CPU per request (µs)"), ("wrk_cpu_pct", "wrk's own CPU (%)"))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    axes = axes.flatten()
     if doc["scenario"] == "piper":
         xs = [c["conns"] for c in cells]
         for s in systems:
-            for ax, k in zip(axes, ("rps", "p99_ms")):
+            for ax, (k, _) in zip(axes, panels):
                 pts = [(x, val(c, s, k)) for x, c in zip(xs, cells) if val(c, s, k) is not None]
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s,
                             color=COLORS.get(s))
-        for ax, t in zip(axes, ("req/s", "p99 latency (ms)")):
+        for ax, (_, title) in zip(axes, panels):
             ax.set_xscale("log")
             ax.set_xlabel("connections")
-            ax.set_title(t)
+            ax.set_title(title)
             ax.set_xticks(xs)
             ax.set_xticklabels([str(x) for x in xs])
             ax.grid(alpha=0.3)
         axes[1].set_yscale("log")
+        axes[2].set_yscale("log")  # a server failing its connections spends 100x per answer
     else:
         labels = [c["id"].replace(doc["scenario"] + "-", "") for c in cells]
         w = 0.8 / max(1, len(systems))
         for i, s in enumerate(systems):
-            for ax, k in zip(axes, ("rps", "p99_ms")):
+            for ax, (k, _) in zip(axes, panels):
                 xs, ys = [], []
                 for j, c in enumerate(cells):
                     v = val(c, s, k)
@@ -1215,13 +1415,14 @@ def chart(doc, out):
                     axes[0].text(j + (i - (len(systems) - 1) / 2) * w, 0,
                                  "n/a" if r.get("na") else "x", ha="center", va="bottom",
                                  fontsize=7, rotation=90, color=COLORS.get(s))
-        for ax, t in zip(axes, ("req/s", "p99 latency (ms)")):
+        for ax, (_, title) in zip(axes, panels):
             ax.set_xticks(range(len(cells)))
             ax.set_xticklabels(labels, rotation=20, ha="right")
-            ax.set_title(t)
+            ax.set_title(title)
             ax.grid(axis="y", alpha=0.3)
-        if any(val(c, s, "p99_ms") for c in cells for s in systems):
-            axes[1].set_yscale("log")
+        for ax, k in ((axes[1], "p99_ms"), (axes[2], "cpu_us")):
+            if any(val(c, s, k) for c in cells for s in systems):
+                ax.set_yscale("log")
     if systems:
         axes[0].legend()
     note = f"; not measured: {', '.join(missing)}" if missing else ""
@@ -1244,6 +1445,7 @@ def update_docs():
         return
     parts = []
     machine = None
+    stands, runs = goals_table([], "")[:2], []
     for name in SCENARIOS:
         found = sorted(RESULTS.glob(f"*-{name}.json"))
         found = [f for f in found if re.fullmatch(rf"\d{{4}}-\d\d-\d\d-{re.escape(name)}\.json", f.name)]
@@ -1252,6 +1454,8 @@ def update_docs():
             continue
         j = json.loads(found[-1].read_text())
         machine = machine or j["machine"]
+        stands += goals_table(j.get("goals", []), name)[2:]
+        runs.append(f"{name} {j['date']}")
         md = found[-1].with_suffix(".md").read_text()
         png = found[-1].with_suffix(".png")
         parts.append(md)
@@ -1265,6 +1469,9 @@ def update_docs():
                  f"larder {m['larder']} (git {m['larder_git']}). Servers pinned to CPU "
                  f"{m['sut_cpu']}, wrk ({m['wrk_threads']} thread) and the origin to CPU {m['load_cpu']}.\n")
         parts.insert(0, facts)
+        parts.insert(1, "### Where larder stands\n\nEvery goal of every cell, each from one run "
+                        f"(the newest of each scenario: {', '.join(runs)}; details below).\n\n"
+                        + "\n".join(stands) + "\n")
     text = DOC.read_text()
     if DOC_START not in text or DOC_END not in text:
         warn(f"{DOC} has no results markers; not updated")
@@ -1279,15 +1486,20 @@ def update_docs():
 # main
 
 
+def only_systems(systems, args):
+    """The systems --systems keeps (a name, or its first part: larder keeps larder-img)."""
+    if not args.systems:
+        return list(systems)
+    keep = set(args.systems.split(","))
+    return [s for s in systems if s in keep or s.split("-")[0] in keep]
+
+
 def plan_seconds(names, duration, reps, args):
     """(estimated seconds, number of cell/system pairs that will run)."""
     n = 0
     for name in names:
         for c in scenario_cells(name):
-            systems = c["systems"]
-            if args.systems:
-                keep = set(args.systems.split(","))
-                systems = [s for s in systems if s in keep or s.split("-")[0] in keep]
+            systems = only_systems(c["systems"], args)
             # cells a system is known to be unable to serve are not run
             if c["id"] == "pingap-otf-zstd":
                 systems = [s for s in systems if s != "nginx"]
@@ -1305,13 +1517,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="3 s per run instead of 10 s")
     ap.add_argument("--duration", type=int, help="seconds per wrk run (overrides the default)")
     ap.add_argument("--reps", type=int, default=2, help="runs per cell and system (default 2)")
-    ap.add_argument("--systems", help="comma list: only these systems (e.g. nginx,varnish)")
+    ap.add_argument("--systems", help="comma list: only these systems (e.g. nginx,varnish); "
+                                      "the ceiling replays the first kept system's response")
     ap.add_argument("--no-build", action="store_true", help="use the existing larder binary")
     ap.add_argument("--no-write", action="store_true", help="print only; write no results files")
     ap.add_argument("--update-docs", action="store_true",
                     help="rewrite the results section of docs/benchmarks.md (implied by a full, "
                          "non-quick run of all scenarios)")
-    ap.add_argument("--list", action="store_true", help="list cells and the time plan, then exit")
+    ap.add_argument("--list", action="store_true",
+                    help="list cells, their goals and the time plan, then exit")
     args = ap.parse_args()
 
     names = args.scenarios or list(SCENARIOS)
@@ -1323,16 +1537,27 @@ def main():
         # keep the whole suite within its 15-minute budget
         runs = nruns * args.reps
         per = (SUITE_BUDGET_S - FIXED_OVERHEAD_S - nruns * PAIR_OVERHEAD_S) / runs - RUN_OVERHEAD_S
-        duration = max(5, int(per))
+        duration = max(MIN_RUN_S, int(per))
         est, _ = plan_seconds(names, duration, args.reps, args)
-        log(f"bench: {nruns} cell/system pairs x {args.reps} runs: {duration}s per run "
-            f"to stay within {SUITE_BUDGET_S // 60} min (use --duration 10 to force 10s)")
+        if est <= SUITE_BUDGET_S:
+            log(f"bench: {nruns} cell/system pairs x {args.reps} runs: {duration}s per run "
+                f"to stay within {SUITE_BUDGET_S // 60} min (use --duration 10 to force 10s)")
+        else:
+            log(f"bench: {nruns} cell/system pairs x {args.reps} runs: {duration}s per run, "
+                f"the shortest it makes, does not fit {SUITE_BUDGET_S // 60} min "
+                f"(use --reps 1, or name fewer scenarios)")
     log(f"bench: plan {nruns} cell/system pairs x {args.reps} runs x {duration}s, "
         f"about {est / 60:.1f} min of load (plus installs/builds)")
     if args.list:
         for name in names:
             for c in scenario_cells(name):
-                log(f"  {c['id']:22s} {c['conns']:>6} conns  {', '.join(c['systems']):32s} {c['label']}")
+                systems = ", ".join(only_systems(c["systems"], args)) or "(none)"
+                log(f"  {c['id']:19s} {c['conns']:>5} conns  {systems:37s} {c['label']}")
+                for g in c["goals"]:
+                    judged = g["target"] is not None or g["metric"] == "errors"
+                    log(f"  {'':19s}   {'goal' if judged else 'info'}: {g['text']}")
+        log("  (ceiling: bench/ceiling.c replaying, byte for byte, the response of the cell's "
+            "first system, larder; goals are judged on larder's figures)")
         return 0
 
     if not DATA.is_dir():
@@ -1420,7 +1645,8 @@ def main():
     if all_goals:
         met = sum(1 for g in all_goals if g["met"])
         judged = sum(1 for g in all_goals if g["met"] is not None)
-        log(f"bench: goals met {met}/{judged} (of {len(all_goals)} goals; the rest not measurable)")
+        log(f"bench: goals met {met}/{judged} (of {len(all_goals)} goal rows; the rest are "
+            "for information or not measurable)")
     full = set(names) == set(SCENARIOS) and not args.quick and not args.systems
     if not args.no_write and (args.update_docs or full):
         update_docs()
