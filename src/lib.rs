@@ -3,8 +3,11 @@
 //!
 //! # Layout, along the path a request takes
 //!
-//! - [`server`]: listen → accept → serve a connection with hyper (HTTP/1.1, h2c), limits,
-//!   idle timeout, graceful shutdown.
+//! - [`server`]: start ([`server::start`], the runtime, the admin listener) → listen and accept
+//!   (the connection bound, h2c sniffing) → one connection's life with hyper over any
+//!   [`server::Stream`] (HTTP/1.1, h2c; limits, idle watchdog, parking) → graceful shutdown;
+//!   beside them the IO wrapper, [`server::interim`] (1xx responses forwarded to HTTP/1.1
+//!   clients) and the background services (returning freed memory).
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
 //! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
@@ -16,8 +19,7 @@
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
-//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type), [`interim`] (1xx
-//! responses forwarded to HTTP/1.1 clients).
+//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
 
 pub mod admin;
 pub mod body;
@@ -28,7 +30,6 @@ pub mod config;
 pub mod deliver;
 pub mod images;
 pub mod inbound;
-pub mod interim;
 pub mod proxy;
 pub mod range;
 pub mod respond;

@@ -18,10 +18,10 @@ use crate::body::Body;
 use crate::cache::Cache;
 use crate::config::{HandlerConfig, HostPattern, ListenerConfig};
 use crate::images::Images;
-use crate::interim::Sink;
 use crate::proxy::upstream::text_response;
 use crate::proxy::Proxy;
 use crate::respond::Respond;
+use crate::server::interim::Sink;
 use crate::static_files::StaticFiles;
 
 /// What serves a route's requests. Handlers are shared with the futures serving requests.

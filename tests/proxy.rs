@@ -1188,7 +1188,7 @@ async fn regression_host_field_must_be_one_valid_authority() {
 /// without bound. A few interim responses per response go on; the rest are dropped and counted.
 #[tokio::test(flavor = "multi_thread")]
 async fn regression_interim_responses_are_bounded() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     const SENT: usize = 2000;
     let done = Arc::new(tokio::sync::Notify::new());
     let signal = Arc::clone(&done);
@@ -1217,28 +1217,14 @@ async fn regression_interim_responses_are_bounded() {
         }
     })
     .await;
-    let larder = larder(PROXY, &format!("http://{addr}")).await;
-    let mut c = tokio::net::TcpStream::connect(larder.addrs[0])
-        .await
-        .unwrap();
-    c.write_all(b"GET /hints HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .unwrap();
+    let (larder, mut c) = asking_for_hints(addr).await;
     // The client reads nothing until the origin has sent everything.
     tokio::time::timeout(Duration::from_secs(10), done.notified())
         .await
         .expect("the origin wrote all its interim responses");
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !got.ends_with(b"final") {
-            let n = c.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed early");
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await
-    .expect("the final response arrives");
+    let got = tokio::time::timeout(Duration::from_secs(10), read_to_final(&mut c))
+        .await
+        .expect("the final response arrives");
     let text = String::from_utf8_lossy(&got);
     let forwarded = text.matches("HTTP/1.1 103 Early Hints\r\n").count();
     assert!(
@@ -1249,6 +1235,76 @@ async fn regression_interim_responses_are_bounded() {
     let last = text.rfind("HTTP/1.1 200 OK\r\n").expect("final head");
     assert!(text[..last].ends_with("\r\n\r\n"));
     assert_eq!(larder.interim_dropped(), (SENT - forwarded) as u64);
+}
+
+/// The sink queues a 103 and wakes the client's connection, which writes it through the same
+/// writer as hyper's bytes: it reaches the client while the origin still holds the final answer
+/// (here, until the client has the 103).
+#[tokio::test(flavor = "multi_thread")]
+async fn early_hints_reach_the_client_before_the_origin_answers() {
+    use tokio::io::AsyncWriteExt;
+    let hints_arrived = Arc::new(tokio::sync::Notify::new());
+    let heard = Arc::clone(&hints_arrived);
+    let addr = raw_origin(move |mut s| {
+        let heard = Arc::clone(&heard);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), heard.notified()).await;
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncache-control: no-store\r\n\r\nfinal",
+                )
+                .await;
+        }
+    })
+    .await;
+    let (_larder, mut c) = asking_for_hints(addr).await;
+    let hints = tokio::time::timeout(Duration::from_millis(1500), read_head(&mut c))
+        .await
+        .expect("the 103 arrives while the origin waits")
+        .expect("a 103");
+    assert_eq!(
+        String::from_utf8(hints).unwrap(),
+        "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+    );
+    hints_arrived.notify_one();
+    assert!(read_to_final(&mut c)
+        .await
+        .starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// larder in front of the origin at `addr`, and a raw client connection that has asked it for
+/// `/hints`.
+async fn asking_for_hints(
+    addr: std::net::SocketAddr,
+) -> (larder::server::Handle, tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = tokio::net::TcpStream::connect(larder.addrs[0])
+        .await
+        .unwrap();
+    c.write_all(b"GET /hints HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    (larder, c)
+}
+
+/// What `c` receives up to the body `final`.
+async fn read_to_final(c: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while !got.ends_with(b"final") {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
 }
 
 /// Item 7: an origin that resets its keep-alive connection as larder reuses it (it closes with

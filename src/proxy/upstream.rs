@@ -313,7 +313,7 @@ impl http_body::Body for UpstreamBody {
 
 /// An origin's 1xx interim responses to `req` go on to the client being served, if any.
 fn forward_interim(req: &mut Request<Body>) {
-    if let Some(sink) = crate::interim::Sink::current() {
+    if let Some(sink) = crate::server::interim::Sink::current() {
         hyper::ext::on_informational(req, move |res| sink.forward(res.status(), res.headers()));
     }
 }

@@ -1,0 +1,241 @@
+//! Listening and accepting: binding the plain-TCP sockets, the accept loop with the connection
+//! bound, the protocol of a new plain-TCP connection (HTTP/1.1, or h2c by prior knowledge, told
+//! apart by peeking), and the open-files limit that accepting runs into.
+//!
+//! A semaphore bounds open connections: at the bound, each accept loop holds the one connection
+//! it accepted last, unserved, and accepts nothing more until a connection closes (the kernel's
+//! backlog holds newer clients).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{Either, FutureExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use super::connection::{serve_connection, Accepted, Builders, Idle, Protocol};
+use crate::config::{Config, ServerConfig};
+use crate::route::Router;
+
+/// A listening socket with SO_REUSEADDR (and SO_REUSEPORT for per-core workers) and a deep
+/// backlog.
+pub fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    TcpListener::from_std(bind_std(addr, reuse_port)?)
+}
+
+/// [`bind`], not yet registered with a runtime (for a per-core worker's own runtime).
+pub fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(8192)?;
+    Ok(socket.into())
+}
+
+/// What every accept loop shares: connection builders, server settings, the connection bound
+/// and the shutdown signal.
+#[derive(Clone)]
+pub struct Serving {
+    pub builder: Arc<Builders>,
+    pub server: Arc<ServerConfig>,
+    pub conns: Arc<Semaphore>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Accepts connections on `listener` until shutdown, each served by `router` on a task of its
+/// own once its protocol is known.
+pub async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Serving) {
+    let Serving {
+        builder,
+        server,
+        conns,
+        mut shutdown,
+    } = serving;
+    let mut warned_full = false;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                if is_resource_exhaustion(&e) {
+                    // Out of file descriptors: keep serving the connections we have, retry soon.
+                    tracing::warn!(error = %e, "accept failed: out of file descriptors; backing off");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                } else {
+                    tracing::debug!(error = %e, "accept failed");
+                }
+                continue;
+            }
+        };
+        // At the connection bound, this accept loop holds the connection it just accepted and
+        // stops accepting until a connection closes (the kernel's backlog holds newer clients).
+        // The permit is taken after accepting so that per-core loops never sit on permits
+        // they have no connection for.
+        let permit = match Arc::clone(&conns).try_acquire_owned() {
+            Ok(p) => {
+                warned_full = false;
+                p
+            }
+            Err(_) => {
+                if !warned_full {
+                    tracing::warn!(
+                        max = server.max_connections.get(),
+                        "connection limit reached; accepting paused"
+                    );
+                    warned_full = true;
+                }
+                tokio::select! {
+                    p = Arc::clone(&conns).acquire_owned() => p.expect("semaphore never closed"),
+                    _ = shutdown.changed() => return,
+                }
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let idle = Idle {
+            timeout: server.idle_timeout.0,
+            release: server.idle_release.0,
+            head: server.header_read_timeout.0,
+            park_above: server.release_above_connections,
+            max_conns: server.max_connections.get() as usize,
+        };
+        let (router, builder) = (Arc::clone(&router), Arc::clone(&builder));
+        let found = protocol(
+            stream,
+            builder.h2c,
+            builder.header_read_timeout,
+            shutdown.clone(),
+        );
+        // One task: the protocol is found, then the connection served. `then` with `Either`
+        // (not an `async` block) keeps the task the size of the connection's future: an
+        // `async` block would hold the stream and the rest once more beside it.
+        let fut = found.then(move |found| match found {
+            Some((stream, protocol, shutdown)) => {
+                let accepted = Accepted {
+                    stream,
+                    protocol,
+                    peer,
+                };
+                Either::Left(serve_connection(
+                    accepted, router, builder, idle, shutdown, permit,
+                ))
+            }
+            None => Either::Right(std::future::ready(())),
+        });
+        tokio::spawn(fut);
+    }
+}
+
+/// A new plain-TCP connection's protocol: HTTP/2 when h2c is on and the client starts with
+/// the HTTP/2 preface, else HTTP/1.1. None: the peer closed, sent nothing within `timeout`, or
+/// the server is shutting down.
+async fn protocol(
+    stream: TcpStream,
+    h2c: bool,
+    timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<(TcpStream, Protocol, watch::Receiver<bool>)> {
+    if !h2c {
+        return Some((stream, Protocol::Http1, shutdown));
+    }
+    let h2 = tokio::select! {
+        r = sniff_h2(&stream, timeout) => r?,
+        _ = shutdown.changed() => return None,
+    };
+    let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
+    Some((stream, protocol, shutdown))
+}
+
+/// Whether a new connection starts with the HTTP/2 connection preface (`PRI * HTTP/2.0`),
+/// without consuming anything. None: the peer closed or sent nothing in time.
+async fn sniff_h2(stream: &TcpStream, timeout: Duration) -> Option<bool> {
+    const PREFACE: &[u8; 4] = b"PRI ";
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut buf = [0u8; 4];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if buf[..n] != PREFACE[..n] {
+            return Some(false);
+        }
+        if n == PREFACE.len() {
+            return Some(true);
+        }
+        // A prefix of "PRI " (1-3 bytes in the first segment): peek again shortly.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+/// Raises the open-files soft limit to the hard limit; returns (old, new).
+pub fn raise_nofile_limit() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a properly sized struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        let old = lim.rlim_cur;
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Some((old, old));
+            }
+        }
+        Some((old, lim.rlim_cur))
+    }
+}
+
+/// What [`fit_open_files`] did to the open-files limit and the connection bound.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenFiles {
+    /// The soft limit before and after raising it.
+    pub old: u64,
+    pub new: u64,
+    /// `max_connections` when it was lowered from its default to fit.
+    pub lowered_to: Option<i64>,
+}
+
+/// At start-up (and in `larder check`): raises the open-files soft limit to the hard one, then
+/// checks `max_connections` against it ([`Config::fit_open_files`]). `None` when the limit
+/// cannot be read.
+pub fn fit_open_files(cfg: &mut Config) -> Result<Option<OpenFiles>, crate::config::Error> {
+    let Some((old, new)) = raise_nofile_limit() else {
+        return Ok(None);
+    };
+    let lowered_to = cfg.fit_open_files(new)?;
+    Ok(Some(OpenFiles {
+        old,
+        new,
+        lowered_to,
+    }))
+}

@@ -1,0 +1,34 @@
+//! The server: listening, accepting and serving connections with hyper (HTTP/1.1 keep-alive and
+//! pipelining, h2c by prior knowledge on the same port), the per-connection limits and timeouts,
+//! background services, and graceful shutdown.
+//!
+//! Lifecycle: [`start`] binds every listener and spawns one accept loop each on the current
+//! runtime (and on each per-core worker thread), registers the background services, and returns
+//! a [`Handle`]. A connection task runs hyper's connection future and, in the same poll, an idle
+//! watchdog and the shutdown signal; on shutdown it asks hyper to finish in-flight requests and
+//! close. [`Handle::shutdown`] waits for the connections up to the grace period, and for the
+//! background services.
+//!
+//! Along a connection's path, one file each:
+//! - `start.rs`: the runtime, [`start`], the admin listener, the [`Handle`].
+//! - `listen.rs`: binding, the accept loop and the connection bound, a plain-TCP connection's
+//!   protocol (h2c sniffing), the open-files limit.
+//! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
+//! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through, the
+//!   watchdog's per-connection state.
+//! - [`interim`]: 1xx responses forwarded to HTTP/1.1 clients, written through that wrapper.
+//! - `background.rs`: services beside the connections, tied to the shutdown signal;
+//!   `memory.rs`: the first of them, returning freed memory to the system.
+
+mod background;
+mod connection;
+pub mod interim;
+mod io;
+mod listen;
+mod memory;
+mod start;
+
+pub use io::Stream;
+pub use listen::{fit_open_files, raise_nofile_limit, OpenFiles};
+pub use memory::memory_freed;
+pub use start::{runtime, shutdown_signal, start, Error, Handle};
