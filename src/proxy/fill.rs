@@ -121,10 +121,11 @@ impl Proxy {
             // Revalidated: refresh the stored headers, serve the stored body (§4.3.4).
             if rparts.status == StatusCode::NOT_MODIFIED {
                 let headers = refresh_headers(&old.headers, &rparts.headers);
-                if let Ok(storable) = policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
+                if let Ok(storable) =
+                    policy::storability(&ctx, old.status, &headers, me.cache.config())
                 {
                     let entry = Arc::new(old.refreshed(headers, storable.freshness));
-                    me.cache.store.upgrade(&key, old, Arc::clone(&entry));
+                    me.cache.upgrade(&key, old, Arc::clone(&entry));
                     if let Some(g) = guard {
                         g.complete(Arc::clone(&entry));
                     }
@@ -142,17 +143,17 @@ impl Proxy {
                     if head_matches(old, &rparts.headers) {
                         let headers = refresh_headers(&old.headers, &rparts.headers);
                         if let Ok(storable) =
-                            policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
+                            policy::storability(&ctx, old.status, &headers, me.cache.config())
                         {
                             let entry = Arc::new(old.refreshed(headers, storable.freshness));
-                            me.cache.store.upgrade(&key, old, Arc::clone(&entry));
+                            me.cache.upgrade(&key, old, Arc::clone(&entry));
                             if let Some(g) = guard {
                                 g.complete(Arc::clone(&entry));
                             }
                             return respond(&entry, CacheStatus::Revalidated);
                         }
                     }
-                    me.cache.store.remove(&key);
+                    me.cache.remove(&key);
                 }
                 drop(guard);
                 me.strip_private_fields(&mut rparts.headers);
@@ -161,13 +162,13 @@ impl Proxy {
         }
 
         let storable =
-            match policy::storability(&ctx, rparts.status, &rparts.headers, &me.cache.cfg) {
+            match policy::storability(&ctx, rparts.status, &rparts.headers, me.cache.config()) {
                 Ok(s) => s,
                 Err(reason) => {
                     tracing::debug!(key = key.as_str(), reason = reason.as_str(), "not stored");
                     drop(guard);
                     if stale.is_some() {
-                        me.cache.store.remove(&key);
+                        me.cache.remove(&key);
                     }
                     return self
                         .not_stored(client, peer, rparts, Body::stream(rbody), status)
@@ -176,7 +177,7 @@ impl Proxy {
             };
 
         // Buffer the body, up to the object size limit.
-        let max = me.cache.store.max_object_size;
+        let max = me.cache.config().max_object_size.0;
         let declared = rparts
             .headers
             .get(header::CONTENT_LENGTH)
@@ -192,7 +193,7 @@ impl Proxy {
             Buffered::Complete(b) => b,
             Buffered::TooLarge(streamed) => {
                 drop(guard);
-                me.cache.store.remove(&key);
+                me.cache.remove(&key);
                 return self
                     .not_stored(client, peer, rparts, streamed, status)
                     .await;
@@ -214,7 +215,7 @@ impl Proxy {
             Some(enc) if storable.no_transform => bodies.push((enc, body)),
             Some(enc) => match me
                 .cache
-                .compressor
+                .compressor()
                 .decode(body.clone(), enc, max as usize)
                 .await
             {
@@ -238,7 +239,7 @@ impl Proxy {
         for name in &storable.strip {
             headers.remove(name);
         }
-        let tags = parse_tags(&headers, &me.cache.cfg.tag_header.0);
+        let tags = parse_tags(&headers, &me.cache.config().tag_header.0);
         me.strip_private_fields(&mut headers);
         headers.append(header::VIA, VIA);
         let negotiated = !storable.no_transform
@@ -246,7 +247,7 @@ impl Proxy {
             && bodies[0].0 == Encoding::Identity
             && me
                 .cache
-                .compressor
+                .compressor()
                 .wants(headers.get(header::CONTENT_TYPE), bodies[0].1.len());
         let mut entry = Entry::build(
             rparts.status,
@@ -267,7 +268,7 @@ impl Proxy {
         entry.selection = selection.unwrap_or_default();
         let entry = Arc::new(entry);
         if answers_anyone {
-            me.cache.store.store(key.clone(), Arc::clone(&entry));
+            me.cache.store(key.clone(), Arc::clone(&entry));
             if let Some(g) = guard {
                 g.complete(Arc::clone(&entry));
             }
