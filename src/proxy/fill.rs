@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -111,7 +111,6 @@ impl Proxy {
             has_authorization,
             request_time,
             response_time: SystemTime::now(),
-            response_instant: Instant::now(),
             request_no_store,
         };
         let (mut rparts, rbody) = resp.into_parts();
@@ -133,7 +132,7 @@ impl Proxy {
                 }
             }
             // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
-            if rparts.status.is_server_error() && old.freshness.serve_on_error(Instant::now()) {
+            if rparts.status.is_server_error() && old.freshness.serve_on_error(SystemTime::now()) {
                 return respond(old, CacheStatus::Stale);
             }
             if head_through {

@@ -30,7 +30,7 @@ pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::SystemTime;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
@@ -114,7 +114,7 @@ impl Proxy {
         } else {
             RequestDirectives::default()
         };
-        if directives.accepts(&entry.freshness, Instant::now()) {
+        if directives.accepts(&entry.freshness, SystemTime::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
         } else {
             Err(req)
@@ -147,7 +147,7 @@ impl Proxy {
         // Lookup.
         let stored = me.cache.lookup(&key, req.headers());
         if let Some(entry) = &stored {
-            let now = Instant::now();
+            let now = SystemTime::now();
             let usable = !has_auth || entry.auth_ok;
             if usable && directives.accepts(&entry.freshness, now) {
                 return me
@@ -264,7 +264,7 @@ impl Proxy {
                 // Another variant: this request's own may be stored by now; if not, its fill.
                 FillOutcome::Filled(other) => {
                     stored = me.cache.lookup(&key, &parts.headers);
-                    let now = Instant::now();
+                    let now = SystemTime::now();
                     if let Some(e) = stored
                         .as_ref()
                         .filter(|e| directives.accepts(&e.freshness, now))
@@ -467,7 +467,7 @@ impl Inner {
         request: &http::HeaderMap,
         status: CacheStatus,
     ) -> Response<Body> {
-        let now = Instant::now();
+        let now = SystemTime::now();
         let grace = self.cache.config().stale_if_disconnected.0;
         match stale.filter(|o| {
             o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
