@@ -10,8 +10,9 @@
 //! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
 //!   store → deliver.
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
-//!   tier, immutable entries ([`cache::entry`]), keys ([`cache::key`]), miss coalescing
-//!   ([`cache::coalesce`]) and the RFC 9111 policy ([`cache::policy`]).
+//!   tier, immutable entries ([`cache::entry`]) and their versioned record ([`cache::record`]),
+//!   keys ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
+//!   ([`cache::policy`]).
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
 //! - [`range`]: Range / If-Range and 206 bodies (single or multipart), from memory or a file.
 //!

@@ -4,7 +4,8 @@
 //!
 //! - [`key`]: the primary key ([`CacheKey`]) and the key misses coalesce on ([`FillKey`]).
 //! - `memory`: the byte-bounded in-memory store of [`Entry`]s (the only tier today).
-//! - [`entry`]: a stored response, immutable once built.
+//! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
+//!   encoding, for tiers that keep bytes.
 //! - [`coalesce`]: miss coalescing; [`pending`]: compressed variants on their way.
 //! - [`policy`]: the RFC 9111 rules; [`vary`]: which requests a stored response answers.
 //!
@@ -17,6 +18,7 @@ pub mod key;
 mod memory;
 pub mod pending;
 pub mod policy;
+pub mod record;
 pub mod vary;
 
 use std::future::Future;
