@@ -7,8 +7,8 @@
 //!   idle timeout, graceful shutdown.
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
-//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
-//!   store → deliver.
+//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fill (`proxy/fill.rs`, in
+//!   phases: fetch ([`proxy::upstream`]) → revalidate → admit → store and respond) → deliver.
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
 //!   tier, immutable entries ([`cache::entry`]) and their versioned record ([`cache::record`]),
 //!   keys ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy

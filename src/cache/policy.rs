@@ -346,6 +346,8 @@ pub enum NoStoreReason {
     Partial,
     /// must-understand with a status we do not understand (§5.2.2.3).
     NotUnderstood,
+    /// The body is in a coding larder knows but could not decode (passed on as sent).
+    Undecodable,
 }
 
 impl NoStoreReason {
@@ -364,6 +366,7 @@ impl NoStoreReason {
             NoStoreReason::Disabled => "disabled",
             NoStoreReason::Partial => "partial",
             NoStoreReason::NotUnderstood => "not-understood",
+            NoStoreReason::Undecodable => "undecodable",
         }
     }
 }

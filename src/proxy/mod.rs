@@ -42,6 +42,7 @@ use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
 use crate::inbound;
+use fill::FillRequest;
 use upstream::{FetchError, VIA};
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
@@ -165,20 +166,17 @@ impl Proxy {
                 if let Join::Leader(guard) = me.cache.join(&fill_key) {
                     let (parts, _) = req.into_parts();
                     let background = self.clone();
-                    let entry = Arc::clone(entry);
-                    let parts_bg = clone_parts(&parts);
+                    let refresh = FillRequest {
+                        client: clone_parts(&parts),
+                        peer,
+                        key,
+                        guard: Some(guard),
+                        status: CacheStatus::Expired,
+                        stale: Some(Arc::clone(entry)),
+                        request_no_store: false,
+                    };
                     tokio::spawn(async move {
-                        let _ = background
-                            .fill(
-                                parts_bg,
-                                peer,
-                                key,
-                                Some(guard),
-                                CacheStatus::Expired,
-                                Some(entry),
-                                false,
-                            )
-                            .await;
+                        let _ = background.fill(refresh).await;
                     });
                     return me.deliver_parts(
                         stored.as_ref().expect("stored"),
@@ -206,15 +204,15 @@ impl Proxy {
         // response is not stored: nobody could wait on it). A reload (no-cache, where honoured)
         // coalesces like a miss: concurrent reloads make one revalidation.
         if has_auth || directives.no_store {
-            return Box::pin(self.fill(
-                parts,
+            return Box::pin(self.fill(FillRequest {
+                client: parts,
                 peer,
                 key,
-                None,
+                guard: None,
                 status,
-                stored,
-                directives.no_store,
-            ))
+                stale: stored,
+                request_no_store: directives.no_store,
+            }))
             .await;
         }
 
@@ -246,10 +244,16 @@ impl Proxy {
         for _ in 0..3 {
             let follower = match me.cache.join(&fill_key) {
                 Join::Leader(guard) => {
-                    let status = status(&stored);
-                    let no_store = directives.no_store;
                     return self
-                        .fill(parts, peer, key, Some(guard), status, stored, no_store)
+                        .fill(FillRequest {
+                            client: parts,
+                            peer,
+                            key,
+                            guard: Some(guard),
+                            status: status(&stored),
+                            stale: stored,
+                            request_no_store: directives.no_store,
+                        })
                         .await;
                 }
                 Join::Follower(f) => f,
