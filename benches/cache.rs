@@ -12,7 +12,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 
 use larder::cache::policy::Freshness;
-use larder::cache::{CacheKey, Entry, Store};
+use larder::cache::{Cache, CacheKey, Entry};
 use larder::compress::{AcceptEncoding, Encoding};
 use larder::config::{ByteSize, CacheConfig, CompressionConfig};
 use larder::deliver::{self, CacheStatus};
@@ -73,9 +73,9 @@ fn hot_path(c: &mut Criterion) {
     c.bench_function("accept_encoding_parse", |b| {
         b.iter(|| AcceptEncoding::parse(Some(black_box(&ae))).choose(entry.by_size()))
     });
-    let store = Store::new(&CacheConfig::default());
+    let store = Cache::new(CacheConfig::default(), CompressionConfig::default());
     let key = CacheKey::from_parts("http", "example.com", "/data.json");
-    store.insert(key.clone(), Arc::new(entry));
+    store.store(key.clone(), Arc::new(entry));
     c.bench_function("store_lookup", |b| {
         b.iter(|| {
             let k = CacheKey::from_parts("http", "example.com", black_box("/data.json"));
@@ -85,11 +85,14 @@ fn hot_path(c: &mut Criterion) {
 }
 
 /// A store of `n` small entries; every hundredth is tagged "hot".
-fn million(n: usize) -> Arc<Store> {
-    let store = Arc::new(Store::new(&CacheConfig {
-        max_size: ByteSize(4 << 30),
-        ..CacheConfig::default()
-    }));
+fn million(n: usize) -> Arc<Cache> {
+    let store = Cache::new(
+        CacheConfig {
+            max_size: ByteSize(4 << 30),
+            ..CacheConfig::default()
+        },
+        CompressionConfig::default(),
+    );
     let body = Bytes::from_static(b"0123456789");
     for i in 0..n {
         let mut e = Entry::build(
@@ -102,7 +105,7 @@ fn million(n: usize) -> Arc<Store> {
         if i % 100 == 0 {
             e.tags = vec![Box::from("hot")].into_boxed_slice();
         }
-        store.insert(
+        store.store(
             CacheKey::from_parts("http", "h", &format!("/{i}")),
             Arc::new(e),
         );

@@ -18,7 +18,7 @@ use http::{Method, Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 
 use crate::body::Body;
-use crate::cache::{Cache, CacheKey};
+use crate::cache::{Cache, CacheKey, Purge};
 use crate::config::Cidr;
 
 /// Who may run administrative operations.
@@ -97,7 +97,7 @@ pub fn purge_method(
             "{\"error\":\"purge not allowed\"}".into(),
         );
     }
-    let n = usize::from(cache.store.remove(key));
+    let n = usize::from(cache.remove(key));
     let status = if n == 0 {
         StatusCode::NOT_FOUND
     } else {
@@ -145,7 +145,7 @@ impl Admin {
     }
 
     fn status(&self) -> Response<Body> {
-        let s = &self.cache.store;
+        let s = &self.cache;
         json(
             StatusCode::OK,
             format!(
@@ -153,7 +153,7 @@ impl Admin {
                 s.len(),
                 s.weight(),
                 s.capacity(),
-                s.inflight.len()
+                s.fills_in_flight()
             ),
         )
     }
@@ -182,7 +182,7 @@ impl Admin {
         let cache = Arc::clone(&self.cache);
         let purged = match kind.as_str() {
             "url" => match key_of_url(&value) {
-                Some(k) => usize::from(cache.store.remove(&k)),
+                Some(k) => cache.purge(&Purge::Url(k)),
                 None => {
                     return json(
                         StatusCode::BAD_REQUEST,
@@ -192,17 +192,13 @@ impl Admin {
             },
             "prefix" => {
                 let prefix = normalize_url_prefix(&value);
-                tokio::task::spawn_blocking(move || cache.store.remove_prefix(&prefix))
+                tokio::task::spawn_blocking(move || cache.purge(&Purge::Prefix(prefix)))
                     .await
                     .unwrap_or(0)
             }
-            _ => tokio::task::spawn_blocking(move || {
-                cache
-                    .store
-                    .purge_where(|_, e| e.tags.iter().any(|t| **t == *value))
-            })
-            .await
-            .unwrap_or(0),
+            _ => tokio::task::spawn_blocking(move || cache.purge(&Purge::Tag(value)))
+                .await
+                .unwrap_or(0),
         };
         json(StatusCode::OK, format!("{{\"purged\":{purged}}}"))
     }

@@ -3,7 +3,7 @@
 //! Age and the cache-status header, hand out the shared body (ranges are zero-copy slices of it).
 //! Nothing here parses stored headers or touches body bytes.
 
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -75,7 +75,7 @@ fn respond(
         if let Some((status, name)) = stamp {
             h.insert(
                 header::AGE,
-                age_value(entry.freshness.current_age(Instant::now()).as_secs()),
+                age_value(entry.freshness.current_age(SystemTime::now()).as_secs()),
             );
             h.insert(name.clone(), status.header_value());
         }

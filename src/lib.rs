@@ -10,10 +10,12 @@
 //!   clients) and the background services (returning freed memory).
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
-//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fetch ([`proxy::upstream`]) →
-//!   store → deliver.
-//! - [`cache`]: the byte-bounded store of immutable entries ([`cache::entry`]), miss coalescing
-//!   ([`cache::coalesce`]) and the RFC 9111 policy ([`cache::policy`]).
+//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fill (`proxy/fill.rs`, in
+//!   phases: fetch ([`proxy::upstream`]) → revalidate → admit → store and respond) → deliver.
+//! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
+//!   tier, immutable entries ([`cache::entry`]) and their versioned record ([`cache::record`]),
+//!   keys ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
+//!   ([`cache::policy`]).
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
 //! - [`range`]: Range / If-Range and 206 bodies (single or multipart), from memory or a file.
 //!

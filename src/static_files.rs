@@ -40,7 +40,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTRO
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, FillKey, Inflight};
+use crate::cache::{Cache, CacheKey, Entry, Inflight};
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::config::{Bundle, StaticConfig};
 use crate::deliver::etag_list_matches;
@@ -270,7 +270,7 @@ impl StaticFiles {
                 Kind::Redirect => return redirect(full_path, req.uri().query()),
                 Kind::Listing(dir) => return Box::pin(self.listing(dir.clone(), full_path)).await,
                 Kind::Memory(key, plan) => {
-                    let entry = match self.cache.store.get(key) {
+                    let entry = match self.cache.get(key) {
                         Some(e) => e,
                         None => match Box::pin(self.load_memory_once(plan, key)).await {
                             Some(e) => e,
@@ -338,7 +338,7 @@ impl StaticFiles {
         path: &str,
         segments: Vec<String>,
     ) -> Option<Arc<Resolved>> {
-        let timeout = self.cache.cfg.coalesce_timeout.0;
+        let timeout = self.cache.config().coalesce_timeout.0;
         self.resolving
             .once(
                 &Box::from(path),
@@ -351,16 +351,8 @@ impl StaticFiles {
 
     /// Loads a file into the store once for all the requests that found it missing.
     async fn load_memory_once(&self, plan: &Plan, key: &CacheKey) -> Option<Arc<Entry>> {
-        let timeout = self.cache.cfg.coalesce_timeout.0;
         self.cache
-            .store
-            .inflight
-            .once(
-                &FillKey::from(key.clone()),
-                timeout,
-                || self.cache.store.get(key),
-                || self.load_memory(plan.clone(), key.clone()),
-            )
+            .fill_once(key, || self.load_memory(plan.clone(), key.clone()))
             .await
     }
 
@@ -432,7 +424,7 @@ impl StaticFiles {
         let len = meta.len() as usize;
         let compress = self
             .cache
-            .compressor
+            .compressor()
             .wants(headers.get(header::CONTENT_TYPE), len);
         let negotiated = compress || bodies.len() > 1;
         let complete = bodies.len() == Encoding::ALL.len();
@@ -443,7 +435,7 @@ impl StaticFiles {
             static_freshness(),
             negotiated,
         ));
-        self.cache.store.insert(key.clone(), Arc::clone(&entry));
+        self.cache.store(key.clone(), Arc::clone(&entry));
         if compress && !complete {
             self.cache.spawn_variants(key, Arc::clone(&entry));
         }

@@ -529,7 +529,7 @@ async fn uncached_mode_transforms_every_time() {
         assert_eq!(r.status, 200);
         assert_eq!(r.header("x-cache"), "BYPASS");
     }
-    assert!(l.handle.cache.store.is_empty());
+    assert!(l.handle.cache.is_empty());
     l.handle.shutdown().await;
 }
 
@@ -633,7 +633,7 @@ async fn delete_needs_the_token_and_purges_variants() {
         get(l.addr, &format!("/{md5}?w=10")).await.header("x-cache"),
         "HIT"
     );
-    let before = l.handle.cache.store.len();
+    let before = l.handle.cache.len();
     assert!(before >= 3);
     let path = format!("/{md5}");
     let r = send(l.addr, Method::DELETE, &path, &[], Bytes::new()).await;
@@ -657,7 +657,7 @@ async fn delete_needs_the_token_and_purges_variants() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(l.handle.cache.store.len(), before - 3);
+    assert_eq!(l.handle.cache.len(), before - 3);
     assert_eq!(get(l.addr, &format!("/{md5}?w=10")).await.status, 404);
     assert_eq!(stored_files(l.dir.path()), 0);
     // Uploaded again: variants are made afresh, not served from before.

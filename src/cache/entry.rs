@@ -3,7 +3,8 @@
 //! Everything a hit needs is prepared here at store time: for each stored encoding, the complete
 //! header block to send (Content-Encoding, Content-Length, Vary and a weakened ETag included) and
 //! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
-//! stored headers, compresses, or copies a body.
+//! stored headers, compresses, or copies a body. Its bytes form, for tiers beyond memory, is in
+//! [`super::record`].
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -16,9 +17,6 @@ use super::pending::Pending;
 use super::policy::Freshness;
 use super::vary::Selection;
 use crate::compress::Encoding;
-
-/// Version of the entry layout (bumped when stored metadata changes meaning).
-pub const ENTRY_VERSION: u16 = 1;
 
 /// One encoding of a stored response, ready to write.
 #[derive(Debug)]

@@ -7,7 +7,7 @@
 //! - [`Freshness::current_age`] computes Age per §4.2.3.
 //! - [`RequestDirectives`] reads the request's directives (§5.2.1) for the lookup decision.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, StatusCode};
@@ -346,6 +346,8 @@ pub enum NoStoreReason {
     Partial,
     /// must-understand with a status we do not understand (§5.2.2.3).
     NotUnderstood,
+    /// The body is in a coding larder knows but could not decode (passed on as sent).
+    Undecodable,
 }
 
 impl NoStoreReason {
@@ -364,6 +366,7 @@ impl NoStoreReason {
             NoStoreReason::Disabled => "disabled",
             NoStoreReason::Partial => "partial",
             NoStoreReason::NotUnderstood => "not-understood",
+            NoStoreReason::Undecodable => "undecodable",
         }
     }
 }
@@ -382,14 +385,18 @@ fn understood(status: StatusCode) -> bool {
 }
 
 /// How fresh a stored response is, computed once at store time (§4.2.1, §4.2.3).
-#[derive(Debug, Clone, Copy)]
+///
+/// Times are wall-clock, so that an entry written out (disk, another node) and read back ages
+/// across the gap. A clock stepped back never makes an entry younger than it was stored:
+/// resident time saturates at zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Freshness {
     /// Freshness lifetime.
     pub lifetime: Duration,
     /// corrected_initial_age of §4.2.3.
     pub initial_age: Duration,
-    /// When the response was received (monotonic, for resident time).
-    pub received: Instant,
+    /// When the response was received (response_time of §4.2.3; resident time counts from it).
+    pub received: SystemTime,
     /// The stored response must be revalidated before every reuse (no-cache).
     pub always_revalidate: bool,
     /// Stale reuse forbidden (must-revalidate, proxy-revalidate, s-maxage).
@@ -406,7 +413,7 @@ impl Freshness {
         Freshness {
             lifetime,
             initial_age: Duration::ZERO,
-            received: Instant::now(),
+            received: SystemTime::now(),
             always_revalidate: false,
             must_revalidate: false,
             stale_while_revalidate: Duration::ZERO,
@@ -414,25 +421,27 @@ impl Freshness {
         }
     }
 
-    /// current_age = corrected_initial_age + resident_time (§4.2.3).
+    /// current_age = corrected_initial_age + resident_time (§4.2.3). Saturating: a clock
+    /// stepped back counts no resident time, and no stored value overflows.
     #[inline]
-    pub fn current_age(&self, now: Instant) -> Duration {
-        self.initial_age + now.saturating_duration_since(self.received)
+    pub fn current_age(&self, now: SystemTime) -> Duration {
+        let resident = now.duration_since(self.received).unwrap_or(Duration::ZERO);
+        self.initial_age.saturating_add(resident)
     }
 
     /// Whether the response is fresh (§4.2): lifetime > current_age.
     #[inline]
-    pub fn is_fresh(&self, now: Instant) -> bool {
+    pub fn is_fresh(&self, now: SystemTime) -> bool {
         !self.always_revalidate && self.lifetime > self.current_age(now)
     }
 
     /// How long past its lifetime the response is (zero if fresh).
-    pub fn staleness(&self, now: Instant) -> Duration {
+    pub fn staleness(&self, now: SystemTime) -> Duration {
         self.current_age(now).saturating_sub(self.lifetime)
     }
 
     /// May be served stale while a background revalidation runs (RFC 5861 §3).
-    pub fn serve_while_revalidating(&self, now: Instant) -> bool {
+    pub fn serve_while_revalidating(&self, now: SystemTime) -> bool {
         !self.must_revalidate
             && !self.always_revalidate
             && self.staleness(now) <= self.stale_while_revalidate
@@ -442,7 +451,7 @@ impl Freshness {
     /// May be served stale because the origin cannot be reached or broke off the response: the
     /// "disconnected" case of RFC 9111 §4.2.4, up to `grace` past the lifetime, unless a
     /// directive forbids stale reuse (must-revalidate, proxy-revalidate, s-maxage, no-cache).
-    pub fn serve_disconnected(&self, now: Instant, grace: Duration) -> bool {
+    pub fn serve_disconnected(&self, now: SystemTime, grace: Duration) -> bool {
         !self.must_revalidate
             && !self.always_revalidate
             && !grace.is_zero()
@@ -451,7 +460,7 @@ impl Freshness {
 
     /// May be served stale because the origin failed (RFC 5861 §4; never under must-revalidate,
     /// RFC 9111 §5.2.2.2).
-    pub fn serve_on_error(&self, now: Instant) -> bool {
+    pub fn serve_on_error(&self, now: SystemTime) -> bool {
         !self.must_revalidate
             && !self.stale_if_error.is_zero()
             && self.staleness(now) <= self.stale_if_error
@@ -466,7 +475,6 @@ pub struct FetchContext {
     pub request_time: SystemTime,
     /// When the response head was received.
     pub response_time: SystemTime,
-    pub response_instant: Instant,
     /// Request Cache-Control no-store.
     pub request_no_store: bool,
 }
@@ -575,7 +583,7 @@ pub fn storability(
         freshness: Freshness {
             lifetime,
             initial_age,
-            received: ctx.response_instant,
+            received: ctx.response_time,
             always_revalidate: cc.no_cache,
             must_revalidate: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some(),
             stale_while_revalidate: cc
@@ -705,7 +713,7 @@ impl RequestDirectives {
     }
 
     /// Whether a stored response of this freshness satisfies the request as is (§4.2, §5.2.1).
-    pub fn accepts(&self, f: &Freshness, now: Instant) -> bool {
+    pub fn accepts(&self, f: &Freshness, now: SystemTime) -> bool {
         if self.no_cache || f.always_revalidate {
             return false;
         }
@@ -716,7 +724,7 @@ impl RequestDirectives {
             }
         }
         if let Some(min_fresh) = self.min_fresh {
-            if f.lifetime < age + min_fresh {
+            if f.lifetime < age.saturating_add(min_fresh) {
                 return false;
             }
         }
@@ -791,7 +799,6 @@ mod tests {
             has_authorization: false,
             request_time: now,
             response_time: now,
-            response_instant: Instant::now(),
             request_no_store: false,
         }
     }
@@ -882,7 +889,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.freshness.initial_age.as_secs(), 30);
-        assert!(s.freshness.is_fresh(Instant::now()));
+        assert!(s.freshness.is_fresh(SystemTime::now()));
+    }
+
+    #[test]
+    fn age_counts_wall_clock_residence_and_saturates() {
+        let received = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let f = Freshness {
+            lifetime: Duration::from_secs(100),
+            initial_age: Duration::from_secs(30),
+            received,
+            ..Freshness::own(Duration::ZERO)
+        };
+        // Resident time is counted from the wall-clock time of receipt (across a restart too).
+        let later = received + Duration::from_secs(50);
+        assert_eq!(f.current_age(later), Duration::from_secs(80));
+        assert!(f.is_fresh(later));
+        assert!(!f.is_fresh(later + Duration::from_secs(20)));
+        // A clock stepped back: no resident time, never younger than stored.
+        let earlier = received - Duration::from_secs(3600);
+        assert_eq!(f.current_age(earlier), Duration::from_secs(30));
+        // Stored values that would overflow saturate.
+        let absurd = Freshness {
+            initial_age: Duration::MAX,
+            ..f
+        };
+        assert_eq!(absurd.current_age(later), Duration::MAX);
+        let min_fresh = RequestDirectives {
+            min_fresh: Some(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        assert!(!min_fresh.accepts(&absurd, later));
     }
 
     #[test]
@@ -899,16 +936,17 @@ mod tests {
         let f = Freshness {
             lifetime: Duration::from_secs(10),
             initial_age: Duration::from_secs(12),
-            received: Instant::now(),
+            received: SystemTime::now(),
             always_revalidate: false,
             must_revalidate: false,
             stale_while_revalidate: Duration::ZERO,
             stale_if_error: Duration::ZERO,
         };
-        assert!(d.accepts(&f, Instant::now()));
-        assert!(!RequestDirectives::default().accepts(&f, Instant::now()));
+        let now = SystemTime::now();
+        assert!(d.accepts(&f, now));
+        assert!(!RequestDirectives::default().accepts(&f, now));
         // Not honoured: max-stale no longer stretches the lifetime.
-        assert!(!d.clone().binding_only().accepts(&f, Instant::now()));
+        assert!(!d.clone().binding_only().accepts(&f, now));
     }
 
     #[test]

@@ -83,6 +83,24 @@ impl Selection {
     pub fn matches(&self, request: &HeaderMap) -> bool {
         !self.varies() || self.key_of(request) == self.key
     }
+
+    /// The normalized values that select this response, one per name (None: field absent).
+    pub(super) fn values(&self) -> &[Option<Box<str>>] {
+        &self.key.0
+    }
+
+    /// A selection read back from a stored record: None unless the names are sorted without
+    /// repeats (as [`selecting_names`] gives them) and there is one value per name.
+    pub(super) fn from_parts(
+        names: Box<[HeaderName]>,
+        values: Box<[Option<Box<str>>]>,
+    ) -> Option<Selection> {
+        let sorted = names.windows(2).all(|w| w[0].as_str() < w[1].as_str());
+        (sorted && names.len() == values.len()).then(|| Selection {
+            names,
+            key: VaryKey(values),
+        })
+    }
 }
 
 /// Fields whose values compare case-insensitively.

@@ -44,7 +44,7 @@ use hyper::body::Incoming;
 use crate::admin::json;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
+use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join, Purge};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
@@ -192,7 +192,7 @@ impl Images {
                 ),
                 prefix: prefix.to_string(),
                 store,
-                status_header: cache.cfg.status_header.0.clone(),
+                status_header: cache.config().status_header.0.clone(),
                 cache,
                 limits,
                 cfg,
@@ -318,8 +318,7 @@ impl Images {
         // Purge even if the file was already gone: variants may outlive it.
         self.inner
             .cache
-            .store
-            .remove_prefix(&format!("img://{}/", md5.as_str()));
+            .purge(&Purge::Prefix(format!("img://{}/", md5.as_str())));
         if !existed {
             return Err(ImageError::NotFound);
         }
@@ -371,24 +370,24 @@ impl Images {
             md5.as_str(),
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
-        if let Some(entry) = inner.cache.store.get(&key) {
+        if let Some(entry) = inner.cache.get(&key) {
             return Ok(deliver(&entry, CacheStatus::Hit));
         }
-        match inner.cache.store.inflight.join(&FillKey::from(key.clone())) {
+        match inner.cache.join(&FillKey::from(key.clone())) {
             Join::Leader(guard) => {
                 // The fill runs as its own task: it completes (and feeds the followers) even if
                 // this client goes away.
                 let fill_inner = Arc::clone(inner);
                 let task = tokio::spawn(async move {
                     let entry = Arc::clone(&fill_inner).make(md5, resolved).await?;
-                    fill_inner.cache.store.insert(key, Arc::clone(&entry));
+                    fill_inner.cache.store(key, Arc::clone(&entry));
                     guard.complete(Arc::clone(&entry));
                     Ok::<_, ImageError>(entry)
                 });
                 let entry = task.await.map_err(|_| ImageError::Internal)??;
                 Ok(deliver(&entry, CacheStatus::Miss))
             }
-            Join::Follower(f) => match f.wait(inner.cache.cfg.coalesce_timeout.0).await {
+            Join::Follower(f) => match f.wait(inner.cache.config().coalesce_timeout.0).await {
                 FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),
                 FillOutcome::Failed(_) | FillOutcome::Released => {
                     let entry = Arc::clone(inner).make(md5, resolved).await?;

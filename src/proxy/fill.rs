@@ -1,13 +1,22 @@
-//! Filling the cache: fetch from the upstream (conditionally when a stale entry has validators),
-//! refresh on 304, fall back to stale on errors when allowed, decide storability, buffer, decode
-//! once, store, and answer the client that caused the fill. A response that will not be stored
-//! is passed on, or, when the client asked for a range of it, dropped for the client's own
-//! request. The fill guard is completed with the stored entry, failed with the upstream's error
-//! (waiters answer it too), or dropped when nothing is stored (waiters fetch for themselves).
+//! Filling the cache, in phases:
+//!
+//! 1. **fetch**: the request goes upstream (conditional when a stale entry has validators);
+//! 2. **revalidate** (a stale entry only): a 304, or a 200 to a HEAD that matches, refreshes the
+//!    stored entry ([`Fill::refresh`], both ways); a server error may be answered stale;
+//! 3. **admit**: storability (the policy), the size bound, buffering, decoding once; what is
+//!    not admitted is answered without being stored, with its [`NoStoreReason`] in the
+//!    response's extensions (for access logs and metrics). When the client asked for a range of
+//!    it, it is dropped for the client's own request;
+//! 4. **store and respond**: the entry built, stored, its compressed variants started, the
+//!    client answered.
+//!
+//! The fill guard is completed with the stored entry, failed with the upstream's error (waiters
+//! answer it too), or dropped when nothing is stored (waiters fetch for themselves).
 
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -19,7 +28,7 @@ use super::upstream::{self, FetchError, UpstreamBody, VIA};
 use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
-use crate::cache::policy::{self, FetchContext};
+use crate::cache::policy::{self, FetchContext, NoStoreReason, Storable};
 use crate::cache::{CacheKey, Entry, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
@@ -34,259 +43,80 @@ const CONDITIONALS: [HeaderName; 6] = [
     header::RANGE,
 ];
 
-impl Proxy {
-    /// Fetches for the cache and answers the request described by `parts`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn fill(
-        &self,
-        mut parts: request::Parts,
-        peer: SocketAddr,
-        key: CacheKey,
-        guard: Option<FillGuard>,
-        status: CacheStatus,
-        stale: Option<Arc<Entry>>,
-        request_no_store: bool,
-    ) -> Response<Body> {
-        let me = &self.0;
-        // The client's request as it came: answers are built for it, and it goes upstream as is
-        // when the client wants a range of a response that will not be stored.
-        let client = super::clone_parts(&parts);
-        let (client_method, client_headers) = (&client.method, &client.headers);
-        let has_authorization = client_headers.contains_key(header::AUTHORIZATION);
+/// What a fill is asked to do.
+pub(super) struct FillRequest {
+    /// The client's request as it came: answers are built for it, and it goes upstream as is
+    /// when the client wants a range of a response that will not be stored.
+    pub client: request::Parts,
+    pub peer: SocketAddr,
+    pub key: CacheKey,
+    /// The lead of a coalesced fill (None for a fill of the request's own).
+    pub guard: Option<FillGuard>,
+    /// What the client is told when its answer comes from this fetch: MISS or EXPIRED.
+    pub status: CacheStatus,
+    /// The stored response this fill revalidates.
+    pub stale: Option<Arc<Entry>>,
+    /// The request said `no-store` (§5.2.1.5): nothing is stored.
+    pub request_no_store: bool,
+}
 
-        upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
-        for h in CONDITIONALS {
-            parts.headers.remove(h);
-        }
-        if let Some(e) = &stale {
-            // §4.3.1: validate with the stored validators.
-            if let Some(tag) = &e.etag {
-                parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
-            }
-            if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
-                parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
-            }
-        }
-        // A HEAD with nothing stored fetches the GET response so the body can be stored and
-        // served. A HEAD revalidating a stored response goes through as HEAD: its answer updates
-        // or invalidates the stored GET response (§4.3.5).
-        let head_through = *client_method == Method::HEAD && stale.is_some();
-        if !head_through {
-            parts.method = Method::GET;
-        }
-        let request_time = SystemTime::now();
-        let sent = upstream::send(
-            &me.client,
-            Request::from_parts(parts, Body::empty()),
-            me.cfg.response_timeout.0,
-            me.cfg.body_timeout.0,
-        )
-        .await;
-        let respond = |entry: &Entry, status| {
-            crate::deliver::from_entry(
-                entry,
-                client_method,
-                client_headers,
-                status,
-                &me.status_header,
-            )
-        };
-        // The origin could not be reached, timed out or broke off: nothing is stored, and the
-        // waiters get the same error at once.
-        let failed = |guard: Option<FillGuard>, e: FetchError| {
-            if let Some(g) = guard {
-                g.fail(e.clone());
-            }
-            me.failure(&e, stale.as_deref(), client_method, client_headers, status)
-        };
-        let resp = match sent {
-            Ok(r) => r,
+/// A fill on its way through the phases.
+struct Fill<'p> {
+    proxy: &'p Proxy,
+    req: FillRequest,
+}
+
+/// The outcome of admission.
+enum Admission {
+    /// To be stored.
+    Store(Admitted),
+    /// Not stored: passed on, adapted to the client.
+    Pass(NoStoreReason, response::Parts, Body),
+    /// Not stored, the body not decodable: passed on exactly as the origin sent it.
+    AsSent(response::Parts, Bytes),
+    /// The upstream body failed.
+    Failed(FetchError),
+}
+
+/// A response admitted to the cache: its head, what the policy decided, and its body per
+/// encoding (identity first when larder could decode the origin's coding).
+struct Admitted {
+    rparts: response::Parts,
+    storable: Storable,
+    /// The coding the origin sent, if larder knows it.
+    coding: Option<Encoding>,
+    bodies: Vec<(Encoding, Bytes)>,
+}
+
+impl Proxy {
+    /// Fetches for the cache and answers the client's request.
+    pub(super) async fn fill(&self, req: FillRequest) -> Response<Body> {
+        let mut fill = Fill { proxy: self, req };
+        let (ctx, resp) = match fill.fetch().await {
+            Ok(fetched) => fetched,
             Err(e) => {
-                tracing::debug!(key = key.as_str(), error = %e, "fill failed");
-                return failed(guard, e);
+                tracing::debug!(key = fill.req.key.as_str(), error = %e, "fill failed");
+                return fill.failed(e);
             }
-        };
-        let ctx = FetchContext {
-            method: Method::GET,
-            has_authorization,
-            request_time,
-            response_time: SystemTime::now(),
-            response_instant: Instant::now(),
-            request_no_store,
         };
         let (mut rparts, rbody) = resp.into_parts();
         upstream::strip_hop_by_hop(&mut rparts.headers);
-
-        if let Some(old) = &stale {
-            // Revalidated: refresh the stored headers, serve the stored body (§4.3.4).
-            if rparts.status == StatusCode::NOT_MODIFIED {
-                let headers = refresh_headers(&old.headers, &rparts.headers);
-                if let Ok(storable) = policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
-                {
-                    let entry = Arc::new(old.refreshed(headers, storable.freshness));
-                    me.cache.store.upgrade(&key, old, Arc::clone(&entry));
-                    if let Some(g) = guard {
-                        g.complete(Arc::clone(&entry));
-                    }
-                    return respond(&entry, CacheStatus::Revalidated);
-                }
-            }
-            // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
-            if rparts.status.is_server_error() && old.freshness.serve_on_error(Instant::now()) {
-                return respond(old, CacheStatus::Stale);
-            }
-            if head_through {
-                // §4.3.5: a 200 to the HEAD whose validators match the stored response freshens
-                // it like a 304; one that does not match means the stored body is outdated.
-                if rparts.status == StatusCode::OK {
-                    if head_matches(old, &rparts.headers) {
-                        let headers = refresh_headers(&old.headers, &rparts.headers);
-                        if let Ok(storable) =
-                            policy::storability(&ctx, old.status, &headers, &me.cache.cfg)
-                        {
-                            let entry = Arc::new(old.refreshed(headers, storable.freshness));
-                            me.cache.store.upgrade(&key, old, Arc::clone(&entry));
-                            if let Some(g) = guard {
-                                g.complete(Arc::clone(&entry));
-                            }
-                            return respond(&entry, CacheStatus::Revalidated);
-                        }
-                    }
-                    me.cache.store.remove(&key);
-                }
-                drop(guard);
-                me.strip_private_fields(&mut rparts.headers);
-                return me.tag(Response::from_parts(rparts, Body::empty()), status);
+        if let Some(old) = fill.req.stale.clone() {
+            match fill.revalidate(&old, rparts, &ctx) {
+                ControlFlow::Break(answer) => return answer,
+                ControlFlow::Continue(full) => rparts = full,
             }
         }
-
-        let storable =
-            match policy::storability(&ctx, rparts.status, &rparts.headers, &me.cache.cfg) {
-                Ok(s) => s,
-                Err(reason) => {
-                    tracing::debug!(key = key.as_str(), reason = reason.as_str(), "not stored");
-                    drop(guard);
-                    if stale.is_some() {
-                        me.cache.store.remove(&key);
-                    }
-                    return self
-                        .not_stored(client, peer, rparts, Body::stream(rbody), status)
-                        .await;
-                }
-            };
-
-        // Buffer the body, up to the object size limit.
-        let max = me.cache.store.max_object_size;
-        let declared = rparts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max) {
-            drop(guard);
-            return self
-                .not_stored(client, peer, rparts, Body::stream(rbody), status)
-                .await;
-        }
-        let body = match buffer_up_to(rbody, max).await {
-            Buffered::Complete(b) => b,
-            Buffered::TooLarge(streamed) => {
-                drop(guard);
-                me.cache.store.remove(&key);
-                return self
-                    .not_stored(client, peer, rparts, streamed, status)
-                    .await;
-            }
-            Buffered::Failed(e) => {
-                tracing::debug!(key = key.as_str(), error = %e, "upstream body failed; nothing stored");
-                return failed(guard, e);
-            }
-        };
-
-        // Decode once if the origin sent a coding; a no-transform body keeps only its own coding.
-        let coding = match rparts.headers.get(header::CONTENT_ENCODING) {
-            None => Some(Encoding::Identity),
-            Some(v) => v.to_str().ok().and_then(Encoding::from_content_encoding),
-        };
-        let mut bodies = Vec::with_capacity(4);
-        match coding {
-            Some(Encoding::Identity) => bodies.push((Encoding::Identity, body)),
-            Some(enc) if storable.no_transform => bodies.push((enc, body)),
-            Some(enc) => match me
-                .cache
-                .compressor
-                .decode(body.clone(), enc, max as usize)
-                .await
-            {
-                Ok(identity) => {
-                    bodies.push((Encoding::Identity, identity));
-                    bodies.push((enc, body));
-                }
-                Err(e) => {
-                    tracing::debug!(key = key.as_str(), error = %e, "cannot decode; not stored");
-                    drop(guard);
-                    me.strip_private_fields(&mut rparts.headers);
-                    return me.tag(Response::from_parts(rparts, Body::full(body)), status);
-                }
-            },
-            // An unknown or stacked coding is stored and served exactly as the origin sent it
-            // (its Content-Encoding kept, nothing re-encoded), like a no-transform body.
-            None => bodies.push((Encoding::Identity, body)),
-        }
-
-        let mut headers = rparts.headers.clone();
-        for name in &storable.strip {
-            headers.remove(name);
-        }
-        let tags = parse_tags(&headers, &me.cache.cfg.tag_header.0);
-        me.strip_private_fields(&mut headers);
-        headers.append(header::VIA, VIA);
-        let negotiated = !storable.no_transform
-            && coding.is_some()
-            && bodies[0].0 == Encoding::Identity
-            && me
-                .cache
-                .compressor
-                .wants(headers.get(header::CONTENT_TYPE), bodies[0].1.len());
-        let mut entry = Entry::build(
-            rparts.status,
-            headers,
-            bodies,
-            storable.freshness,
-            negotiated,
-        );
-        entry.auth_ok = storable.auth_ok;
-        entry.tags = tags;
-        if negotiated {
-            entry.pending = Some(Pending::new());
-        }
-        // The requests this response answers: followers of the fill check theirs against it.
-        // `Vary: *` has none (and the policy refused it already): never stored.
-        let selection = Selection::of(&entry.headers, client_headers);
-        let answers_anyone = selection.is_some();
-        entry.selection = selection.unwrap_or_default();
-        let entry = Arc::new(entry);
-        if answers_anyone {
-            me.cache.store.store(key.clone(), Arc::clone(&entry));
-            if let Some(g) = guard {
-                g.complete(Arc::clone(&entry));
-            }
-            if negotiated {
-                me.cache.spawn_variants(key, Arc::clone(&entry));
-            }
-        } else if let Some(p) = &entry.pending {
-            p.finish(); // not stored: no variants will come
-        }
-        let mut resp = me
-            .deliver_settled(&entry, client_method, client_headers, status)
-            .await;
-        // The client that caused the fill still gets the fields not stored for others.
-        for name in &storable.strip {
-            for v in rparts.headers.get_all(name) {
-                resp.headers_mut().append(name.clone(), v.clone());
+        match fill.admit(rparts, rbody, &ctx).await {
+            Admission::Store(admitted) => fill.store_and_respond(admitted).await,
+            Admission::Pass(reason, rparts, body) => fill.pass(reason, rparts, body).await,
+            Admission::AsSent(rparts, body) => fill.pass_as_sent(rparts, body),
+            Admission::Failed(e) => {
+                let key = fill.req.key.as_str();
+                tracing::debug!(key, error = %e, "upstream body failed; nothing stored");
+                fill.failed(e)
             }
         }
-        resp
     }
 
     /// Answers the client with a response that will not be stored. It is passed on as it
@@ -310,6 +140,320 @@ impl Proxy {
         }
         let asked = super::Asked::of(&client.method, &client.headers);
         self.0.pass_on(rparts, body, &asked, status)
+    }
+}
+
+impl Fill<'_> {
+    /// A HEAD revalidating a stored response goes through as HEAD: its answer updates or
+    /// invalidates the stored GET response (§4.3.5). Any other fill fetches the GET response
+    /// (also for a HEAD with nothing stored, so the body can be stored and served).
+    fn head_through(&self) -> bool {
+        self.req.client.method == Method::HEAD && self.req.stale.is_some()
+    }
+
+    /// Phase 1: sends the request upstream and waits for the response head.
+    async fn fetch(&self) -> Result<(FetchContext, Response<UpstreamBody>), FetchError> {
+        let me = &self.proxy.0;
+        let req = &self.req;
+        let mut parts = super::clone_parts(&req.client);
+        upstream::prepare_request(&mut parts, &me.cfg.upstream, req.peer);
+        for h in CONDITIONALS {
+            parts.headers.remove(h);
+        }
+        if let Some(e) = &req.stale {
+            // §4.3.1: validate with the stored validators.
+            if let Some(tag) = &e.etag {
+                parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
+            }
+            if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
+                parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+            }
+        }
+        if !self.head_through() {
+            parts.method = Method::GET;
+        }
+        let request_time = SystemTime::now();
+        let resp = upstream::send(
+            &me.client,
+            Request::from_parts(parts, Body::empty()),
+            me.cfg.response_timeout.0,
+            me.cfg.body_timeout.0,
+        )
+        .await?;
+        let ctx = FetchContext {
+            method: Method::GET,
+            has_authorization: req.client.headers.contains_key(header::AUTHORIZATION),
+            request_time,
+            response_time: SystemTime::now(),
+            request_no_store: req.request_no_store,
+        };
+        Ok((ctx, resp))
+    }
+
+    /// Phase 2, when a stored response was validated: answers the client if the response
+    /// settles it (the stored response refreshed, served stale on a server error, or the answer
+    /// to a HEAD sent through); otherwise the response is a full one, for admission.
+    fn revalidate(
+        &mut self,
+        old: &Arc<Entry>,
+        mut rparts: response::Parts,
+        ctx: &FetchContext,
+    ) -> ControlFlow<Response<Body>, response::Parts> {
+        let me = &self.proxy.0;
+        // §4.3.4: not modified.
+        if rparts.status == StatusCode::NOT_MODIFIED {
+            if let Some(answer) = self.refresh(old, &rparts.headers, ctx) {
+                return ControlFlow::Break(answer);
+            }
+        }
+        // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
+        if rparts.status.is_server_error() && old.freshness.serve_on_error(SystemTime::now()) {
+            return ControlFlow::Break(me.deliver_parts(old, &self.req.client, CacheStatus::Stale));
+        }
+        if self.head_through() {
+            // §4.3.5: a 200 to the HEAD whose validators match the stored response freshens
+            // it like a 304; one that does not match means the stored body is outdated.
+            if rparts.status == StatusCode::OK {
+                if head_matches(old, &rparts.headers) {
+                    if let Some(answer) = self.refresh(old, &rparts.headers, ctx) {
+                        return ControlFlow::Break(answer);
+                    }
+                }
+                me.cache.remove(&self.req.key);
+            }
+            drop(self.req.guard.take());
+            me.strip_private_fields(&mut rparts.headers);
+            let head = Response::from_parts(rparts, Body::empty());
+            return ControlFlow::Break(me.tag(head, self.req.status));
+        }
+        ControlFlow::Continue(rparts)
+    }
+
+    /// The stored response confirmed current by `fresh` (a 304's fields, or a matching HEAD
+    /// answer's): its headers updated (§3.2), stored in its place, handed to the waiters and
+    /// delivered. None if the refreshed response may not be stored.
+    fn refresh(
+        &mut self,
+        old: &Arc<Entry>,
+        fresh: &HeaderMap,
+        ctx: &FetchContext,
+    ) -> Option<Response<Body>> {
+        let me = &self.proxy.0;
+        let headers = refresh_headers(&old.headers, fresh);
+        let storable = policy::storability(ctx, old.status, &headers, me.cache.config()).ok()?;
+        let entry = Arc::new(old.refreshed(headers, storable.freshness));
+        me.cache.upgrade(&self.req.key, old, Arc::clone(&entry));
+        if let Some(g) = self.req.guard.take() {
+            g.complete(Arc::clone(&entry));
+        }
+        Some(me.deliver_parts(&entry, &self.req.client, CacheStatus::Revalidated))
+    }
+
+    /// Phase 3: whether the response is stored, and its bodies if so: the policy's decision,
+    /// the size bound (declared, then read), one decoding of the origin's coding. Whatever is
+    /// not stored releases the waiters.
+    async fn admit(
+        &mut self,
+        rparts: response::Parts,
+        rbody: UpstreamBody,
+        ctx: &FetchContext,
+    ) -> Admission {
+        let me = &self.proxy.0;
+        let cfg = me.cache.config();
+        let storable = match policy::storability(ctx, rparts.status, &rparts.headers, cfg) {
+            Ok(s) => s,
+            Err(reason) => {
+                drop(self.req.guard.take());
+                if self.req.stale.is_some() {
+                    me.cache.remove(&self.req.key);
+                }
+                return Admission::Pass(reason, rparts, Body::stream(rbody));
+            }
+        };
+
+        // Buffer the body, up to the object size limit.
+        let max = cfg.max_object_size.0;
+        if super::content_length(&rparts.headers).is_some_and(|n| n > max) {
+            drop(self.req.guard.take());
+            return Admission::Pass(NoStoreReason::TooLarge, rparts, Body::stream(rbody));
+        }
+        let body = match buffer_up_to(rbody, max).await {
+            Buffered::Complete(b) => b,
+            Buffered::TooLarge(streamed) => {
+                drop(self.req.guard.take());
+                me.cache.remove(&self.req.key);
+                return Admission::Pass(NoStoreReason::TooLarge, rparts, streamed);
+            }
+            Buffered::Failed(e) => return Admission::Failed(e),
+        };
+
+        // Decode once if the origin sent a coding; a no-transform body keeps only its own coding.
+        let coding = match rparts.headers.get(header::CONTENT_ENCODING) {
+            None => Some(Encoding::Identity),
+            Some(v) => v.to_str().ok().and_then(Encoding::from_content_encoding),
+        };
+        let mut bodies = Vec::with_capacity(4);
+        match coding {
+            Some(Encoding::Identity) => bodies.push((Encoding::Identity, body)),
+            Some(enc) if storable.no_transform => bodies.push((enc, body)),
+            Some(enc) => match me
+                .cache
+                .compressor()
+                .decode(body.clone(), enc, max as usize)
+                .await
+            {
+                Ok(identity) => {
+                    bodies.push((Encoding::Identity, identity));
+                    bodies.push((enc, body));
+                }
+                Err(e) => {
+                    let key = self.req.key.as_str();
+                    tracing::debug!(key, error = %e, "cannot decode; not stored");
+                    drop(self.req.guard.take());
+                    return Admission::AsSent(rparts, body);
+                }
+            },
+            // An unknown or stacked coding is stored and served exactly as the origin sent it
+            // (its Content-Encoding kept, nothing re-encoded), like a no-transform body.
+            None => bodies.push((Encoding::Identity, body)),
+        }
+        Admission::Store(Admitted {
+            rparts,
+            storable,
+            coding,
+            bodies,
+        })
+    }
+
+    /// Phase 4: builds the entry, stores it (unless it answers no request: `Vary: *`), hands it
+    /// to the waiters, starts its compressed variants, and answers the client.
+    async fn store_and_respond(self, admitted: Admitted) -> Response<Body> {
+        let me = &self.proxy.0;
+        let Admitted {
+            rparts,
+            storable,
+            coding,
+            bodies,
+        } = admitted;
+        let FillRequest {
+            client,
+            key,
+            guard,
+            status,
+            ..
+        } = self.req;
+        let mut headers = rparts.headers.clone();
+        for name in &storable.strip {
+            headers.remove(name);
+        }
+        let tags = parse_tags(&headers, &me.cache.config().tag_header.0);
+        me.strip_private_fields(&mut headers);
+        headers.append(header::VIA, VIA);
+        let negotiated = !storable.no_transform
+            && coding.is_some()
+            && bodies[0].0 == Encoding::Identity
+            && me
+                .cache
+                .compressor()
+                .wants(headers.get(header::CONTENT_TYPE), bodies[0].1.len());
+        let mut entry = Entry::build(
+            rparts.status,
+            headers,
+            bodies,
+            storable.freshness,
+            negotiated,
+        );
+        entry.auth_ok = storable.auth_ok;
+        entry.tags = tags;
+        if negotiated {
+            entry.pending = Some(Pending::new());
+        }
+        // The requests this response answers: followers of the fill check theirs against it.
+        // `Vary: *` has none (and the policy refused it already): never stored.
+        let selection = Selection::of(&entry.headers, &client.headers);
+        let answers_anyone = selection.is_some();
+        entry.selection = selection.unwrap_or_default();
+        let entry = Arc::new(entry);
+        // Dropped (releasing the waiters) only once the client is answered, if not completed.
+        let mut guard = guard;
+        if answers_anyone {
+            me.cache.store(key.clone(), Arc::clone(&entry));
+            if let Some(g) = guard.take() {
+                g.complete(Arc::clone(&entry));
+            }
+            if negotiated {
+                me.cache.spawn_variants(key, Arc::clone(&entry));
+            }
+        } else if let Some(p) = &entry.pending {
+            p.finish(); // not stored: no variants will come
+        }
+        let mut resp = me
+            .deliver_settled(&entry, &client.method, &client.headers, status)
+            .await;
+        // The client that caused the fill still gets the fields not stored for others.
+        for name in &storable.strip {
+            for v in rparts.headers.get_all(name) {
+                resp.headers_mut().append(name.clone(), v.clone());
+            }
+        }
+        if !answers_anyone {
+            resp.extensions_mut().insert(NoStoreReason::VaryStar);
+        }
+        drop(guard);
+        resp
+    }
+
+    /// A response that is not stored, to the client, carrying why it was not.
+    async fn pass(
+        self,
+        reason: NoStoreReason,
+        rparts: response::Parts,
+        body: Body,
+    ) -> Response<Body> {
+        tracing::debug!(
+            key = self.req.key.as_str(),
+            reason = reason.as_str(),
+            "not stored"
+        );
+        let FillRequest {
+            client,
+            peer,
+            status,
+            ..
+        } = self.req;
+        let mut resp = self
+            .proxy
+            .not_stored(client, peer, rparts, body, status)
+            .await;
+        resp.extensions_mut().insert(reason);
+        resp
+    }
+
+    /// A response whose body could not be decoded, to the client exactly as the origin sent it
+    /// (not adapted: its coding is the one thing about it that is known to be broken).
+    fn pass_as_sent(self, mut rparts: response::Parts, body: Bytes) -> Response<Body> {
+        let me = &self.proxy.0;
+        me.strip_private_fields(&mut rparts.headers);
+        let resp = Response::from_parts(rparts, Body::full(body));
+        let mut resp = me.tag(resp, self.req.status);
+        resp.extensions_mut().insert(NoStoreReason::Undecodable);
+        resp
+    }
+
+    /// The fetch failed: nothing is stored, the waiters get the same error at once, and the
+    /// client the stale response where allowed, else the error.
+    fn failed(&mut self, e: FetchError) -> Response<Body> {
+        if let Some(g) = self.req.guard.take() {
+            g.fail(e.clone());
+        }
+        let client = &self.req.client;
+        self.proxy.0.failure(
+            &e,
+            self.req.stale.as_deref(),
+            &client.method,
+            &client.headers,
+            self.req.status,
+        )
     }
 }
 
@@ -342,8 +486,6 @@ fn parse_tags(headers: &HeaderMap, name: &HeaderName) -> Box<[Box<str>]> {
         .collect()
 }
 
-/// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
-/// replaces the stored one, except those describing the body.
 /// Whether a 200 answer to a HEAD describes the stored response (§4.3.5): each validator it
 /// carries (ETag, Last-Modified) equals the stored one, and its Content-Length, if any, is the
 /// stored length.
@@ -361,6 +503,8 @@ fn head_matches(stored: &Entry, fresh: &HeaderMap) -> bool {
     same(header::ETAG) && same(header::LAST_MODIFIED) && length_ok
 }
 
+/// Headers of a stored response updated by a 304 (RFC 9111 §3.2): every field in the 304
+/// replaces the stored one, except those describing the body.
 fn refresh_headers(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
     let mut out = stored.clone();
     let keep: [HeaderName; 4] = [
@@ -433,6 +577,105 @@ async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An origin answering each request on its own connection: `/no-store`, `/private`,
+    /// `/large` (64 bytes, declared), `/chunked` (64 bytes, undeclared), anything else a small
+    /// response fresh for a minute.
+    async fn origin() -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                    let big = "x".repeat(64);
+                    let (cc, framing, body) = match path.as_str() {
+                        "/no-store" => ("no-store", "Content-Length: 2", "ok".to_string()),
+                        "/private" => ("private, max-age=60", "Content-Length: 2", "ok".into()),
+                        "/large" => ("max-age=60", "Content-Length: 64", big),
+                        "/chunked" => (
+                            "max-age=60",
+                            "Transfer-Encoding: chunked",
+                            format!("40\r\n{big}\r\n0\r\n\r\n"),
+                        ),
+                        _ => ("max-age=60", "Content-Length: 2", "ok".into()),
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nCache-Control: {cc}\r\n{framing}\r\n\
+                         Connection: close\r\n\r\n{body}"
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn request(path: &str) -> FillRequest {
+        let (client, ()) = Request::get(path)
+            .header(header::HOST, "example.com")
+            .body(())
+            .unwrap()
+            .into_parts();
+        FillRequest {
+            client,
+            peer: "127.0.0.1:9".parse().unwrap(),
+            key: CacheKey::from_parts("http", "example.com", path),
+            guard: None,
+            status: CacheStatus::Miss,
+            stale: None,
+            request_no_store: false,
+        }
+    }
+
+    /// Why a response was not stored travels with it, in the response's extensions, for the
+    /// access log and metrics; a stored response carries none.
+    #[tokio::test]
+    async fn the_reason_a_response_was_not_stored_is_carried() {
+        let origin = origin().await;
+        let cache = crate::cache::Cache::new(
+            crate::config::CacheConfig {
+                max_object_size: crate::config::ByteSize(32),
+                ..Default::default()
+            },
+            Default::default(),
+        );
+        let upstream = format!("http://{origin}").parse().unwrap();
+        let proxy = Proxy::new(
+            crate::config::ProxyConfig::new(upstream),
+            Arc::clone(&cache),
+        );
+        for (path, reason) in [
+            ("/no-store", Some(NoStoreReason::NoStore)),
+            ("/private", Some(NoStoreReason::Private)),
+            ("/large", Some(NoStoreReason::TooLarge)),
+            ("/chunked", Some(NoStoreReason::TooLarge)),
+            ("/fresh", None),
+        ] {
+            let resp = proxy.fill(request(path)).await;
+            assert_eq!(resp.status(), StatusCode::OK, "{path}");
+            let carried = resp.extensions().get::<NoStoreReason>().copied();
+            assert_eq!(carried, reason, "{path}");
+        }
+        let mut request_no_store = request("/fresh-too");
+        request_no_store.request_no_store = true;
+        let resp = proxy.fill(request_no_store).await;
+        assert_eq!(
+            resp.extensions().get::<NoStoreReason>(),
+            Some(&NoStoreReason::NoStore)
+        );
+        assert_eq!(cache.len(), 1, "only /fresh is stored");
+    }
 
     #[test]
     fn refresh_keeps_body_fields_and_replaces_others() {

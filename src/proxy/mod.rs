@@ -30,7 +30,7 @@ pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::SystemTime;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
@@ -42,6 +42,7 @@ use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
 use crate::inbound;
+use fill::FillRequest;
 use upstream::{FetchError, VIA};
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
@@ -59,7 +60,7 @@ impl Proxy {
     pub fn new(cfg: ProxyConfig, cache: Arc<Cache>) -> Proxy {
         Proxy(Arc::new(Inner {
             client: upstream::client(&cfg),
-            status_header: cache.cfg.status_header.0.clone(),
+            status_header: cache.config().status_header.0.clone(),
             cfg,
             cache,
         }))
@@ -101,7 +102,7 @@ impl Proxy {
             return Err(req);
         }
         let key = cache_key(&req);
-        let Some(entry) = me.cache.store.lookup(&key, req.headers()) else {
+        let Some(entry) = me.cache.lookup(&key, req.headers()) else {
             return Err(req);
         };
         if entry.pending.is_some() {
@@ -114,7 +115,7 @@ impl Proxy {
         } else {
             RequestDirectives::default()
         };
-        if directives.accepts(&entry.freshness, Instant::now()) {
+        if directives.accepts(&entry.freshness, SystemTime::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
         } else {
             Err(req)
@@ -145,9 +146,9 @@ impl Proxy {
         let has_auth = req.headers().contains_key(header::AUTHORIZATION);
 
         // Lookup.
-        let stored = me.cache.store.lookup(&key, req.headers());
+        let stored = me.cache.lookup(&key, req.headers());
         if let Some(entry) = &stored {
-            let now = Instant::now();
+            let now = SystemTime::now();
             let usable = !has_auth || entry.auth_ok;
             if usable && directives.accepts(&entry.freshness, now) {
                 return me
@@ -161,24 +162,21 @@ impl Proxy {
                 && directives.min_fresh.is_none()
                 && entry.freshness.serve_while_revalidating(now)
             {
-                let fill_key = me.cache.store.fill_key(&key, req.headers());
-                if let Join::Leader(guard) = me.cache.store.inflight.join(&fill_key) {
+                let fill_key = me.cache.fill_key(&key, req.headers());
+                if let Join::Leader(guard) = me.cache.join(&fill_key) {
                     let (parts, _) = req.into_parts();
                     let background = self.clone();
-                    let entry = Arc::clone(entry);
-                    let parts_bg = clone_parts(&parts);
+                    let refresh = FillRequest {
+                        client: clone_parts(&parts),
+                        peer,
+                        key,
+                        guard: Some(guard),
+                        status: CacheStatus::Expired,
+                        stale: Some(Arc::clone(entry)),
+                        request_no_store: false,
+                    };
                     tokio::spawn(async move {
-                        let _ = background
-                            .fill(
-                                parts_bg,
-                                peer,
-                                key,
-                                Some(guard),
-                                CacheStatus::Expired,
-                                Some(entry),
-                                false,
-                            )
-                            .await;
+                        let _ = background.fill(refresh).await;
                     });
                     return me.deliver_parts(
                         stored.as_ref().expect("stored"),
@@ -206,15 +204,15 @@ impl Proxy {
         // response is not stored: nobody could wait on it). A reload (no-cache, where honoured)
         // coalesces like a miss: concurrent reloads make one revalidation.
         if has_auth || directives.no_store {
-            return Box::pin(self.fill(
-                parts,
+            return Box::pin(self.fill(FillRequest {
+                client: parts,
                 peer,
                 key,
-                None,
+                guard: None,
                 status,
-                stored,
-                directives.no_store,
-            ))
+                stale: stored,
+                request_no_store: directives.no_store,
+            }))
             .await;
         }
 
@@ -237,24 +235,30 @@ impl Proxy {
         mut stored: Option<Arc<Entry>>,
     ) -> Response<Body> {
         let me = &self.0;
-        let mut fill_key = me.cache.store.fill_key(&key, &parts.headers);
+        let mut fill_key = me.cache.fill_key(&key, &parts.headers);
         let status = |stored: &Option<Arc<Entry>>| match stored {
             Some(_) => CacheStatus::Expired,
             None => CacheStatus::Miss,
         };
         // Waiting on the URL's fill, then on the variant's; one more in case the Vary changed.
         for _ in 0..3 {
-            let follower = match me.cache.store.inflight.join(&fill_key) {
+            let follower = match me.cache.join(&fill_key) {
                 Join::Leader(guard) => {
-                    let status = status(&stored);
-                    let no_store = directives.no_store;
                     return self
-                        .fill(parts, peer, key, Some(guard), status, stored, no_store)
+                        .fill(FillRequest {
+                            client: parts,
+                            peer,
+                            key,
+                            guard: Some(guard),
+                            status: status(&stored),
+                            stale: stored,
+                            request_no_store: directives.no_store,
+                        })
                         .await;
                 }
                 Join::Follower(f) => f,
             };
-            match follower.wait(me.cache.cfg.coalesce_timeout.0).await {
+            match follower.wait(me.cache.config().coalesce_timeout.0).await {
                 FillOutcome::Filled(entry) if entry.selection.matches(&parts.headers) => {
                     let (method, headers) = (&parts.method, &parts.headers);
                     return me
@@ -263,8 +267,8 @@ impl Proxy {
                 }
                 // Another variant: this request's own may be stored by now; if not, its fill.
                 FillOutcome::Filled(other) => {
-                    stored = me.cache.store.lookup(&key, &parts.headers);
-                    let now = Instant::now();
+                    stored = me.cache.lookup(&key, &parts.headers);
+                    let now = SystemTime::now();
                     if let Some(e) = stored
                         .as_ref()
                         .filter(|e| directives.accepts(&e.freshness, now))
@@ -310,12 +314,12 @@ impl Proxy {
             Box::pin(self.forward(Request::from_parts(parts, Body::stream(body)), peer, status))
                 .await;
         if unsafe_method && (resp.status().is_success() || resp.status().is_redirection()) {
-            let store = &self.0.cache.store;
-            store.remove(&key);
+            let cache = &self.0.cache;
+            cache.remove(&key);
             for name in [header::LOCATION, header::CONTENT_LOCATION] {
                 if let Some(target) = resp.headers().get(&name).and_then(|v| v.to_str().ok()) {
                     if let Some(k) = same_origin_key(target, &host, &path) {
-                        store.remove(&k);
+                        cache.remove(&k);
                     }
                 }
             }
@@ -431,8 +435,8 @@ impl Inner {
             Some(p) => {
                 let accept =
                     crate::compress::AcceptEncoding::parse(headers.get(header::ACCEPT_ENCODING));
-                let can_start = self.cache.compressor.idle();
-                let wait = self.cache.cfg.coalesce_timeout.0;
+                let can_start = self.cache.compressor().idle();
+                let wait = self.cache.config().coalesce_timeout.0;
                 settled = p.settled(entry, &accept, can_start, wait).await;
                 &settled
             }
@@ -467,8 +471,8 @@ impl Inner {
         request: &http::HeaderMap,
         status: CacheStatus,
     ) -> Response<Body> {
-        let now = Instant::now();
-        let grace = self.cache.cfg.stale_if_disconnected.0;
+        let now = SystemTime::now();
+        let grace = self.cache.config().stale_if_disconnected.0;
         match stale.filter(|o| {
             o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
         }) {
@@ -568,7 +572,7 @@ impl Inner {
         body: Body,
         accept: Option<&http::HeaderValue>,
     ) -> Body {
-        let compressor = &self.cache.compressor;
+        let compressor = self.cache.compressor();
         let h = &rparts.headers;
         let len = content_length(h).map_or(usize::MAX, |n| n as usize);
         let eligible = compressor.config().dynamic
@@ -594,7 +598,7 @@ impl Inner {
 
     /// Fields meant for larder alone (targeted cache-control, tags) never go on.
     fn strip_private_fields(&self, headers: &mut http::HeaderMap) {
-        let cfg = &self.cache.cfg;
+        let cfg = self.cache.config();
         for f in &cfg.targeted_cache_control {
             // CDN-Cache-Control speaks to every CDN on the path (RFC 9213 §3): forwarded unless
             // configured otherwise. A field of larder's own naming is consumed here.
@@ -602,7 +606,7 @@ impl Inner {
                 headers.remove(&f.0);
             }
         }
-        headers.remove(&self.cache.cfg.tag_header.0);
+        headers.remove(&cfg.tag_header.0);
     }
 }
 

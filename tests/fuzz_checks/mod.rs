@@ -123,11 +123,38 @@ pub fn vary(data: &[u8]) {
     let _ = HeaderName::from_bytes(data);
 }
 
+/// An entry record, as a disk or shared tier reads it back: decoding never panics, and what
+/// decodes is a whole entry: it writes a record that reads back to the same record, and it
+/// can be served.
+pub fn entry_record(data: &[u8]) {
+    use larder::cache::Entry;
+    let Ok(entry) = Entry::decode(bytes::Bytes::copy_from_slice(data)) else {
+        return;
+    };
+    let record = entry.encode().expect("a decoded entry encodes");
+    let again = Entry::decode(record.clone()).expect("a written record decodes");
+    assert_eq!(again.encode().expect("encodes"), record);
+    let _ = entry.freshness.current_age(std::time::SystemTime::now());
+    let mut request = HeaderMap::new();
+    request.insert(
+        http::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("gzip"),
+    );
+    request.insert(http::header::RANGE, HeaderValue::from_static("bytes=1-"));
+    let _ = larder::deliver::from_entry(
+        &entry,
+        &http::Method::GET,
+        &request,
+        larder::deliver::CacheStatus::Hit,
+        &HeaderName::from_static("x-cache"),
+    );
+}
+
 /// A named check.
 pub type Check = (&'static str, fn(&[u8]));
 
 /// All checks by name, for the smoke run.
-pub const ALL: [Check; 8] = [
+pub const ALL: [Check; 9] = [
     ("cache_control", cache_control),
     ("accept_encoding", accept_encoding),
     ("range", range),
@@ -136,4 +163,5 @@ pub const ALL: [Check; 8] = [
     ("image_sniff", image_sniff),
     ("config", config),
     ("vary", vary),
+    ("entry_record", entry_record),
 ];
