@@ -16,8 +16,13 @@
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
-//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type), [`interim`] (1xx
-//! responses forwarded to HTTP/1.1 clients).
+//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
+//! cached results), [`respond`] (fixed responses), [`admin`] (who may purge, the admin API),
+//! [`body`] (the response body type), [`interim`] (1xx responses forwarded to HTTP/1.1 clients).
+//!
+//! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
+//! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
+//! X-Forwarded-* fields ([`http::fields`]), and short text and JSON responses.
 
 pub mod admin;
 pub mod body;
@@ -26,6 +31,7 @@ pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod deliver;
+pub mod http;
 pub mod images;
 pub mod inbound;
 pub mod interim;

@@ -41,13 +41,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::admin::json;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
+use crate::http::{json_response, text_response};
 use codec::CodecError;
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
@@ -107,7 +107,7 @@ impl ImageError {
 
     fn response(&self) -> Response<Body> {
         let status = self.status();
-        let mut r = crate::proxy::upstream::text_response(status, &format!("{self}\n"));
+        let mut r = text_response(status, &format!("{self}\n"));
         let h = r.headers_mut();
         match self {
             ImageError::Busy => {
@@ -286,7 +286,7 @@ impl Images {
         } else {
             format!("[{}]", replies.join(","))
         };
-        Ok(json(StatusCode::OK, body))
+        Ok(json_response(StatusCode::OK, body))
     }
 
     async fn info(&self, req: &Request<Incoming>) -> Result<Response<Body>, ImageError> {
@@ -301,7 +301,10 @@ impl Images {
             })?;
         let data = self.load(&md5).await?;
         let probe = sniff::probe(&data)?;
-        Ok(json(StatusCode::OK, info_json(&md5, data.len(), &probe)))
+        Ok(json_response(
+            StatusCode::OK,
+            info_json(&md5, data.len(), &probe),
+        ))
     }
 
     async fn delete(
@@ -323,7 +326,7 @@ impl Images {
         if !existed {
             return Err(ImageError::NotFound);
         }
-        Ok(json(
+        Ok(json_response(
             StatusCode::OK,
             format!("{{\"md5\":\"{}\",\"deleted\":true}}", md5.as_str()),
         ))

@@ -15,7 +15,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{request, response, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 
-use super::upstream::{self, FetchError, UpstreamBody, VIA};
+use super::upstream::{self, FetchError, UpstreamBody};
 use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
@@ -23,6 +23,7 @@ use crate::cache::policy::{self, FetchContext};
 use crate::cache::{CacheKey, Entry, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
+use crate::http::fields::{self, VIA};
 
 /// Conditional request fields a fill never forwards (the fill must get a full response).
 const CONDITIONALS: [HeaderName; 6] = [
@@ -115,7 +116,7 @@ impl Proxy {
             request_no_store,
         };
         let (mut rparts, rbody) = resp.into_parts();
-        upstream::strip_hop_by_hop(&mut rparts.headers);
+        fields::strip_hop_by_hop(&mut rparts.headers);
 
         if let Some(old) = &stale {
             // Revalidated: refresh the stored headers, serve the stored body (§4.3.4).

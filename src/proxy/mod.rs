@@ -41,8 +41,9 @@ use crate::cache::policy::RequestDirectives;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
+use crate::http::fields::{self, VIA};
 use crate::inbound;
-use upstream::{FetchError, VIA};
+use upstream::FetchError;
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
 #[derive(Clone)]
@@ -192,7 +193,7 @@ impl Proxy {
         if directives.only_if_cached {
             // §5.2.1.7: nothing stored satisfies the request.
             return me.tag(
-                upstream::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
+                crate::http::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
                 CacheStatus::Miss,
             );
         }
@@ -344,7 +345,7 @@ impl Proxy {
         {
             Ok(resp) => {
                 let (mut rparts, rbody) = resp.into_parts();
-                upstream::strip_hop_by_hop(&mut rparts.headers);
+                fields::strip_hop_by_hop(&mut rparts.headers);
                 me.pass_on(rparts, Body::stream(rbody), &asked, status)
             }
             Err(e) => me.tag(e.response(), status),
@@ -618,7 +619,7 @@ fn mark_recoded(h: &mut http::HeaderMap, enc: crate::compress::Encoding) {
     if !crate::cache::entry::vary_lists(h, "accept-encoding") {
         h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    if let Some(weak) = h.get(header::ETAG).and_then(crate::cache::entry::weakened) {
+    if let Some(weak) = h.get(header::ETAG).and_then(crate::http::etag::weakened) {
         h.insert(header::ETAG, weak);
     }
 }
@@ -657,7 +658,7 @@ fn range_against(
     let last_modified = response
         .get(header::LAST_MODIFIED)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::cache::policy::parse_http_date);
+        .and_then(crate::http::date::parse_lenient);
     crate::range::decide(
         range,
         if_range,
