@@ -48,12 +48,12 @@ use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::http::{json_response, text_response};
-use codec::CodecError;
+use codec::{CodecError, Limits};
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
 use sniff::{Probe, SniffError};
 use storage::{ImageStore, InMemory, LocalDir, Md5Hex};
-use transform::{Limits, TransformError};
+use transform::TransformError;
 
 /// Why an image request failed; each maps to one status code.
 #[derive(Debug, thiserror::Error)]
