@@ -19,7 +19,7 @@ use percent_encoding::percent_decode_str;
 
 use crate::body::Body;
 use crate::cache::{Cache, CacheKey};
-use crate::config::Cidr;
+use crate::config::{AdminConfig, Cidr};
 use crate::http::json_response;
 
 /// Who may run administrative operations.
@@ -32,6 +32,14 @@ pub struct Access {
 }
 
 impl Access {
+    /// Who may PURGE on a proxy route: the `[admin]` token, or an address in `purge_allow`.
+    pub fn purge(admin: &AdminConfig) -> Access {
+        Access {
+            token: admin.token.clone(),
+            allow: admin.purge_allow.clone(),
+        }
+    }
+
     /// Whether the request carries the configured bearer token.
     pub fn bearer_ok(&self, headers: &HeaderMap) -> bool {
         self.token

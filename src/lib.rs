@@ -23,6 +23,24 @@
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
 //! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
 //! X-Forwarded-* fields ([`http::fields`]), and short text and JSON responses.
+//!
+//! # Who imports whom
+//!
+//! Bottom up; each line imports only from lines above it, so no module imports one that imports
+//! it back:
+//!
+//! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
+//!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
+//!    [`body`].
+//! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
+//!    [`interim`] (http); [`respond`] (body, config).
+//! 3. [`cache`] (compress, config, http).
+//! 4. [`deliver`] (cache, compress, http, range); [`admin`] (cache, config, http).
+//! 5. The handlers: [`proxy`], [`static_files`], [`images`] (the lines above).
+//! 6. [`route`] (the handlers, admin, interim), [`server`] (route), [`cli`] (config).
+//!
+//! Two edges still point up: `cache::coalesce` names `proxy::upstream::FetchError` (a failed
+//! fill's error), and `images` calls `server::memory_freed` (malloc trimming).
 
 pub mod admin;
 pub mod body;

@@ -225,3 +225,36 @@ fn admin_listener_without_token_is_a_config_error() {
         .to_string();
     assert!(e.contains("token"), "{e}");
 }
+
+/// A configuration built without a file (the command line's quick starts) once left the admin
+/// token with `[admin]`: it was handed to the routes only while parsing a file, so a proxy route
+/// refused every PURGE. Handlers now get it where they are built.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_quick_start_routes_get_the_admin_token() {
+    use larder::config::{Config, HandlerConfig, ProxyConfig};
+    let origin =
+        Origin::start(|_, n| Reply::ok(format!("{n}")).header("cache-control", "max-age=600"))
+            .await;
+    let upstream = origin.url().parse().expect("origin URL");
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Proxy(ProxyConfig::new(upstream)),
+    );
+    cfg.admin.token = Some("s3cret".into());
+    let larder = larder::server::start(cfg).await.expect("larder starts");
+    let c = client();
+    let url = format!("http://{}/page", larder.addrs[0]);
+    get(&c, &url, &[]).await;
+    assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
+    assert_eq!(send(&c, "PURGE", &url, &[], b"").await.status, 403);
+    let ok = send(
+        &c,
+        "PURGE",
+        &url,
+        &[("authorization", "Bearer s3cret")],
+        b"",
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
+}

@@ -156,6 +156,8 @@ pub struct Images {
 
 struct Inner {
     cfg: ImagesConfig,
+    /// The `[admin]` token: uploads (with `upload_token`) and deletes need it.
+    admin_token: Option<String>,
     /// The route's path prefix (part of cache keys: routes may differ in presets and defaults).
     prefix: String,
     store: Arc<dyn ImageStore>,
@@ -169,7 +171,12 @@ struct Inner {
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
-    pub fn new(cfg: ImagesConfig, prefix: &str, cache: Arc<Cache>) -> Images {
+    pub fn new(
+        cfg: ImagesConfig,
+        prefix: &str,
+        cache: Arc<Cache>,
+        admin_token: Option<String>,
+    ) -> Images {
         let store: Arc<dyn ImageStore> = match cfg.originals_memory.0 {
             0 => Arc::new(LocalDir::new(&cfg.dir)),
             n => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
@@ -196,8 +203,15 @@ impl Images {
                 cache,
                 limits,
                 cfg,
+                admin_token,
             }),
         }
+    }
+
+    /// The `[admin]` token this route checks.
+    #[cfg(test)]
+    pub(crate) fn admin_token(&self) -> Option<&str> {
+        self.inner.admin_token.as_deref()
     }
 
     /// Where the originals are, for logs.
@@ -235,7 +249,7 @@ impl Images {
     }
 
     fn authorized(&self, headers: &HeaderMap) -> Result<(), ImageError> {
-        let Some(token) = self.inner.cfg.admin_token.as_deref() else {
+        let Some(token) = self.inner.admin_token.as_deref() else {
             return Err(ImageError::Forbidden("no [admin] token is configured"));
         };
         if crate::admin::bearer_matches(headers, token) {

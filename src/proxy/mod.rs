@@ -36,6 +36,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::policy::RequestDirectives;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
@@ -51,15 +52,18 @@ pub struct Proxy(Arc<Inner>);
 
 struct Inner {
     cfg: ProxyConfig,
+    /// Who may PURGE.
+    access: Access,
     client: upstream::Client,
     cache: Arc<Cache>,
     status_header: HeaderName,
 }
 
 impl Proxy {
-    pub fn new(cfg: ProxyConfig, cache: Arc<Cache>) -> Proxy {
+    pub fn new(cfg: ProxyConfig, cache: Arc<Cache>, access: Access) -> Proxy {
         Proxy(Arc::new(Inner {
             client: upstream::client(&cfg),
+            access,
             status_header: cache.cfg.status_header.0.clone(),
             cfg,
             cache,
@@ -127,13 +131,7 @@ impl Proxy {
         let method = req.method();
         if method.as_str() == "PURGE" {
             let key = cache_key(&req);
-            return crate::admin::purge_method(
-                &me.cache,
-                &me.cfg.access,
-                &key,
-                req.headers(),
-                peer,
-            );
+            return crate::admin::purge_method(&me.cache, &me.access, &key, req.headers(), peer);
         }
         if !me.cfg.cache
             || (*method != Method::GET && *method != Method::HEAD)
@@ -754,6 +752,7 @@ mod size_probe {
         let p = super::Proxy::new(
             crate::config::ProxyConfig::new("http://127.0.0.1:1".parse().unwrap()),
             cache,
+            Default::default(),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
