@@ -1,7 +1,7 @@
 //! Delivery: turning a stored [`Entry`] into a response. This is the hot path of a cache hit:
-//! negotiate the encoding, answer conditionals and ranges, clone the prepared header block, add
-//! Age and the cache-status header, hand out the shared body (ranges are zero-copy slices of it).
-//! Nothing here parses stored headers or touches body bytes.
+//! negotiate the encoding, answer conditionals ([`crate::http::conditional`]) and ranges, clone
+//! the prepared header block, add Age and the cache-status header, hand out the shared body
+//! (ranges are zero-copy slices of it). Nothing here parses stored headers or touches body bytes.
 
 use std::time::Instant;
 
