@@ -19,7 +19,8 @@ use percent_encoding::percent_decode_str;
 
 use crate::body::Body;
 use crate::cache::{Cache, CacheKey, Purge};
-use crate::config::Cidr;
+use crate::config::{AdminConfig, Cidr};
+use crate::http::json_response;
 
 /// Who may run administrative operations.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +32,14 @@ pub struct Access {
 }
 
 impl Access {
+    /// Who may PURGE on a proxy route: the `[admin]` token, or an address in `purge_allow`.
+    pub fn purge(admin: &AdminConfig) -> Access {
+        Access {
+            token: admin.token.clone(),
+            allow: admin.purge_allow.clone(),
+        }
+    }
+
     /// Whether the request carries the configured bearer token.
     pub fn bearer_ok(&self, headers: &HeaderMap) -> bool {
         self.token
@@ -60,21 +69,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// A JSON response (bodies here are small and built by hand).
-pub fn json(status: StatusCode, body: String) -> Response<Body> {
-    let mut r = Response::new(Body::full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
-}
-
 fn refused() -> Response<Body> {
-    let mut r = json(
+    let mut r = json_response(
         StatusCode::UNAUTHORIZED,
         "{\"error\":\"admin token required\"}".into(),
     );
@@ -92,7 +88,7 @@ pub fn purge_method(
     peer: SocketAddr,
 ) -> Response<Body> {
     if !access.permits(headers, peer) {
-        return json(
+        return json_response(
             StatusCode::FORBIDDEN,
             "{\"error\":\"purge not allowed\"}".into(),
         );
@@ -103,7 +99,7 @@ pub fn purge_method(
     } else {
         StatusCode::OK
     };
-    json(status, format!("{{\"purged\":{n}}}"))
+    json_response(status, format!("{{\"purged\":{n}}}"))
 }
 
 /// The admin API handler.
@@ -133,11 +129,11 @@ impl Admin {
             (m, "/_larder/purge") if m == Method::POST || m.as_str() == "PURGE" => {
                 self.purge(req.uri().query().unwrap_or("")).await
             }
-            (_, "/_larder/status" | "/_larder/purge") => json(
+            (_, "/_larder/status" | "/_larder/purge") => json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "{\"error\":\"method not allowed\"}".into(),
             ),
-            _ => json(
+            _ => json_response(
                 StatusCode::NOT_FOUND,
                 "{\"error\":\"no such admin endpoint\"}".into(),
             ),
@@ -146,7 +142,7 @@ impl Admin {
 
     fn status(&self) -> Response<Body> {
         let s = &self.cache;
-        json(
+        json_response(
             StatusCode::OK,
             format!(
                 "{{\"cache\":{{\"urls\":{},\"bytes\":{},\"capacity\":{},\"fills_in_flight\":{}}}}}",
@@ -168,13 +164,13 @@ impl Admin {
                 )
             })
         }) else {
-            return json(
+            return json_response(
                 StatusCode::BAD_REQUEST,
                 "{\"error\":\"give one of url=, prefix= or tag=\"}".into(),
             );
         };
         if value.is_empty() {
-            return json(
+            return json_response(
                 StatusCode::BAD_REQUEST,
                 format!("{{\"error\":\"empty {kind}\"}}"),
             );
@@ -184,7 +180,7 @@ impl Admin {
             "url" => match key_of_url(&value) {
                 Some(k) => cache.purge(&Purge::Url(k)),
                 None => {
-                    return json(
+                    return json_response(
                         StatusCode::BAD_REQUEST,
                         "{\"error\":\"url must be absolute: http://host/path\"}".into(),
                     )
@@ -200,7 +196,7 @@ impl Admin {
                 .await
                 .unwrap_or(0),
         };
-        json(StatusCode::OK, format!("{{\"purged\":{purged}}}"))
+        json_response(StatusCode::OK, format!("{{\"purged\":{purged}}}"))
     }
 }
 

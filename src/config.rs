@@ -9,6 +9,12 @@
 //! they blame and its line, found by its path in the text ([`Locator`]). Each part of the program
 //! receives its own typed slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...),
 //! never the whole thing.
+//!
+//! It is plain data at the bottom of the dependency graph: it imports nothing of larder's, holds
+//! no runtime state (the handlers build theirs from it, e.g. who may purge from `[admin]`), and
+//! every type in it is `PartialEq`, so two configurations can be compared part by part. The
+//! grammar of image transform parameters is here too ([`image_params`]): presets are written in
+//! it and checked at load.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -22,6 +28,9 @@ use http::header::HeaderName;
 use http::Uri;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+
+pub mod image_params;
+use image_params::{FormatChoice, Preset};
 
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");
@@ -79,7 +88,7 @@ fn invalid(origin: &str, line: usize, key: &str, message: &str) -> String {
 }
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -95,13 +104,14 @@ pub struct Config {
     #[serde(default)]
     pub admin: AdminConfig,
     /// Where this configuration came from, to name keys and lines in errors found after
-    /// parsing ([`Config::fit_open_files`]).
+    /// parsing ([`Config::fit_open_files`]). Part of `==` like the rest: to see what changed
+    /// between two configurations, compare their parts.
     #[serde(skip)]
     pub source: Source,
 }
 
 /// The `[admin]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// Bearer token (`Authorization: Bearer <token>`) for admin operations; none disables them.
@@ -116,7 +126,7 @@ pub struct AdminConfig {
 
 /// The text a configuration was parsed from and its name in errors (a path, "embedded
 /// default", "command line").
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Source {
     pub origin: String,
     pub text: Arc<str>,
@@ -144,7 +154,6 @@ impl Config {
             origin: origin.to_string(),
             text: text.into(),
         };
-        cfg.distribute_admin_token();
         cfg.check_semantics()?;
         Ok(cfg)
     }
@@ -156,24 +165,6 @@ impl Config {
             source,
         })?;
         Self::parse(&text, &path.display().to_string())
-    }
-
-    /// Gives each image route its copy of the admin token (each part gets its own slice).
-    fn distribute_admin_token(&mut self) {
-        for l in &mut self.listeners {
-            for r in &mut l.routes {
-                match &mut r.handler {
-                    HandlerConfig::Images(i) => i.admin_token.clone_from(&self.admin.token),
-                    HandlerConfig::Proxy(p) => {
-                        p.access = crate::admin::Access {
-                            token: self.admin.token.clone(),
-                            allow: self.admin.purge_allow.clone(),
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
     }
 
     /// Checks that span several keys (each key alone was checked while parsing); an error names
@@ -528,7 +519,7 @@ impl<'a> Locator<'a> {
 }
 
 /// Server-wide settings: threads, connection limits, timeouts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Worker threads; 0 means one per core.
@@ -605,7 +596,7 @@ impl Default for ServerConfig {
 }
 
 /// The memory cache shared by every route.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
     /// Total bytes the cache may hold (bodies of every encoding plus headers); at least 64 KiB
@@ -668,7 +659,7 @@ impl Default for CacheConfig {
 }
 
 /// Which stored bodies get pre-compressed variants, and how hard to compress.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CompressionConfig {
     pub enabled: bool,
@@ -726,7 +717,7 @@ impl Default for CompressionConfig {
 }
 
 /// One listening socket and the routes it serves.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub addr: SocketAddr,
@@ -735,7 +726,7 @@ pub struct ListenerConfig {
 }
 
 /// A route: which requests (host, path prefix) go to which handler.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawRoute")]
 pub struct RouteConfig {
     pub host: Option<HostPattern>,
@@ -744,7 +735,7 @@ pub struct RouteConfig {
 }
 
 /// What serves the requests of a route.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum HandlerConfig {
     Proxy(ProxyConfig),
     Static(StaticConfig),
@@ -797,7 +788,7 @@ impl TryFrom<RawRoute> for RouteConfig {
 }
 
 /// A caching reverse proxy to one upstream.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     pub upstream: Upstream,
@@ -827,9 +818,6 @@ pub struct ProxyConfig {
     /// Idle pooled connections kept per upstream host.
     #[serde(default = "ProxyConfig::default_pool_idle")]
     pub pool_max_idle: usize,
-    /// Who may PURGE (copied from `[admin]` after parsing).
-    #[serde(skip)]
-    pub access: crate::admin::Access,
 }
 
 impl ProxyConfig {
@@ -843,7 +831,6 @@ impl ProxyConfig {
             request_cache_control: RequestCacheControl::default(),
             request_cache_control_trusted: Vec::new(),
             pool_max_idle: Self::default_pool_idle(),
-            access: crate::admin::Access::default(),
         }
     }
     fn default_connect_timeout() -> Dur<1> {
@@ -880,7 +867,7 @@ fn yes() -> bool {
 }
 
 /// Files served from a directory, or from files bundled in the binary.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StaticConfig {
     /// Directory served. Exactly one of `root` and `bundled`.
@@ -960,7 +947,7 @@ pub enum Bundle {
 }
 
 /// A fixed response (health checks, `/ping`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RespondConfig {
     #[serde(default = "RespondConfig::default_status")]
@@ -981,8 +968,8 @@ impl RespondConfig {
 }
 
 /// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
-/// parameters (zimg's API), results cached. See `crate::images`.
-#[derive(Debug, Clone, Deserialize)]
+/// parameters (zimg's API), results cached (the image server, `crate::images`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImagesConfig {
     /// Directory holding the originals (created at start if missing), sharded by MD5.
@@ -1032,7 +1019,7 @@ pub struct ImagesConfig {
     /// Output format when a request has no `f`: `none` keeps the source's, `auto` picks AVIF
     /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`.
     #[serde(default = "ImagesConfig::default_format")]
-    pub default_format: crate::images::params::FormatChoice,
+    pub default_format: FormatChoice,
     /// Encoding quality (1-100) when a request has no `q`.
     #[serde(default = "ImagesConfig::default_quality")]
     pub default_quality: Bounded<1, 100>,
@@ -1048,10 +1035,7 @@ pub struct ImagesConfig {
     /// Named parameter sets for `t=NAME`, written as a query string:
     /// `thumb = "w=100&h=100&p=1"`. Parameters in the request override the preset's.
     #[serde(default)]
-    pub presets: std::collections::BTreeMap<String, crate::images::params::Preset>,
-    /// Copied from `[admin] token` after parsing.
-    #[serde(skip)]
-    pub admin_token: Option<String>,
+    pub presets: std::collections::BTreeMap<String, Preset>,
 }
 
 impl ImagesConfig {
@@ -1077,7 +1061,6 @@ impl ImagesConfig {
             upload_allow: Vec::new(),
             upload_token: false,
             presets: Default::default(),
-            admin_token: None,
         }
     }
     fn default_max_upload() -> ByteSize<0, GIB> {
@@ -1117,8 +1100,8 @@ impl ImagesConfig {
     fn default_max_avif_pixels() -> Bounded<1, 1_000_000_000> {
         Bounded(2_073_600)
     }
-    fn default_format() -> crate::images::params::FormatChoice {
-        crate::images::params::FormatChoice::Keep
+    fn default_format() -> FormatChoice {
+        FormatChoice::Keep
     }
     fn default_quality() -> Bounded<1, 100> {
         Bounded(75)
@@ -1484,7 +1467,7 @@ impl<'de> Deserialize<'de> for Upscale {
 }
 
 /// A response header name given in the config.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderNameCfg(pub HeaderName);
 
 impl<'de> Deserialize<'de> for HeaderNameCfg {
@@ -1510,7 +1493,7 @@ impl<'de> Deserialize<'de> for HeaderValueCfg {
 }
 
 /// An upstream origin: `http://host:port` (no path).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     /// `host:port` as sent in requests' authority.
     pub authority: http::uri::Authority,
@@ -1683,8 +1666,10 @@ mod tests {
         assert!("exa mple".parse::<HostPattern>().is_err());
     }
 
+    /// The `[admin]` token reaches the image route where its handler is built
+    /// (`route::tests::handlers_get_the_admin_token_where_they_are_built`).
     #[test]
-    fn images_route_and_admin_token() {
+    fn images_route_and_presets() {
         let c = Config::parse(
             "[admin]\ntoken = \"s3cret\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/img/\"\nimages = { dir = \"/tmp/x\", upload_allow = [\"10.0.0.0/8\"], presets = { thumb = \"w=100&h=100\" } }\n",
             "t",
@@ -1693,7 +1678,6 @@ mod tests {
         let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
             panic!("images route")
         };
-        assert_eq!(i.admin_token.as_deref(), Some("s3cret"));
         assert!(i.upload_allow[0].contains("10.1.2.3".parse().unwrap()));
         assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
         let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
@@ -1897,5 +1881,31 @@ mod tests {
         assert!("http://127.0.0.1:3000".parse::<Upstream>().is_ok());
         assert!("http://127.0.0.1:3000/x".parse::<Upstream>().is_err());
         assert!("ftp://x".parse::<Upstream>().is_err());
+    }
+
+    /// Config is plain data at the bottom of the dependency graph: outside its tests, no file
+    /// of it names another module of larder (`crate::` anywhere, `super::` in this file, whose
+    /// parent is the crate), in code or in a `use`. Doc comments may mention them.
+    #[test]
+    fn config_imports_nothing_of_larders() {
+        let files = [
+            ("config.rs", include_str!("config.rs"), true),
+            (
+                "config/image_params.rs",
+                include_str!("config/image_params.rs"),
+                false,
+            ),
+        ];
+        for (name, text, root) in files {
+            let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+            for (n, line) in code.lines().enumerate() {
+                let line = line.trim_start();
+                if line.starts_with("//") {
+                    continue;
+                }
+                let reaches_out = line.contains("crate::") || (root && line.contains("super::"));
+                assert!(!reaches_out, "{name}:{}: {line}", n + 1);
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Delivery: turning a stored [`Entry`] into a response. This is the hot path of a cache hit:
-//! negotiate the encoding, answer conditionals and ranges, clone the prepared header block, add
-//! Age and the cache-status header, hand out the shared body (ranges are zero-copy slices of it).
-//! Nothing here parses stored headers or touches body bytes.
+//! negotiate the encoding, answer conditionals ([`crate::http::conditional`]) and ranges, clone
+//! the prepared header block, add Age and the cache-status header, hand out the shared body
+//! (ranges are zero-copy slices of it). Nothing here parses stored headers or touches body bytes.
 
 use std::time::SystemTime;
 
@@ -11,6 +11,7 @@ use http::{Method, Response, StatusCode};
 use crate::body::Body;
 use crate::cache::Entry;
 use crate::compress::AcceptEncoding;
+use crate::http::conditional::{self, Preconditions};
 use crate::range::{self, Decision};
 
 /// What the cache-status header says about a response.
@@ -81,19 +82,10 @@ fn respond(
         }
     };
 
-    match evaluate_conditionals(entry, &variant.head, method, &fields) {
-        Conditional::Proceed => {}
-        Conditional::NotModified => {
-            let mut r = not_modified(&variant.head);
-            mark(r.headers_mut());
-            return r;
-        }
-        Conditional::PreconditionFailed => {
-            let mut r = Response::new(Body::empty());
-            *r.status_mut() = StatusCode::PRECONDITION_FAILED;
-            mark(r.headers_mut());
-            return r;
-        }
+    let decided = conditional::evaluate(&fields.pre, method, &variant.head, entry.last_modified);
+    if let Some(mut r) = decided.response(&variant.head) {
+        mark(r.headers_mut());
+        return r;
     }
 
     // Range requests are answered from the complete stored body (RFC 9110 §14).
@@ -154,23 +146,13 @@ fn age_value(secs: u64) -> HeaderValue {
     table[secs as usize].clone()
 }
 
-/// The outcome of a request's preconditions against a stored response (RFC 9110 §13.2.2).
-enum Conditional {
-    Proceed,
-    NotModified,
-    PreconditionFailed,
-}
-
 /// The request fields a delivery looks at, found in one pass over the request's fields: most
 /// requests carry none of them, and a hashed lookup for each would cost more than the pass.
 /// A repeated field counts by its first line, as `HeaderMap::get` would.
 #[derive(Default)]
 struct RequestFields<'a> {
     accept_encoding: Option<&'a HeaderValue>,
-    if_match: Option<&'a HeaderValue>,
-    if_none_match: Option<&'a HeaderValue>,
-    if_modified_since: Option<&'a HeaderValue>,
-    if_unmodified_since: Option<&'a HeaderValue>,
+    pre: Preconditions<'a>,
     range: bool,
 }
 
@@ -181,14 +163,8 @@ impl<'a> RequestFields<'a> {
         for (name, value) in req {
             let slot = if name == header::ACCEPT_ENCODING {
                 &mut f.accept_encoding
-            } else if name == header::IF_MATCH {
-                &mut f.if_match
-            } else if name == header::IF_NONE_MATCH {
-                &mut f.if_none_match
-            } else if name == header::IF_MODIFIED_SINCE {
-                &mut f.if_modified_since
-            } else if name == header::IF_UNMODIFIED_SINCE {
-                &mut f.if_unmodified_since
+            } else if let Some(slot) = f.pre.slot(name) {
+                slot
             } else {
                 f.range |= name == header::RANGE;
                 continue;
@@ -197,104 +173,6 @@ impl<'a> RequestFields<'a> {
         }
         f
     }
-}
-
-fn evaluate_conditionals(
-    entry: &Entry,
-    head: &HeaderMap,
-    method: &Method,
-    req: &RequestFields<'_>,
-) -> Conditional {
-    let etag = || head.get(header::ETAG);
-    // 1. If-Match (strong comparison).
-    if let Some(im) = req.if_match {
-        if !etag_list_matches(im, etag(), true) {
-            return Conditional::PreconditionFailed;
-        }
-    } else if let Some(ius) = req.if_unmodified_since {
-        // 2. If-Unmodified-Since, only without If-Match.
-        if let (Some(since), Some(lm)) = (parse_date(ius), entry.last_modified) {
-            if lm > since {
-                return Conditional::PreconditionFailed;
-            }
-        }
-    }
-    let safe = *method == Method::GET || *method == Method::HEAD;
-    // 3. If-None-Match (weak comparison).
-    if let Some(inm) = req.if_none_match {
-        if etag_list_matches(inm, etag(), false) {
-            return if safe {
-                Conditional::NotModified
-            } else {
-                Conditional::PreconditionFailed
-            };
-        }
-        return Conditional::Proceed;
-    }
-    // 4. If-Modified-Since, only without If-None-Match, GET/HEAD only.
-    if safe {
-        if let Some(ims) = req.if_modified_since {
-            if let (Some(since), Some(lm)) = (parse_date(ims), entry.last_modified) {
-                if lm <= since {
-                    return Conditional::NotModified;
-                }
-            }
-        }
-    }
-    Conditional::Proceed
-}
-
-fn parse_date(v: &HeaderValue) -> Option<SystemTime> {
-    httpdate::parse_http_date(v.to_str().ok()?).ok()
-}
-
-/// Whether an If-Match / If-None-Match list matches `etag` (RFC 9110 §8.8.3.2).
-pub fn etag_list_matches(list: &HeaderValue, etag: Option<&HeaderValue>, strong: bool) -> bool {
-    let Ok(list) = list.to_str() else {
-        return false;
-    };
-    if list.trim() == "*" {
-        return etag.is_some();
-    }
-    let Some(etag) = etag.and_then(|e| e.to_str().ok()) else {
-        return false;
-    };
-    let (etag_weak, etag_opaque) = split_etag(etag);
-    if strong && etag_weak {
-        return false;
-    }
-    list.split(',').any(|candidate| {
-        let (weak, opaque) = split_etag(candidate.trim());
-        opaque == etag_opaque && !(strong && weak)
-    })
-}
-
-fn split_etag(tag: &str) -> (bool, &str) {
-    match tag.strip_prefix("W/") {
-        Some(rest) => (true, rest),
-        None => (false, tag),
-    }
-}
-
-/// A 304 carrying the fields RFC 9110 §15.4.5 requires from the 200 it stands for.
-fn not_modified(head: &HeaderMap) -> Response<Body> {
-    let mut r = Response::new(Body::empty());
-    *r.status_mut() = StatusCode::NOT_MODIFIED;
-    let h = r.headers_mut();
-    for name in [
-        header::CACHE_CONTROL,
-        header::CONTENT_LOCATION,
-        header::DATE,
-        header::ETAG,
-        header::EXPIRES,
-        header::VARY,
-        header::LAST_MODIFIED,
-    ] {
-        for v in head.get_all(&name) {
-            h.append(name.clone(), v.clone());
-        }
-    }
-    r
 }
 
 #[cfg(test)]
@@ -318,14 +196,14 @@ mod tests {
             hv("Sat, 21 Nov 2026 13:53:30 GMT"),
         );
         let f = RequestFields::scan(&h);
-        assert_eq!(f.if_none_match.unwrap(), "\"a\"");
+        assert_eq!(f.pre.if_none_match.unwrap(), "\"a\"");
         assert_eq!(f.accept_encoding.unwrap(), "br");
         assert!(f.range);
-        assert!(f.if_modified_since.is_some());
-        assert!(f.if_match.is_none() && f.if_unmodified_since.is_none());
+        assert!(f.pre.if_modified_since.is_some());
+        assert!(f.pre.if_match.is_none() && f.pre.if_unmodified_since.is_none());
         let empty = HeaderMap::new();
         let f = RequestFields::scan(&empty);
-        assert!(!f.range && f.accept_encoding.is_none() && f.if_none_match.is_none());
+        assert!(!f.range && f.accept_encoding.is_none() && f.pre.if_none_match.is_none());
     }
 
     #[test]
@@ -333,18 +211,5 @@ mod tests {
         assert_eq!(age_value(0), "0");
         assert_eq!(age_value(3600), "3600");
         assert_eq!(age_value(3601), "3601");
-    }
-
-    #[test]
-    fn etag_comparison() {
-        let strong = hv("\"a\"");
-        let weak = hv("W/\"a\"");
-        assert!(etag_list_matches(&hv("\"a\""), Some(&strong), true));
-        assert!(etag_list_matches(&hv("W/\"a\""), Some(&strong), false));
-        assert!(!etag_list_matches(&hv("W/\"a\""), Some(&strong), true));
-        assert!(!etag_list_matches(&hv("\"a\""), Some(&weak), true));
-        assert!(etag_list_matches(&hv("\"b\", \"a\""), Some(&weak), false));
-        assert!(etag_list_matches(&hv("*"), Some(&weak), false));
-        assert!(!etag_list_matches(&hv("*"), None, false));
     }
 }

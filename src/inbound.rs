@@ -16,7 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 
 use crate::body::Body;
-use crate::proxy::upstream::text_response;
+use crate::http::text_response;
 
 /// A request refused where it enters: its status and a short text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,30 @@
 //!
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
-//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform, cached results), [`respond`] (fixed responses), [`body`] (the response body type).
+//! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
+//! cached results), [`respond`] (fixed responses), [`admin`] (who may purge, the admin API),
+//! [`body`] (the response body type).
+//!
+//! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
+//! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
+//! X-Forwarded-* fields ([`http::fields`]), short text and JSON responses, and why an upstream
+//! exchange failed ([`http::FetchError`]).
+//!
+//! # Who imports whom
+//!
+//! Bottom up; each line imports only from lines above it, so no module imports one that imports
+//! it back:
+//!
+//! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
+//!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
+//!    [`body`]; [`memory`] (the count of freed memory the trim service reads).
+//! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
+//!    [`interim`] (http); [`respond`] (body, config).
+//! 3. [`cache`] (compress, config, http).
+//! 4. [`deliver`] (cache, compress, http, range); [`admin`] (cache, config, http).
+//! 5. The handlers: [`proxy`], [`static_files`], [`images`] (the lines above).
+//! 6. [`route`] (the handlers, admin, interim), [`server`] (route, interim, memory), [`cli`]
+//!    (config).
 
 pub mod admin;
 pub mod body;
@@ -30,6 +53,7 @@ pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod deliver;
+pub mod http;
 pub mod images;
 pub mod inbound;
 pub mod proxy;

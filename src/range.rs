@@ -21,6 +21,7 @@ use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
 
 use crate::body::{Body, BoxError};
+use crate::http::{date, etag};
 
 /// More ranges than this in one request are not worth serving as parts (a known abuse: many
 /// tiny overlapping ranges); such a Range field is ignored and the whole body sent.
@@ -174,26 +175,12 @@ pub fn if_range_allows(
     let b = v.as_bytes();
     if b.starts_with(b"\"") || b.starts_with(b"W/") {
         // Weak tags never match (strong comparison).
-        return match etag {
-            Some(e) => {
-                !b.starts_with(b"W/") && !e.as_bytes().starts_with(b"W/") && b == e.as_bytes()
-            }
-            None => false,
-        };
+        return etag.is_some_and(|e| etag::strong_eq(v, e));
     }
-    let (Some(lm), Some(date)) = (
-        last_modified,
-        v.to_str()
-            .ok()
-            .and_then(|s| httpdate::parse_http_date(s).ok()),
-    ) else {
+    let (Some(lm), Some(since)) = (last_modified, date::parse(v)) else {
         return false;
     };
-    secs(lm) == secs(date)
-}
-
-fn secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    date::secs(lm) == date::secs(since)
 }
 
 /// The whole Range decision for a GET: `Range` and `If-Range` from `req` against a representation

@@ -14,11 +14,12 @@ use std::task::{Context, Poll};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::Cache;
-use crate::config::{HandlerConfig, HostPattern, ListenerConfig};
+use crate::config::{AdminConfig, HandlerConfig, HostPattern, ListenerConfig};
+use crate::http::text_response;
 use crate::images::Images;
-use crate::proxy::upstream::text_response;
 use crate::proxy::Proxy;
 use crate::respond::Respond;
 use crate::server::interim::Sink;
@@ -52,20 +53,32 @@ impl Future for Serving {
 }
 
 impl Handler {
-    fn build(cfg: &HandlerConfig, prefix: &str, cache: &Arc<Cache>) -> Handler {
+    /// Builds a route's handler from its configuration; `admin` is who may run admin
+    /// operations (PURGE, image uploads and deletes), the same for every route.
+    fn build(
+        cfg: &HandlerConfig,
+        prefix: &str,
+        cache: &Arc<Cache>,
+        admin: &AdminConfig,
+    ) -> Handler {
         match cfg {
-            HandlerConfig::Proxy(p) => {
-                Handler::Proxy(Arc::new(Proxy::new(p.clone(), Arc::clone(cache))))
-            }
+            HandlerConfig::Proxy(p) => Handler::Proxy(Arc::new(Proxy::new(
+                p.clone(),
+                Arc::clone(cache),
+                Access::purge(admin),
+            ))),
             HandlerConfig::Static(s) => Handler::Static(Arc::new(StaticFiles::new(
                 s.clone(),
                 prefix,
                 Arc::clone(cache),
             ))),
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
-            HandlerConfig::Images(i) => {
-                Handler::Images(Arc::new(Images::new(i.clone(), prefix, Arc::clone(cache))))
-            }
+            HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
+                i.clone(),
+                prefix,
+                Arc::clone(cache),
+                admin.token.clone(),
+            ))),
         }
     }
 
@@ -121,14 +134,15 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn new(listener: &ListenerConfig, cache: &Arc<Cache>) -> Router {
+    /// The router of `listener`, its handlers built with the shared `cache` and `[admin]`.
+    pub fn new(listener: &ListenerConfig, admin: &AdminConfig, cache: &Arc<Cache>) -> Router {
         let mut routes: Vec<Route> = listener
             .routes
             .iter()
             .map(|r| Route {
                 host: r.host.clone().unwrap_or(HostPattern::Any),
                 prefix: r.path.0.clone(),
-                handler: Handler::build(&r.handler, &r.path.0, cache),
+                handler: Handler::build(&r.handler, &r.path.0, cache, admin),
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -256,7 +270,7 @@ addr = "127.0.0.1:1"
         )
         .unwrap();
         let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
-        let r = Router::new(&cfg.listeners[0], &cache);
+        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache);
         let body = |host: &str, path: &str| match r.find(host, path) {
             Some(Handler::Respond(x)) => x.body_text(),
             _ => "none".into(),
@@ -266,6 +280,31 @@ addr = "127.0.0.1:1"
         assert_eq!(body("a.b.example.com", "/api/x"), "wild");
         assert_eq!(body("example.com", "/api/x"), "any-api");
         assert_eq!(body("other", "/x"), "any-root");
+    }
+
+    /// `[admin]` goes to the handlers where they are built, from a file or from a
+    /// configuration built in code (the command line's quick starts) alike.
+    #[tokio::test]
+    async fn handlers_get_the_admin_token_where_they_are_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[admin]\ntoken = \"s3cret\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/img/\"\nimages = {{ dir = {:?} }}\n",
+            dir.path().display().to_string()
+        );
+        let parsed = Config::parse(&text, "t").unwrap();
+        let mut built = Config::single_route(
+            "127.0.0.1:1".parse().unwrap(),
+            parsed.listeners[0].routes[0].handler.clone(),
+        );
+        built.admin.token = Some("s3cret".into());
+        for c in [parsed, built] {
+            let cache = Cache::new(c.cache.clone(), c.compression.clone());
+            let r = Router::new(&c.listeners[0], &c.admin, &cache);
+            let Some(Handler::Images(i)) = r.find("", "/img/x") else {
+                panic!("images route")
+            };
+            assert_eq!(i.admin_token(), Some("s3cret"));
+        }
     }
 
     #[test]

@@ -43,8 +43,9 @@ use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, Inflight};
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::config::{Bundle, StaticConfig};
-use crate::deliver::etag_list_matches;
-use crate::proxy::upstream::text_response;
+use crate::http::conditional::{self, Preconditions};
+use crate::http::etag::weakened;
+use crate::http::{date, text_response};
 use crate::range::{self, Decision};
 
 /// How long a file's resolution is trusted before the file is stat-ed again.
@@ -185,11 +186,7 @@ impl StaticFiles {
                         let mut h = settings.headers_for(path);
                         let etag = format!("\"{:x}-{:x}\"", fnv1a(body), body.len());
                         h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex"));
-                        h.insert(
-                            header::LAST_MODIFIED,
-                            HeaderValue::from_str(&httpdate::fmt_http_date(bundle_time()))
-                                .expect("date"),
-                        );
+                        h.insert(header::LAST_MODIFIED, date::value(bundle_time()));
                         let e = Entry::build(
                             StatusCode::OK,
                             h,
@@ -417,9 +414,7 @@ impl StaticFiles {
         let mut headers = self.settings.headers_for(&f.name);
         let (etag, modified) = validators(&meta);
         headers.insert(header::ETAG, etag);
-        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
-            headers.insert(header::LAST_MODIFIED, v);
-        }
+        headers.insert(header::LAST_MODIFIED, date::value(modified));
         headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
         let len = meta.len() as usize;
         let compress = self
@@ -538,13 +533,14 @@ impl Settings {
                     let mut h = base.clone();
                     if let Some(ce) = enc.header_value() {
                         h.insert(header::CONTENT_ENCODING, ce);
-                        h.insert(header::ETAG, weaken(&etag));
+                        h.insert(
+                            header::ETAG,
+                            weakened(&etag).unwrap_or_else(|| etag.clone()),
+                        );
                     } else {
                         h.insert(header::ETAG, etag.clone());
                     }
-                    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
-                        h.insert(header::LAST_MODIFIED, v);
-                    }
+                    h.insert(header::LAST_MODIFIED, date::value(modified));
                     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
                     if !f.siblings.is_empty() {
                         h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
@@ -556,13 +552,6 @@ impl Settings {
         variants.sort_by_key(|(e, _, len, _)| (*len, *e != Encoding::Identity));
         DiskFile { variants, modified }
     }
-}
-
-fn weaken(etag: &HeaderValue) -> HeaderValue {
-    let mut w = Vec::with_capacity(etag.len() + 2);
-    w.extend_from_slice(b"W/");
-    w.extend_from_slice(etag.as_bytes());
-    HeaderValue::from_bytes(&w).unwrap_or_else(|_| etag.clone())
 }
 
 /// Strong ETag and Last-Modified from a file's metadata.
@@ -724,16 +713,16 @@ async fn deliver_disk(file: &DiskFile, method: &Method, req: &HeaderMap) -> Opti
                 .iter()
                 .find(|(e, ..)| *e == Encoding::Identity)
         })?;
-    let etag = head.get(header::ETAG);
-    if let Some(status) = preconditions(req, etag, Some(file.modified)) {
-        return Some(conditional_response(status, head));
+    let decided = conditional::evaluate(&Preconditions::of(req), method, head, Some(file.modified));
+    if let Some(r) = decided.response(head) {
+        return Some(r);
     }
     if *method == Method::HEAD {
         let mut r = Response::new(Body::empty());
         *r.headers_mut() = head.clone();
         return Some(r);
     }
-    let decision = range::evaluate(req, *len, etag, Some(file.modified));
+    let decision = range::evaluate(req, *len, head.get(header::ETAG), Some(file.modified));
     if decision == Decision::Unsatisfiable {
         return Some(range::unsatisfiable(*len));
     }
@@ -760,65 +749,6 @@ async fn deliver_disk(file: &DiskFile, method: &Method, req: &HeaderMap) -> Opti
             r
         }
     })
-}
-
-/// RFC 9110 §13.2.2: Some(412) or Some(304) when a precondition decides the response.
-fn preconditions(
-    req: &HeaderMap,
-    etag: Option<&HeaderValue>,
-    last_modified: Option<SystemTime>,
-) -> Option<StatusCode> {
-    let date = |v: &HeaderValue| {
-        v.to_str()
-            .ok()
-            .and_then(|s| httpdate::parse_http_date(s).ok())
-    };
-    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    if let Some(im) = req.get(header::IF_MATCH) {
-        if !etag_list_matches(im, etag, true) {
-            return Some(StatusCode::PRECONDITION_FAILED);
-        }
-    } else if let (Some(since), Some(lm)) = (
-        req.get(header::IF_UNMODIFIED_SINCE).and_then(date),
-        last_modified,
-    ) {
-        if secs(lm) > secs(since) {
-            return Some(StatusCode::PRECONDITION_FAILED);
-        }
-    }
-    if let Some(inm) = req.get(header::IF_NONE_MATCH) {
-        if etag_list_matches(inm, etag, false) {
-            return Some(StatusCode::NOT_MODIFIED);
-        }
-    } else if let (Some(since), Some(lm)) = (
-        req.get(header::IF_MODIFIED_SINCE).and_then(date),
-        last_modified,
-    ) {
-        if secs(lm) <= secs(since) {
-            return Some(StatusCode::NOT_MODIFIED);
-        }
-    }
-    None
-}
-
-/// A 304 with the fields §15.4.5 asks for, or an empty 412.
-fn conditional_response(status: StatusCode, head: &HeaderMap) -> Response<Body> {
-    let mut r = Response::new(Body::empty());
-    *r.status_mut() = status;
-    if status == StatusCode::NOT_MODIFIED {
-        let h = r.headers_mut();
-        for name in [
-            header::CACHE_CONTROL,
-            header::ETAG,
-            header::VARY,
-            header::LAST_MODIFIED,
-        ] {
-            if let Some(v) = head.get(&name) {
-                h.insert(name, v.clone());
-            }
-        }
-    }
-    r
 }
 
 fn refusal(status: StatusCode) -> Response<Body> {

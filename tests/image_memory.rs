@@ -11,10 +11,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use http::HeaderMap;
-use larder::images::codec::{self, Raster};
+use larder::images::codec::{self, Limits, Raster};
 use larder::images::params::{FormatChoice, Params, Resolved};
 use larder::images::sniff::{self, ImageFormat};
-use larder::images::transform::{self, Limits};
+use larder::images::transform;
 
 struct Counting;
 

@@ -166,7 +166,7 @@ fn dims(b: &[u8]) -> (u32, u32) {
 /// An AVIF decoded by larder's own decoder.
 fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
     let p = sniff::probe(b).unwrap();
-    let limits = larder::images::transform::Limits {
+    let limits = larder::images::codec::Limits {
         max_pixels: 50_000_000,
         max_dim: 4096,
         max_frames: 1,
@@ -696,8 +696,9 @@ fn time_transform(
     params: &str,
     n: u32,
 ) -> (Duration, larder::images::transform::Timing) {
+    use larder::images::codec::Limits;
     use larder::images::params::{FormatChoice, Params, Resolved};
-    use larder::images::transform::{self, Limits};
+    use larder::images::transform;
     let probe = sniff::probe(data).unwrap();
     let p = Params::parse(params).unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
@@ -963,8 +964,9 @@ fn avif_decode_timing() {
 /// must show exactly the middle rows. A vertical gradient makes a misplaced band visible.
 #[test]
 fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
+    use larder::images::codec::Limits;
     use larder::images::params::{FormatChoice, Params, Resolved};
-    use larder::images::transform::{self, Limits};
+    use larder::images::transform;
     let (w, h) = (64usize, 400usize);
     let mut px = Vec::with_capacity(w * h * 3);
     for y in 0..h {

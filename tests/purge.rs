@@ -43,6 +43,11 @@ async fn warm(c: &Client, url: &str) {
     }
 }
 
+/// PURGE with the admin token.
+async fn purge_with_token(c: &Client, url: &str) -> Got {
+    send(c, "PURGE", url, &[("authorization", "Bearer s3cret")], b"").await
+}
+
 async fn is_cached(c: &Client, url: &str, lang: &str) -> bool {
     // only-if-cached answers 504 instead of fetching, so probing does not refill.
     get(
@@ -66,27 +71,13 @@ async fn purge_method_needs_token_or_allowed_address() {
     let denied = send(&c, "PURGE", &url, &[], b"").await;
     assert_eq!(denied.status, 403);
     assert!(is_cached(&c, &url, "en").await);
-    let ok = send(
-        &c,
-        "PURGE",
-        &url,
-        &[("authorization", "Bearer s3cret")],
-        b"",
-    )
-    .await;
+    let ok = purge_with_token(&c, &url).await;
     assert_eq!(ok.status, 200);
     assert_eq!(ok.body, "{\"purged\":1}");
     // Every variant of the URL is gone.
     assert!(!is_cached(&c, &url, "en").await);
     assert!(!is_cached(&c, &url, "fr").await);
-    let again = send(
-        &c,
-        "PURGE",
-        &url,
-        &[("authorization", "Bearer s3cret")],
-        b"",
-    )
-    .await;
+    let again = purge_with_token(&c, &url).await;
     assert_eq!(again.status, 404);
 }
 
@@ -224,4 +215,30 @@ fn admin_listener_without_token_is_a_config_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("token"), "{e}");
+}
+
+/// A configuration built without a file (the command line's quick starts) once left the admin
+/// token with `[admin]`: it was handed to the routes only while parsing a file, so a proxy route
+/// refused every PURGE. Handlers now get it where they are built.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_quick_start_routes_get_the_admin_token() {
+    use larder::config::{Config, HandlerConfig, ProxyConfig};
+    let origin =
+        Origin::start(|_, n| Reply::ok(format!("{n}")).header("cache-control", "max-age=600"))
+            .await;
+    let upstream = origin.url().parse().expect("origin URL");
+    let mut cfg = Config::single_route(
+        "127.0.0.1:0".parse().unwrap(),
+        HandlerConfig::Proxy(ProxyConfig::new(upstream)),
+    );
+    cfg.admin.token = Some("s3cret".into());
+    let larder = larder::server::start(cfg).await.expect("larder starts");
+    let c = client();
+    let url = format!("http://{}/page", larder.addrs[0]);
+    get(&c, &url, &[]).await;
+    assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
+    assert_eq!(send(&c, "PURGE", &url, &[], b"").await.status, 403);
+    let ok = purge_with_token(&c, &url).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
 }

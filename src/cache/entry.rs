@@ -95,7 +95,7 @@ impl Entry {
         let last_modified = headers
             .get(header::LAST_MODIFIED)
             .and_then(|v| v.to_str().ok())
-            .and_then(crate::cache::policy::parse_http_date);
+            .and_then(crate::http::date::parse_lenient);
 
         let mut weight = 256u64;
         for (k, v) in headers.iter() {
@@ -107,7 +107,7 @@ impl Entry {
             let mut head = headers.clone();
             if let Some(v) = enc.header_value() {
                 head.insert(header::CONTENT_ENCODING, v);
-                if let Some(weak) = etag.as_ref().and_then(weakened) {
+                if let Some(weak) = etag.as_ref().and_then(crate::http::etag::weakened) {
                     head.insert(header::ETAG, weak);
                 }
             }
@@ -194,19 +194,6 @@ impl Entry {
     pub fn has_encoding(&self, e: Encoding) -> bool {
         self.variants[e as usize].is_some()
     }
-}
-
-/// A strong ETag weakened (None if it is weak already). A strong ETag names one
-/// representation; a body in another coding is a different representation, so it is sent with
-/// the tag weakened (as nginx does).
-pub fn weakened(tag: &HeaderValue) -> Option<HeaderValue> {
-    if tag.as_bytes().starts_with(b"W/") {
-        return None;
-    }
-    let mut weak = Vec::with_capacity(tag.len() + 2);
-    weak.extend_from_slice(b"W/");
-    weak.extend_from_slice(tag.as_bytes());
-    HeaderValue::from_bytes(&weak).ok()
 }
 
 /// Whether the Vary field lists `name` (case-insensitive).

@@ -24,9 +24,8 @@ use rav1d::src::lib::{
 use rav1d::Dav1dResult;
 use yuv::{YuvPlanarImage, YuvRange, YuvStandardMatrix};
 
-use super::codec::{CodecError, Raster};
+use super::codec::{CodecError, Limits, Raster};
 use super::sniff::{self, Probe};
-use super::transform::Limits;
 
 fn bad(reason: impl Into<String>) -> CodecError {
     CodecError::Decode("AVIF", reason.into())

@@ -8,7 +8,6 @@
 use std::io::Cursor;
 
 use super::sniff::{ImageFormat, Probe};
-use super::transform::Limits;
 
 /// Pixels in memory: 1 (gray), 3 (RGB) or 4 (RGBA) bytes per pixel, rows packed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +97,21 @@ pub enum CodecError {
     Encode(&'static str, String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// Limits a transform runs under: the source's size and frames (checked here, from the header),
+/// the output's, and AVIF's cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_pixels: u64,
+    pub max_dim: u32,
+    pub max_frames: u32,
+    /// Largest scale factor applied to the source (1.0: never enlarged).
+    pub max_upscale: f64,
+    /// rav1e's speed preset (1-10) for AVIF output.
+    pub avif_speed: u8,
+    /// Largest AVIF output, in pixels.
+    pub max_avif_pixels: u64,
 }
 
 /// Refuses sources over the pixel or frame limits, from the header alone.
@@ -295,36 +309,6 @@ fn decode_webp(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
         channels: if img.is_alpha() { 4 } else { 3 },
         data: img.to_vec(),
     })
-}
-
-/// Applies an EXIF orientation (1-8), so the output is upright and needs no tag.
-pub fn orient(img: Raster, orientation: u8) -> Raster {
-    use super::transform::rotate;
-    match orientation {
-        2 => flip_h(&img),
-        3 => rotate(&img, 180),
-        4 => flip_h(&rotate(&img, 180)),
-        5 => flip_h(&rotate(&img, 90)),
-        6 => rotate(&img, 90),
-        7 => flip_h(&rotate(&img, 270)),
-        8 => rotate(&img, 270),
-        _ => img,
-    }
-}
-
-fn flip_h(img: &Raster) -> Raster {
-    let c = usize::from(img.channels);
-    let row = img.width as usize * c;
-    let mut data = Vec::with_capacity(img.data.len());
-    for r in img.data.chunks_exact(row) {
-        for px in r.chunks_exact(c).rev() {
-            data.extend_from_slice(px);
-        }
-    }
-    Raster {
-        data,
-        ..img.clone()
-    }
 }
 
 /// Encodes with fast settings (AVIF at rav1e's fastest speed); `quality` 1-100 applies to JPEG,

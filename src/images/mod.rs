@@ -41,19 +41,19 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::admin::json;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join, Purge};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
-use codec::CodecError;
+use crate::http::{json_response, text_response};
+use codec::{CodecError, Limits};
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
 use sniff::{Probe, SniffError};
 use storage::{ImageStore, InMemory, LocalDir, Md5Hex};
-use transform::{Limits, TransformError};
+use transform::TransformError;
 
 /// Why an image request failed; each maps to one status code.
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +107,7 @@ impl ImageError {
 
     fn response(&self) -> Response<Body> {
         let status = self.status();
-        let mut r = crate::proxy::upstream::text_response(status, &format!("{self}\n"));
+        let mut r = text_response(status, &format!("{self}\n"));
         let h = r.headers_mut();
         match self {
             ImageError::Busy => {
@@ -156,6 +156,8 @@ pub struct Images {
 
 struct Inner {
     cfg: ImagesConfig,
+    /// The `[admin]` token: uploads (with `upload_token`) and deletes need it.
+    admin_token: Option<String>,
     /// The route's path prefix (part of cache keys: routes may differ in presets and defaults).
     prefix: String,
     store: Arc<dyn ImageStore>,
@@ -169,7 +171,12 @@ struct Inner {
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
-    pub fn new(cfg: ImagesConfig, prefix: &str, cache: Arc<Cache>) -> Images {
+    pub fn new(
+        cfg: ImagesConfig,
+        prefix: &str,
+        cache: Arc<Cache>,
+        admin_token: Option<String>,
+    ) -> Images {
         let store: Arc<dyn ImageStore> = match cfg.originals_memory.0 {
             0 => Arc::new(LocalDir::new(&cfg.dir)),
             n => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
@@ -196,8 +203,15 @@ impl Images {
                 cache,
                 limits,
                 cfg,
+                admin_token,
             }),
         }
+    }
+
+    /// The `[admin]` token this route checks.
+    #[cfg(test)]
+    pub(crate) fn admin_token(&self) -> Option<&str> {
+        self.inner.admin_token.as_deref()
     }
 
     /// Where the originals are, for logs.
@@ -235,7 +249,7 @@ impl Images {
     }
 
     fn authorized(&self, headers: &HeaderMap) -> Result<(), ImageError> {
-        let Some(token) = self.inner.cfg.admin_token.as_deref() else {
+        let Some(token) = self.inner.admin_token.as_deref() else {
             return Err(ImageError::Forbidden("no [admin] token is configured"));
         };
         if crate::admin::bearer_matches(headers, token) {
@@ -286,7 +300,7 @@ impl Images {
         } else {
             format!("[{}]", replies.join(","))
         };
-        Ok(json(StatusCode::OK, body))
+        Ok(json_response(StatusCode::OK, body))
     }
 
     async fn info(&self, req: &Request<Incoming>) -> Result<Response<Body>, ImageError> {
@@ -301,7 +315,10 @@ impl Images {
             })?;
         let data = self.load(&md5).await?;
         let probe = sniff::probe(&data)?;
-        Ok(json(StatusCode::OK, info_json(&md5, data.len(), &probe)))
+        Ok(json_response(
+            StatusCode::OK,
+            info_json(&md5, data.len(), &probe),
+        ))
     }
 
     async fn delete(
@@ -322,7 +339,7 @@ impl Images {
         if !existed {
             return Err(ImageError::NotFound);
         }
-        Ok(json(
+        Ok(json_response(
             StatusCode::OK,
             format!("{{\"md5\":\"{}\",\"deleted\":true}}", md5.as_str()),
         ))

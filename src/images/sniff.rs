@@ -470,7 +470,7 @@ pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
 /// anticlockwise) then `imir` (0: about the vertical axis, left↔right; 1: about the horizontal
 /// axis, top↔bottom) applied, as ISO/IEC 23008-12 orders them.
 fn orientation(quarter_turns_ccw: u8, mirror: Option<u8>) -> u8 {
-    // Clockwise degrees, then a left↔right flip: what `codec::orient` does for 1-8.
+    // Clockwise degrees, then a left↔right flip: what `transform::orient` does for 1-8.
     let mut cw = (4 - u32::from(quarter_turns_ccw & 3)) % 4 * 90;
     let flip = match mirror {
         None => false,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fast_image_resize as fr;
 
-use super::codec::{self, CodecError, Raster};
+use super::codec::{self, CodecError, Limits, Raster};
 use super::params::{Mode, Resolved, Target};
 use super::sniff::{ImageFormat, Probe};
 
@@ -183,20 +183,6 @@ pub fn rotated_size(w: u32, h: u32, deg: u32) -> (u32, u32) {
     }
 }
 
-/// Limits a transform runs under.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_pixels: u64,
-    pub max_dim: u32,
-    pub max_frames: u32,
-    /// Largest scale factor applied to the source (1.0: never enlarged).
-    pub max_upscale: f64,
-    /// rav1e's speed preset (1-10) for AVIF output.
-    pub avif_speed: u8,
-    /// Largest AVIF output, in pixels.
-    pub max_avif_pixels: u64,
-}
-
 /// A transform decided from the header and the parameters alone, before any pixel is decoded:
 /// its geometry, its output format, and what it will cost (the pool admits and orders it by
 /// these estimates).
@@ -354,7 +340,7 @@ pub fn run(
 
     let start = Instant::now();
     let (img, band) = codec::decode(src, probe, p.need, r.gray, p.rows, limits)?;
-    let img = codec::orient(img, probe.orientation);
+    let img = orient(img, probe.orientation);
     t.decode = start.elapsed();
 
     let start = Instant::now();
@@ -429,6 +415,35 @@ pub fn resize(
         channels,
         data: dst.into_vec(),
     })
+}
+
+/// Applies an EXIF orientation (1-8), so the output is upright and needs no tag.
+pub fn orient(img: Raster, orientation: u8) -> Raster {
+    match orientation {
+        2 => flip_h(&img),
+        3 => rotate(&img, 180),
+        4 => flip_h(&rotate(&img, 180)),
+        5 => flip_h(&rotate(&img, 90)),
+        6 => rotate(&img, 90),
+        7 => flip_h(&rotate(&img, 270)),
+        8 => rotate(&img, 270),
+        _ => img,
+    }
+}
+
+fn flip_h(img: &Raster) -> Raster {
+    let c = usize::from(img.channels);
+    let row = img.width as usize * c;
+    let mut data = Vec::with_capacity(img.data.len());
+    for r in img.data.chunks_exact(row) {
+        for px in r.chunks_exact(c).rev() {
+            data.extend_from_slice(px);
+        }
+    }
+    Raster {
+        data,
+        ..img.clone()
+    }
 }
 
 /// Rotates clockwise by `deg`: exact for right angles, bilinear on a grown canvas otherwise

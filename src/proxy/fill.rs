@@ -24,7 +24,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{request, response, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 
-use super::upstream::{self, FetchError, UpstreamBody, VIA};
+use super::upstream::{self, FetchError, UpstreamBody};
 use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
@@ -32,6 +32,7 @@ use crate::cache::policy::{self, FetchContext, NoStoreReason, Storable};
 use crate::cache::{CacheKey, Entry, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
+use crate::http::fields::{self, VIA};
 
 /// Conditional request fields a fill never forwards (the fill must get a full response).
 const CONDITIONALS: [HeaderName; 6] = [
@@ -100,7 +101,7 @@ impl Proxy {
             }
         };
         let (mut rparts, rbody) = resp.into_parts();
-        upstream::strip_hop_by_hop(&mut rparts.headers);
+        fields::strip_hop_by_hop(&mut rparts.headers);
         if let Some(old) = fill.req.stale.clone() {
             match fill.revalidate(&old, rparts, &ctx) {
                 ControlFlow::Break(answer) => return answer,
@@ -654,6 +655,7 @@ mod tests {
         let proxy = Proxy::new(
             crate::config::ProxyConfig::new(upstream),
             Arc::clone(&cache),
+            Default::default(),
         );
         for (path, reason) in [
             ("/no-store", Some(NoStoreReason::NoStore)),

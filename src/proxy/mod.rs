@@ -36,14 +36,16 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::policy::RequestDirectives;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
+use crate::http::fields::{self, VIA};
 use crate::inbound;
 use fill::FillRequest;
-use upstream::{FetchError, VIA};
+use upstream::FetchError;
 
 /// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
 #[derive(Clone)]
@@ -51,15 +53,18 @@ pub struct Proxy(Arc<Inner>);
 
 struct Inner {
     cfg: ProxyConfig,
+    /// Who may PURGE.
+    access: Access,
     client: upstream::Client,
     cache: Arc<Cache>,
     status_header: HeaderName,
 }
 
 impl Proxy {
-    pub fn new(cfg: ProxyConfig, cache: Arc<Cache>) -> Proxy {
+    pub fn new(cfg: ProxyConfig, cache: Arc<Cache>, access: Access) -> Proxy {
         Proxy(Arc::new(Inner {
             client: upstream::client(&cfg),
+            access,
             status_header: cache.config().status_header.0.clone(),
             cfg,
             cache,
@@ -127,13 +132,7 @@ impl Proxy {
         let method = req.method();
         if method.as_str() == "PURGE" {
             let key = cache_key(&req);
-            return crate::admin::purge_method(
-                &me.cache,
-                &me.cfg.access,
-                &key,
-                req.headers(),
-                peer,
-            );
+            return crate::admin::purge_method(&me.cache, &me.access, &key, req.headers(), peer);
         }
         if !me.cfg.cache
             || (*method != Method::GET && *method != Method::HEAD)
@@ -190,7 +189,7 @@ impl Proxy {
         if directives.only_if_cached {
             // §5.2.1.7: nothing stored satisfies the request.
             return me.tag(
-                upstream::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
+                crate::http::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
                 CacheStatus::Miss,
             );
         }
@@ -348,7 +347,7 @@ impl Proxy {
         {
             Ok(resp) => {
                 let (mut rparts, rbody) = resp.into_parts();
-                upstream::strip_hop_by_hop(&mut rparts.headers);
+                fields::strip_hop_by_hop(&mut rparts.headers);
                 me.pass_on(rparts, Body::stream(rbody), &asked, status)
             }
             Err(e) => me.tag(e.response(), status),
@@ -622,7 +621,7 @@ fn mark_recoded(h: &mut http::HeaderMap, enc: crate::compress::Encoding) {
     if !crate::cache::entry::vary_lists(h, "accept-encoding") {
         h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    if let Some(weak) = h.get(header::ETAG).and_then(crate::cache::entry::weakened) {
+    if let Some(weak) = h.get(header::ETAG).and_then(crate::http::etag::weakened) {
         h.insert(header::ETAG, weak);
     }
 }
@@ -661,7 +660,7 @@ fn range_against(
     let last_modified = response
         .get(header::LAST_MODIFIED)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::cache::policy::parse_http_date);
+        .and_then(crate::http::date::parse_lenient);
     crate::range::decide(
         range,
         if_range,
@@ -757,6 +756,7 @@ mod size_probe {
         let p = super::Proxy::new(
             crate::config::ProxyConfig::new("http://127.0.0.1:1".parse().unwrap()),
             cache,
+            Default::default(),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,6 +1,7 @@
-//! Talking to the upstream: the pooled keep-alive client, the request and response header rules
-//! of a proxy (RFC 9110 §7.6: hop-by-hop fields, Via, X-Forwarded-*), the idle timeout on
-//! upstream bodies ([`UpstreamBody`]), and upstream errors as 502/504 responses.
+//! Talking to the upstream: the pooled keep-alive client, the client request rewritten into the
+//! upstream's (with the proxy fields of [`crate::http::fields`]: hop-by-hop fields, Via,
+//! X-Forwarded-*), the idle timeout on upstream bodies ([`UpstreamBody`]), and upstream errors as
+//! 502/504 responses.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{request, Request, Response, StatusCode, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::body::Body;
 use crate::config::{ProxyConfig, Upstream};
+use crate::http::{fields, text_response};
 
 /// The pooled HTTP/1.1 client to upstreams.
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Body>;
@@ -83,19 +85,6 @@ impl FetchError {
         };
         text_response(status, text)
     }
-}
-
-/// A short plain-text response (errors, refusals).
-pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
-    let mut r = Response::new(Body::full(text.to_string()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
 }
 
 /// Sends `req` upstream and waits for the response head: at most `timeout` once the request
@@ -357,38 +346,6 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Hop-by-hop fields (RFC 9110 §7.6.1), plus the legacy ones proxies also drop.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-];
-
-/// Removes hop-by-hop fields and every field the Connection header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-}
-
-/// The Via value larder adds (RFC 9110 §7.6.3).
-pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
-
 /// Rewrites a client request into the upstream request: upstream URI, hop-by-hop fields removed,
 /// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
 /// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
@@ -411,52 +368,18 @@ pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: So
         .expect("scheme, authority and path are valid");
     parts.version = http::Version::HTTP_11;
     let h = &mut parts.headers;
-    strip_hop_by_hop(h);
-    match &host {
-        Some(v) => {
-            h.insert(header::HOST, v.clone());
-            h.insert(HeaderName::from_static("x-forwarded-host"), v.clone());
-        }
-        None => {
-            if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
-                h.insert(header::HOST, v);
-            }
-        }
+    fields::strip_hop_by_hop(h);
+    let host_field =
+        (host.clone()).or_else(|| HeaderValue::from_str(upstream.authority.as_str()).ok());
+    if let Some(v) = host_field {
+        h.insert(header::HOST, v);
     }
-    let ip = peer.ip().to_string();
-    let xff = HeaderName::from_static("x-forwarded-for");
-    let value = match h.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        h.insert(xff, v);
-    }
-    h.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
-    );
-    h.append(header::VIA, VIA);
+    fields::add_forwarding(h, host.as_ref(), peer.ip());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strips_connection_listed_fields() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("close, X-Secret"),
-        );
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key(header::CONTENT_TYPE));
-    }
 
     /// `prepare_request` on a GET of `uri` with `headers`, from 127.0.0.2.
     fn prepared(uri: &str, headers: &[(&str, &str)]) -> request::Parts {

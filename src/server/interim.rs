@@ -242,7 +242,7 @@ fn encode(status: StatusCode, headers: &HeaderMap) -> Vec<u8> {
     );
     out.extend_from_slice(b"\r\n");
     let mut headers = headers.clone();
-    crate::proxy::upstream::strip_hop_by_hop(&mut headers);
+    crate::http::fields::strip_hop_by_hop(&mut headers);
     for (name, value) in &headers {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");

@@ -117,7 +117,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             addr: l.addr,
             source,
         })?);
-        let router = Arc::new(Router::new(l, &cache));
+        let router = Arc::new(Router::new(l, &config.admin, &cache));
         routers.push(Arc::clone(&router));
         tokio::spawn(accept_loop(listener, router, serving.clone()));
     }
