@@ -6,8 +6,9 @@
 //! - [`server`]: start ([`server::start`], the runtime, the admin listener) → listen and accept
 //!   (the connection bound, h2c sniffing) → one connection's life with hyper over any
 //!   [`server::Stream`] (HTTP/1.1, h2c; limits, idle watchdog, parking) → graceful shutdown;
-//!   beside them the IO wrapper, [`server::interim`] (1xx responses forwarded to HTTP/1.1
-//!   clients) and the background services (returning freed memory).
+//!   beside them the IO wrapper and the background services. [`interim`] (1xx responses
+//!   forwarded to HTTP/1.1 clients, through the server's IO wrapper) and [`memory`] (returning
+//!   freed memory) sit low, since handlers use them too.
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
 //! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fill (`proxy/fill.rs`, in
@@ -56,9 +57,101 @@ pub mod deliver;
 pub mod http;
 pub mod images;
 pub mod inbound;
+pub mod interim;
+pub mod memory;
 pub mod proxy;
 pub mod range;
 pub mod respond;
 pub mod route;
 pub mod server;
 pub mod static_files;
+
+#[cfg(test)]
+mod layout {
+    //! The module graph stays a ladder: no top-level module imports one that imports it back.
+
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// Top-level modules each top-level module names (`crate::x`), outside its tests.
+    fn graph() -> BTreeMap<String, BTreeSet<String>> {
+        fn walk(dir: &Path, top: Option<&str>, g: &mut BTreeMap<String, BTreeSet<String>>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let path = e.unwrap().path();
+                let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+                let module = top.map_or(name.clone(), str::to_string);
+                if path.is_dir() {
+                    walk(&path, Some(&module), g);
+                    continue;
+                }
+                if path.extension().is_none_or(|x| x != "rs") || name == "lib" || name == "main" {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let code: String = text
+                    .split("#[cfg(test)]")
+                    .next()
+                    .unwrap_or("")
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let uses = g.entry(module.clone()).or_default();
+                for (i, _) in code.match_indices("crate::") {
+                    let rest = &code[i + "crate::".len()..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    let target = &rest[..end];
+                    if !target.is_empty() && target != module {
+                        uses.insert(target.to_string());
+                    }
+                }
+            }
+        }
+        let mut g = BTreeMap::new();
+        walk(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            None,
+            &mut g,
+        );
+        g
+    }
+
+    #[test]
+    fn no_module_imports_one_that_imports_it_back() {
+        let g = graph();
+        // Depth-first search for a cycle; report its path.
+        fn visit(
+            m: &str,
+            g: &BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(i) = path.iter().position(|p| p == m) {
+                let mut cycle = path[i..].to_vec();
+                cycle.push(m.to_string());
+                return Some(cycle);
+            }
+            if done.contains(m) {
+                return None;
+            }
+            path.push(m.to_string());
+            for next in g.get(m).into_iter().flatten() {
+                if let Some(c) = visit(next, g, path, done) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            done.insert(m.to_string());
+            None
+        }
+        let mut done = BTreeSet::new();
+        for m in g.keys() {
+            if let Some(cycle) = visit(m, &g, &mut Vec::new(), &mut done) {
+                panic!("import loop: {}", cycle.join(" -> "));
+            }
+        }
+        assert!(g["config"].is_empty(), "config imports {:?}", g["config"]);
+    }
+}

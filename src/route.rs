@@ -20,9 +20,9 @@ use crate::cache::Cache;
 use crate::config::{AdminConfig, HandlerConfig, HostPattern, ListenerConfig};
 use crate::http::text_response;
 use crate::images::Images;
+use crate::interim::Sink;
 use crate::proxy::Proxy;
 use crate::respond::Respond;
-use crate::server::interim::Sink;
 use crate::static_files::StaticFiles;
 
 /// What serves a route's requests. Handlers are shared with the futures serving requests.

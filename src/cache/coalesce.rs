@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::entry::Entry;
 use super::FillKey;
-use crate::proxy::upstream::FetchError;
+use crate::http::FetchError;
 
 /// What a follower learns from the leader's fill (`V`: what a fill produces; for the cache, the
 /// stored entry).

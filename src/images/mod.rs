@@ -459,7 +459,7 @@ impl Inner {
                 })
                 .await?;
             // Its buffers are free now: let the server give such memory back to the system.
-            crate::server::memory_freed(prepared.memory);
+            crate::memory::memory_freed(prepared.memory);
             let (out, timing) = ran?;
             let format = prepared.format;
             tracing::debug!(

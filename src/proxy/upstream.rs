@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{request, Request, Response, StatusCode, Uri};
+use http::{request, Request, Response, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::body::Body;
 use crate::config::{ProxyConfig, Upstream};
-use crate::http::{fields, text_response};
+use crate::http::fields;
+pub use crate::http::FetchError;
 
 /// The pooled HTTP/1.1 client to upstreams.
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Body>;
@@ -39,52 +40,6 @@ pub fn client(cfg: &ProxyConfig) -> Client {
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(connector)
-}
-
-/// Why an upstream exchange failed. The text (for the log) carries the detail: hyper's error
-/// chain, addresses. The client gets [`FetchError::response`], a short fixed text. Cloned for
-/// every request waiting on a failed fill.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum FetchError {
-    #[error("cannot connect to upstream {0}")]
-    Connect(String),
-    #[error("upstream did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("upstream failed: {0}")]
-    Upstream(String),
-    #[error("upstream body failed: {0}")]
-    Body(String),
-    #[error("upstream body stalled: nothing received for {0:?}")]
-    BodyTimeout(Duration),
-    /// The client's request body broke off (malformed chunks, the client gone) while it was
-    /// being forwarded.
-    #[error("request body broke off: {0}")]
-    RequestBody(String),
-}
-
-impl FetchError {
-    /// 504 for a timeout, 400 for the client's broken body, 502 for everything else, with a
-    /// short text that names the failure and nothing of hyper's or the network's.
-    pub fn response(&self) -> Response<Body> {
-        let (status, text) = match self {
-            FetchError::Connect(_) => (StatusCode::BAD_GATEWAY, "cannot connect to the upstream\n"),
-            FetchError::Timeout(_) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "the upstream did not answer in time\n",
-            ),
-            FetchError::Upstream(_) => (StatusCode::BAD_GATEWAY, "the upstream exchange failed\n"),
-            FetchError::Body(_) => (
-                StatusCode::BAD_GATEWAY,
-                "the upstream's response broke off\n",
-            ),
-            FetchError::BodyTimeout(_) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "the upstream's response stalled\n",
-            ),
-            FetchError::RequestBody(_) => (StatusCode::BAD_REQUEST, "request body broken off\n"),
-        };
-        text_response(status, text)
-    }
 }
 
 /// Sends `req` upstream and waits for the response head: at most `timeout` once the request
@@ -302,7 +257,7 @@ impl http_body::Body for UpstreamBody {
 
 /// An origin's 1xx interim responses to `req` go on to the client being served, if any.
 fn forward_interim(req: &mut Request<Body>) {
-    if let Some(sink) = crate::server::interim::Sink::current() {
+    if let Some(sink) = crate::interim::Sink::current() {
         hyper::ext::on_informational(req, move |res| sink.forward(res.status(), res.headers()));
     }
 }

@@ -20,11 +20,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::{watch, Semaphore};
 
-use super::interim;
 use super::io::{Activity, Stream, Tracked, WatchdogTimer};
-use super::memory;
 use crate::body::Body;
 use crate::config::ServerConfig;
+use crate::interim;
+use crate::memory;
 use crate::route::Router;
 
 /// The protocol a connection speaks, as its acceptor found out: a plain-TCP listener by

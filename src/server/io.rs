@@ -17,7 +17,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::interim;
+use crate::interim;
 
 /// The byte stream of a client connection: what `connection::serve_connection` runs
 /// on. Anything readable and writable serves; the one thing the server asks besides is how to

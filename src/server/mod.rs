@@ -16,19 +16,20 @@
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
 //! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through, the
 //!   watchdog's per-connection state.
-//! - [`interim`]: 1xx responses forwarded to HTTP/1.1 clients, written through that wrapper.
-//! - `background.rs`: services beside the connections, tied to the shutdown signal;
-//!   `memory.rs`: the first of them, returning freed memory to the system.
+//! - `background.rs`: services beside the connections, tied to the shutdown signal; the first
+//!   is [`crate::memory`]'s, returning freed memory to the system.
+//!
+//! Two parts the server uses live outside it, because handlers below the router use them too
+//! and the server imports the router: [`crate::interim`] (an origin's 1xx responses, queued by
+//! the proxy's upstream client and written through this module's IO wrapper) and
+//! [`crate::memory`] (the count of freed memory that image transforms add to).
 
 mod background;
 mod connection;
-pub mod interim;
 mod io;
 mod listen;
-mod memory;
 mod start;
 
 pub use io::Stream;
 pub use listen::{fit_open_files, raise_nofile_limit, OpenFiles};
-pub use memory::memory_freed;
 pub use start::{runtime, shutdown_signal, start, Error, Handle};

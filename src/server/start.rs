@@ -13,11 +13,11 @@ use tokio::sync::{watch, Semaphore};
 
 use super::background::Background;
 use super::connection::connection_builder;
-use super::interim;
 use super::listen::{accept_loop, bind, bind_std, Serving};
-use super::memory::return_freed_memory;
 use crate::cache::Cache;
 use crate::config::{Config, ServerConfig, Threading};
+use crate::interim;
+use crate::memory::return_freed_memory;
 use crate::route::Router;
 
 /// Errors starting the server.

@@ -16,7 +16,7 @@ const CONNECTION_BUFFERS: usize = 16 << 10;
 
 /// Notes that an idle connection gave its buffers back.
 #[inline]
-pub(super) fn connection_released() {
+pub fn connection_released() {
     RELEASED.fetch_add(CONNECTION_BUFFERS, Ordering::Relaxed);
 }
 
@@ -31,7 +31,7 @@ pub fn memory_freed(bytes: u64) {
 /// of clients going idle together, a burst of image transforms), this asks it, at most once a
 /// second and off the async workers, to return the free pages of every arena to the system, so
 /// that RSS follows what is really held.
-pub(super) async fn return_freed_memory(mut shutdown: watch::Receiver<bool>) {
+pub async fn return_freed_memory(mut shutdown: watch::Receiver<bool>) {
     const ENOUGH: usize = 4 << 20;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
