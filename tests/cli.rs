@@ -1,17 +1,17 @@
 //! The binary's command line: `larder check` on the example config and on bad configs, and the
 //! embedded default serving a real request.
 
+mod common;
+
 use std::process::Command;
 
-fn larder() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_larder"))
-}
+use common::larder_command;
 
 fn check(text: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, text).unwrap();
-    let out = larder().arg("check").arg(&path).output().unwrap();
+    let out = larder_command().arg("check").arg(&path).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
@@ -21,7 +21,7 @@ fn check(text: &str) -> (bool, String) {
 #[test]
 fn example_config_checks_ok() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/larder.example.toml");
-    let out = larder().arg("check").arg(example).output().unwrap();
+    let out = larder_command().arg("check").arg(example).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -97,7 +97,7 @@ fn bad_values_are_named_with_their_line() {
 
 #[test]
 fn missing_file_is_a_clear_error() {
-    let out = larder()
+    let out = larder_command()
         .arg("check")
         .arg("/nonexistent/larder.toml")
         .output()
@@ -119,7 +119,7 @@ fn run_limited(nofile: u32, args: &str, text: &str) -> (Option<i32>, String) {
         .arg(format!(
             "ulimit -n {nofile} && exec timeout 20 \"$0\" {args}"
         ))
-        .arg(env!("CARGO_BIN_EXE_larder"))
+        .arg(larder_command().get_program())
         .arg(&path)
         .output()
         .unwrap();

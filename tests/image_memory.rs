@@ -10,6 +10,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
+use common::{encode_png, exif_oriented, photo};
 use http::HeaderMap;
 use larder::images::codec::{self, Limits, Raster};
 use larder::images::params::{FormatChoice, Params, Resolved};
@@ -48,8 +49,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-const PHOTO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-640x856.jpg");
-
 const LIMITS: Limits = Limits {
     max_pixels: 50_000_000,
     max_dim: 4096,
@@ -73,17 +72,6 @@ fn gradient(w: u32, h: u32, channels: u8) -> Raster {
         channels,
         data,
     }
-}
-
-fn encode_png(w: u32, h: u32, color: png::ColorType, depth: png::BitDepth, px: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut e = png::Encoder::new(&mut out, w, h);
-    e.set_color(color);
-    e.set_depth(depth);
-    let mut wr = e.write_header().unwrap();
-    wr.write_image_data(px).unwrap();
-    wr.finish().unwrap();
-    out
 }
 
 /// A 16-bit RGBA PNG (the kind that took 570 MB at 7000×7000).
@@ -123,7 +111,7 @@ fn measure(src: &[u8], query: &str) -> (u64, u64) {
 
 #[test]
 fn estimate_bounds_the_heap_a_transform_uses() {
-    let photo = std::fs::read(PHOTO).unwrap();
+    let photo = photo();
     let gif = codec::encode(&gradient(300, 200, 4), ImageFormat::Gif, 75).unwrap();
     let webp = codec::encode(&gradient(300, 200, 3), ImageFormat::Webp, 75).unwrap();
     let avif = codec::encode(&gradient(300, 200, 4), ImageFormat::Avif, 75).unwrap();
@@ -135,7 +123,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("jpeg rotated 45", photo.clone(), "w=300&r=45&f=webp"),
         ("jpeg to avif", photo.clone(), "w=200&h=200&f=avif"),
         ("jpeg to gif", photo.clone(), "w=320&f=gif"),
-        ("jpeg oriented", common::exif_oriented(&photo, 6), "q=80"),
+        ("jpeg oriented", exif_oriented(&photo, 6), "q=80"),
         ("png 16-bit", png16(1200, 900), "w=300&f=jpeg"),
         ("png 16-bit full", png16(600, 400), "f=webp"),
         ("png gray+alpha", png_gray_alpha(800, 600), "q=80&f=png"),

@@ -9,7 +9,7 @@ fn config(admin: &str) -> String {
     format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n{admin}\n{PROXY}")
 }
 
-async fn setup(admin: &str) -> (Origin, larder::server::Handle, Client, String, String) {
+async fn setup(admin: &str) -> (Origin, Larder, Client, String, String) {
     let origin = Origin::start(|seen, n| {
         let lang = seen
             .headers
@@ -28,8 +28,8 @@ async fn setup(admin: &str) -> (Origin, larder::server::Handle, Client, String, 
     })
     .await;
     let larder = larder(&config(admin), &origin.url()).await;
-    let base = format!("http://{}", larder.addrs[0]);
-    let admin = format!("http://{}", larder.admin_addr.unwrap());
+    let base = larder.url("");
+    let admin = larder.admin_url("");
     (origin, larder, client(), base, admin)
 }
 
@@ -115,7 +115,7 @@ async fn admin_api_requires_the_token() {
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_purge_by_url_prefix_and_tag() {
     let (_o, larder, c, base, admin) = setup("").await;
-    let host = larder.addrs[0];
+    let host = larder.addr;
     let urls: Vec<String> = ["/products/1", "/products/2", "/about", "/blog/x"]
         .iter()
         .map(|p| format!("{base}{p}"))
@@ -180,7 +180,7 @@ async fn a_revalidated_entry_keeps_its_tags() {
     .await;
     let larder = larder(&config(""), &origin.url()).await;
     let c = client();
-    let url = format!("http://{}/rev", larder.addrs[0]);
+    let url = format!("http://{}/rev", larder.addr);
     let first = get(&c, &url, &[]).await;
     assert_eq!((first.status.as_u16(), first.cache()), (200, "MISS"));
     let again = get(&c, &url, &[]).await;
@@ -194,7 +194,7 @@ async fn a_revalidated_entry_keeps_its_tags() {
     let third = get(&c, &url, &[]).await;
     assert_eq!(third.cache(), "REVALIDATED");
     // ...and is still found by its tag.
-    let admin = format!("http://{}", larder.admin_addr.unwrap());
+    let admin = larder.admin_url("");
     let r = send(
         &c,
         "POST",

@@ -11,7 +11,7 @@ use common::*;
 async fn setup(
     extra: &str,
     handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
-) -> (Origin, larder::server::Handle, Client, String) {
+) -> (Origin, Larder, Client, String) {
     setup_route(extra, "", handler).await
 }
 
@@ -20,7 +20,7 @@ async fn setup_route(
     extra: &str,
     route_keys: &str,
     handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
-) -> (Origin, larder::server::Handle, Client, String) {
+) -> (Origin, Larder, Client, String) {
     let origin = Origin::start(handler).await;
     let proxy = if route_keys.is_empty() {
         PROXY.to_string()
@@ -28,7 +28,7 @@ async fn setup_route(
         proxy_with(route_keys)
     };
     let larder = larder(&format!("{extra}\n{proxy}"), &origin.url()).await;
-    let base = format!("http://{}", larder.addrs[0]);
+    let base = larder.url("");
     (origin, larder, client(), base)
 }
 
@@ -263,8 +263,7 @@ mod request_directives {
                 .cache(),
             "HIT"
         );
-        let from_trusted =
-            raw_get_from("127.0.0.2", l.addrs[0], "/t", "Cache-Control: no-cache").await;
+        let from_trusted = raw_get_from("127.0.0.2", l.addr, "/t", "Cache-Control: no-cache").await;
         assert!(from_trusted.contains("x-cache: expired"), "{from_trusted}");
         assert_eq!(o.hits(), 2);
     }
@@ -276,18 +275,11 @@ mod request_directives {
         path: &str,
         field: &str,
     ) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
-        let mut s = sock.connect(to).await.unwrap();
+        let mut s = Raw::connect_from(source.parse().unwrap(), to).await;
         let req =
             format!("GET {path} HTTP/1.1\r\nHost: {to}\r\n{field}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
-            .await
-            .unwrap()
-            .unwrap();
+        s.write(req).await;
+        let out = s.read_to_end(Duration::from_secs(5)).await;
         String::from_utf8_lossy(&out).to_lowercase()
     }
 
@@ -1048,18 +1040,7 @@ mod partial_content {
     /// GET `url` with `range`, reading the body only when it is a 206 (a regression would
     /// otherwise read gigabytes).
     async fn get_part(c: &Client, url: &str, headers: &[(&str, &str)]) -> Got {
-        let mut b = http::Request::builder().uri(url);
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        let resp = c
-            .request(
-                b.body(http_body_util::Full::new(bytes::Bytes::new()))
-                    .unwrap(),
-            )
-            .await
-            .expect("larder answers");
-        let (parts, body) = resp.into_parts();
+        let (parts, body) = request(c, "GET", url, headers, b"").await.into_parts();
         let body = if parts.status == 206 || parts.status == 416 {
             use http_body_util::BodyExt;
             body.collect().await.expect("body").to_bytes()

@@ -1,0 +1,153 @@
+//! larder under test: started in-process from TOML text (the format users write, which stays
+//! put while the library's types move) on 127.0.0.1:0, and what the tests read of its state;
+//! and the built binary, for tests of the command line and of the process. Tests reach the
+//! library's server and cache only through here, so that one edit absorbs a change of its API.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// A running larder.
+pub struct Larder {
+    /// The first listener's address.
+    pub addr: SocketAddr,
+    handle: larder::server::Handle,
+}
+
+impl Larder {
+    /// Starts larder from TOML text.
+    pub async fn start(toml: &str) -> Larder {
+        let cfg = larder::config::Config::parse(toml, "test").expect("test config parses");
+        let handle = larder::server::start(cfg).await.expect("larder starts");
+        Larder {
+            addr: handle.addrs[0],
+            handle,
+        }
+    }
+
+    /// `http://` URL of `path` on the first listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// `http://` URL of `path` on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        let admin = self.handle.admin_addr.expect("an admin listener");
+        format!("http://{admin}{path}")
+    }
+
+    /// Stops larder gracefully: the connections still open when it gave up.
+    pub async fn shutdown(self) -> usize {
+        self.handle.shutdown().await
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.handle.open_connections()
+    }
+
+    /// Interim (1xx) responses dropped so far.
+    pub fn interim_dropped(&self) -> u64 {
+        self.handle.interim_dropped()
+    }
+
+    /// Entries in the cache (every variant of a URL counts).
+    pub fn cache_entries(&self) -> usize {
+        self.handle.cache.len()
+    }
+
+    /// Bytes the cache holds.
+    pub fn cache_bytes(&self) -> u64 {
+        self.handle.cache.weight()
+    }
+
+    /// Whether the cache holds an entry for `http://{host}{path}` that a request with no
+    /// fields would be answered from.
+    pub fn has_entry(&self, host: &str, path: &str) -> bool {
+        let key = larder::cache::CacheKey::from_parts("http", host, path);
+        let no_fields = http::HeaderMap::new();
+        self.handle.cache.lookup(&key, &no_fields).is_some()
+    }
+}
+
+/// Starts larder from TOML text; `{origin}` is replaced by the origin's URL.
+pub async fn larder(toml: &str, origin: &str) -> Larder {
+    Larder::start(&toml.replace("{origin}", origin)).await
+}
+
+/// The usual test config: one listener on a free port proxying everything to `{origin}`.
+pub const PROXY: &str = r#"
+[compression]
+brotli_level = 5
+zstd_level = 3
+gzip_level = 6
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  proxy = { upstream = "{origin}", response_timeout = "2s", connect_timeout = "1s" }
+"#;
+
+/// [`PROXY`] with more keys in the proxy route's table, e.g. `body_timeout = "1s"`.
+pub fn proxy_with(route_keys: &str) -> String {
+    PROXY.replace(
+        r#"connect_timeout = "1s" }"#,
+        &format!(r#"connect_timeout = "1s", {route_keys} }}"#),
+    )
+}
+
+/// [`PROXY`] with lines in its `[server]` table, e.g. `max_headers = 200`.
+pub fn proxy_with_server(server_keys: &str) -> String {
+    PROXY.replace(
+        "[compression]",
+        &format!("[server]\n{server_keys}\n[compression]"),
+    )
+}
+
+/// A config serving the files under `root` on one listener on a free port: `static_keys` are
+/// more lines of the route's `static` table (`directory_listing = true`), `server_keys` lines
+/// of the `[server]` table (`workers = 2`).
+pub fn static_files(root: &Path, static_keys: &str, server_keys: &str) -> String {
+    format!(
+        r#"
+[server]
+{server_keys}
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  [listener.route.static]
+  root = "{}"
+  {static_keys}
+"#,
+        root.display()
+    )
+}
+
+/// The larder binary, to run with arguments.
+pub fn larder_command() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_larder"))
+}
+
+/// A child process, killed when dropped (a failing test leaves no larder running).
+pub struct Child(pub std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An address on 127.0.0.1 with a port free a moment ago, for a process told where to listen.
+pub fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Raises this process's open-files limit to its hard limit, as larder does at start: the
+/// limit now.
+pub fn raise_open_files_limit() -> u64 {
+    larder::server::raise_nofile_limit().map_or(1024, |(_, new)| new)
+}

@@ -1,0 +1,340 @@
+//! The test origin: a hyper server on 127.0.0.1:0 that answers what the test says
+//! ([`Reply`]: delays, aborted, stalled and generated bodies) and records what it was asked
+//! ([`Seen`]); and [`raw_origin`], for origins that misbehave in ways hyper's server will not.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// What the test origin answers.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// Wait this long before answering.
+    pub delay: Duration,
+    /// Send the head and part of the body, then drop the connection.
+    pub abort_body: bool,
+    /// Instead of `body`, a generated body of this many bytes (see [`Generated`]).
+    pub generated: Option<Generated>,
+    /// Send the head and part of the body, then go silent for this long (keeping the connection
+    /// open) before dropping it.
+    pub stall: Option<Duration>,
+}
+
+/// A long body made up as it is sent: byte `i` is [`pattern_byte`]`(i)`, in 64 KiB chunks, with
+/// Content-Length when `declared`, chunked otherwise. `produced` counts the bytes the origin's
+/// connection took, so a test can check how much of it larder pulled.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub len: u64,
+    pub declared: bool,
+    pub produced: Arc<AtomicU64>,
+}
+
+/// Byte `i` of a [`Generated`] body.
+pub fn pattern_byte(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
+/// Bytes `first..=last` of a [`Generated`] body.
+pub fn pattern(first: u64, last: u64) -> Vec<u8> {
+    (first..=last).map(pattern_byte).collect()
+}
+
+impl Reply {
+    pub fn ok(body: impl Into<Bytes>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![],
+            body: body.into(),
+            delay: Duration::ZERO,
+            abort_body: false,
+            generated: None,
+            stall: None,
+        }
+    }
+    /// A generated body of `len` bytes (Content-Length sent when `declared`), counted into
+    /// `produced`.
+    pub fn generated(len: u64, declared: bool, produced: &Arc<AtomicU64>) -> Reply {
+        let mut r = Reply::ok(Bytes::new());
+        r.generated = Some(Generated {
+            len,
+            declared,
+            produced: Arc::clone(produced),
+        });
+        r
+    }
+    pub fn status(mut self, s: u16) -> Reply {
+        self.status = s;
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Reply {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+    pub fn delay(mut self, d: Duration) -> Reply {
+        self.delay = d;
+        self
+    }
+    pub fn abort(mut self) -> Reply {
+        self.abort_body = true;
+        self
+    }
+    pub fn stall(mut self, d: Duration) -> Reply {
+        self.stall = Some(d);
+        self
+    }
+}
+
+/// A request as the origin saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+type Handler = dyn Fn(&Seen, usize) -> Reply + Send + Sync;
+
+/// An origin server on 127.0.0.1 that counts and records its requests.
+pub struct Origin {
+    pub addr: SocketAddr,
+    count: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Origin {
+    /// Starts an origin; `handler` gets each request and its 0-based index.
+    pub async fn start(handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static) -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (c, s) = (count.clone(), seen.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (c, s, h) = (c.clone(), s.clone(), handler.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (c, s, h) = (c.clone(), s.clone(), h.clone());
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let seen = Seen {
+                                method: parts.method.to_string(),
+                                path: parts
+                                    .uri
+                                    .path_and_query()
+                                    .map_or("/".into(), |p| p.to_string()),
+                                headers: parts.headers,
+                                body,
+                            };
+                            let n = c.fetch_add(1, Ordering::SeqCst);
+                            let reply = h(&seen, n);
+                            s.lock().unwrap().push(seen);
+                            if !reply.delay.is_zero() {
+                                tokio::time::sleep(reply.delay).await;
+                            }
+                            Ok::<_, Infallible>(build_reply(reply))
+                        }
+                    });
+                    // More fields than hyper's default 100: larder's own bound is under test.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .max_headers(1000)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Origin {
+            addr,
+            count,
+            seen,
+            task,
+        }
+    }
+
+    /// Requests served so far.
+    pub fn hits(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Requests seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// A body that sends its first chunk and then fails, so hyper drops the connection mid-body.
+struct Aborting(Option<Bytes>);
+
+impl http_body::Body for Aborting {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        std::task::Poll::Ready(Some(match self.0.take() {
+            Some(b) => Ok(http_body::Frame::data(b)),
+            None => Err(std::io::Error::other("origin aborts")),
+        }))
+    }
+}
+
+/// The body of a [`Generated`] reply, produced chunk by chunk as the connection takes it.
+struct GeneratedBody {
+    g: Generated,
+    sent: u64,
+}
+
+impl http_body::Body for GeneratedBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        let n = (self.g.len - self.sent).min(64 * 1024);
+        if n == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let chunk = pattern(self.sent, self.sent + n - 1);
+        self.sent += n;
+        self.g.produced.fetch_add(n, Ordering::SeqCst);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(chunk)))))
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        let left = self.g.len - self.sent;
+        if self.g.declared {
+            http_body::SizeHint::with_exact(left)
+        } else {
+            let mut h = http_body::SizeHint::new();
+            h.set_lower(left.min(1));
+            h
+        }
+    }
+}
+
+/// A body that sends its first chunk, then nothing until its timer ends, then fails.
+struct Stalling {
+    first: Option<Bytes>,
+    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Stalling {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if let Some(b) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b))));
+        }
+        match std::future::Future::poll(self.silence.as_mut(), cx) {
+            std::task::Poll::Ready(()) => {
+                std::task::Poll::Ready(Some(Err(std::io::Error::other("origin gives up"))))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn build_reply(r: Reply) -> Response<OriginBody> {
+    let len = r.body.len();
+    let body: OriginBody = if let Some(g) = r.generated.clone() {
+        GeneratedBody { g, sent: 0 }.boxed()
+    } else if let Some(d) = r.stall {
+        Stalling {
+            first: Some(r.body.slice(..len / 10)),
+            silence: Box::pin(tokio::time::sleep(d)),
+        }
+        .boxed()
+    } else if r.abort_body {
+        let half = r.body.slice(..len / 2);
+        Aborting(Some(half)).boxed()
+    } else {
+        Full::new(r.body).map_err(|e| match e {}).boxed()
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::from_u16(r.status).unwrap();
+    for (k, v) in &r.headers {
+        resp.headers_mut().append(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    if r.abort_body || r.stall.is_some() {
+        resp.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    }
+    resp
+}
+
+/// Counts of requests per path, from an origin's record.
+pub fn per_path(seen: &[Seen]) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for s in seen {
+        *m.entry(s.path.clone()).or_insert(0) += 1;
+    }
+    m
+}
+
+/// An origin on 127.0.0.1 that speaks raw bytes: `serve` gets each accepted connection (for
+/// origins that misbehave in ways hyper's server will not).
+pub async fn raw_origin<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    raw_origin_on(TcpListener::bind("127.0.0.1:0").await.unwrap(), serve)
+}
+
+/// [`raw_origin`] on a listener the test set up (socket options).
+pub fn raw_origin_on<F, Fut>(listener: TcpListener, serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(serve(s));
+        }
+    });
+    addr
+}
