@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{encode_png, exif_oriented, photo, Got, Larder};
+use common::{encode_png, exif_oriented, one_route, photo, Got, Larder};
 use http::HeaderMap;
 use larder::images::sniff;
 
@@ -22,23 +22,12 @@ struct Images {
 
 async fn start(extra: &str) -> Images {
     let dir = tempfile::tempdir().unwrap();
-    let larder = Larder::start(&format!(
-        r#"
-[admin]
-token = "{TOKEN}"
-[[listener]]
-addr = "127.0.0.1:0"
-  [[listener.route]]
-  path = "/"
-  [listener.route.images]
-  dir = "{}"
-  {extra}
-  [listener.route.images.presets]
-  thumb = "w=100&h=100&p=1"
-"#,
+    let keys = format!(
+        "dir = \"{}\"\n{extra}\n[listener.route.images.presets]\nthumb = \"w=100&h=100&p=1\"",
         dir.path().display()
-    ))
-    .await;
+    );
+    let tables = format!("[admin]\ntoken = \"{TOKEN}\"");
+    let larder = Larder::start(&one_route(&tables, "images", &keys)).await;
     Images {
         addr: larder.addr,
         dir,

@@ -104,25 +104,29 @@ pub fn proxy_with_server(server_keys: &str) -> String {
     )
 }
 
-/// A config serving the files under `root` on one listener on a free port: `static_keys` are
-/// more lines of the route's `static` table (`directory_listing = true`), `server_keys` lines
-/// of the `[server]` table (`workers = 2`).
-pub fn static_files(root: &Path, static_keys: &str, server_keys: &str) -> String {
+/// A config of one listener on a free port whose one route takes every path to the handler
+/// table `[listener.route.{handler}]`, holding `handler_keys` (and any subtables after them);
+/// `tables` come first (`[server]`, `[admin]`...).
+pub fn one_route(tables: &str, handler: &str, handler_keys: &str) -> String {
     format!(
-        r#"
-[server]
-{server_keys}
+        r#"{tables}
 
 [[listener]]
 addr = "127.0.0.1:0"
   [[listener.route]]
   path = "/"
-  [listener.route.static]
-  root = "{}"
-  {static_keys}
-"#,
-        root.display()
+  [listener.route.{handler}]
+{handler_keys}
+"#
     )
+}
+
+/// A config serving the files under `root`: `static_keys` are more lines of the route's
+/// `static` table (`directory_listing = true`), `server_keys` lines of the `[server]` table
+/// (`workers = 2`).
+pub fn static_files(root: &Path, static_keys: &str, server_keys: &str) -> String {
+    let keys = format!("root = \"{}\"\n{static_keys}", root.display());
+    one_route(&format!("[server]\n{server_keys}"), "static", &keys)
 }
 
 /// The larder binary, to run with arguments.

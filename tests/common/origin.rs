@@ -196,99 +196,58 @@ impl Origin {
     }
 }
 
-/// A body that sends its first chunk and then fails, so hyper drops the connection mid-body.
-struct Aborting(Option<Bytes>);
+type OriginBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
-impl http_body::Body for Aborting {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
-        std::task::Poll::Ready(Some(match self.0.take() {
-            Some(b) => Ok(http_body::Frame::data(b)),
-            None => Err(std::io::Error::other("origin aborts")),
-        }))
-    }
+/// A body of the chunks `chunks` yields; a failure drops the connection mid-body.
+fn chunks(
+    chunks: impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+) -> OriginBody {
+    use futures_util::TryStreamExt;
+    http_body_util::StreamBody::new(chunks.map_ok(http_body::Frame::data)).boxed_unsync()
 }
 
 /// The body of a [`Generated`] reply, produced chunk by chunk as the connection takes it.
-struct GeneratedBody {
-    g: Generated,
-    sent: u64,
-}
-
-impl http_body::Body for GeneratedBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
-        let n = (self.g.len - self.sent).min(64 * 1024);
-        if n == 0 {
-            return std::task::Poll::Ready(None);
-        }
-        let chunk = pattern(self.sent, self.sent + n - 1);
-        self.sent += n;
-        self.g.produced.fetch_add(n, Ordering::SeqCst);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(chunk)))))
-    }
-    fn size_hint(&self) -> http_body::SizeHint {
-        let left = self.g.len - self.sent;
-        if self.g.declared {
-            http_body::SizeHint::with_exact(left)
-        } else {
-            let mut h = http_body::SizeHint::new();
-            h.set_lower(left.min(1));
-            h
-        }
-    }
-}
-
-/// A body that sends its first chunk, then nothing until its timer ends, then fails.
-struct Stalling {
-    first: Option<Bytes>,
-    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
-}
-
-impl http_body::Body for Stalling {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
-        if let Some(b) = self.first.take() {
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b))));
-        }
-        match std::future::Future::poll(self.silence.as_mut(), cx) {
-            std::task::Poll::Ready(()) => {
-                std::task::Poll::Ready(Some(Err(std::io::Error::other("origin gives up"))))
+fn generated(g: Generated) -> OriginBody {
+    chunks(futures_util::stream::unfold(0, move |sent| {
+        let g = g.clone();
+        async move {
+            let n = (g.len - sent).min(64 * 1024);
+            if n == 0 {
+                return None;
             }
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            g.produced.fetch_add(n, Ordering::SeqCst);
+            Some((Ok(Bytes::from(pattern(sent, sent + n - 1))), sent + n))
         }
-    }
+    }))
 }
-
-type OriginBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 fn build_reply(r: Reply) -> Response<OriginBody> {
-    let len = r.body.len();
-    let body: OriginBody = if let Some(g) = r.generated.clone() {
-        GeneratedBody { g, sent: 0 }.boxed()
+    use futures_util::stream::{self, StreamExt};
+    let len = r.body.len() as u64;
+    // The length announced when it is not the body's own (a body cut short).
+    let mut declared = None;
+    let body = if let Some(g) = r.generated.clone() {
+        declared = g.declared.then_some(g.len);
+        generated(g)
     } else if let Some(d) = r.stall {
-        Stalling {
-            first: Some(r.body.slice(..len / 10)),
-            silence: Box::pin(tokio::time::sleep(d)),
-        }
-        .boxed()
+        // The first tenth, then silence until `d` ends, then a failure.
+        declared = Some(len);
+        let first = r.body.slice(..r.body.len() / 10);
+        let silence = async move {
+            tokio::time::sleep(d).await;
+            Err(std::io::Error::other("origin gives up"))
+        };
+        chunks(stream::once(async { Ok(first) }).chain(stream::once(silence)))
     } else if r.abort_body {
-        let half = r.body.slice(..len / 2);
-        Aborting(Some(half)).boxed()
+        // Half, then a failure.
+        declared = Some(len);
+        let half = r.body.slice(..r.body.len() / 2);
+        chunks(stream::iter([
+            Ok(half),
+            Err(std::io::Error::other("origin aborts")),
+        ]))
     } else {
-        Full::new(r.body).map_err(|e| match e {}).boxed()
+        Full::new(r.body).map_err(|e| match e {}).boxed_unsync()
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::from_u16(r.status).unwrap();
@@ -298,7 +257,7 @@ fn build_reply(r: Reply) -> Response<OriginBody> {
             http::HeaderValue::from_str(v).unwrap(),
         );
     }
-    if r.abort_body || r.stall.is_some() {
+    if let Some(len) = declared {
         resp.headers_mut()
             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     }
