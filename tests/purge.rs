@@ -232,9 +232,9 @@ async fn regression_quick_start_routes_get_the_admin_token() {
         HandlerConfig::Proxy(ProxyConfig::new(upstream)),
     );
     cfg.admin.token = Some("s3cret".into());
-    let larder = larder::server::start(cfg).await.expect("larder starts");
+    let larder = Larder::from_config(cfg).await;
     let c = client();
-    let url = format!("http://{}/page", larder.addrs[0]);
+    let url = larder.url("/page");
     get(&c, &url, &[]).await;
     assert_eq!(get(&c, &url, &[]).await.cache(), "HIT");
     assert_eq!(send(&c, "PURGE", &url, &[], b"").await.status, 403);

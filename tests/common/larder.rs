@@ -1,5 +1,6 @@
-//! larder under test: started in-process from TOML text (the format users write, which stays
-//! put while the library's types move) on 127.0.0.1:0, and what the tests read of its state;
+//! larder under test: started in-process on 127.0.0.1:0 from TOML text (the format users
+//! write, which stays put while the library's types move) or, for the quick starts' path, from
+//! a config built in code; and what the tests read of its state;
 //! and the built binary, for tests of the command line and of the process. Tests reach the
 //! library's server and cache only through here, so that one edit absorbs a change of its API.
 
@@ -17,6 +18,11 @@ impl Larder {
     /// Starts larder from TOML text.
     pub async fn start(toml: &str) -> Larder {
         let cfg = larder::config::Config::parse(toml, "test").expect("test config parses");
+        Larder::from_config(cfg).await
+    }
+
+    /// Starts larder from a config built in code (as the command line's quick starts do).
+    pub async fn from_config(cfg: larder::config::Config) -> Larder {
         let handle = larder::server::start(cfg).await.expect("larder starts");
         Larder {
             addr: handle.addrs[0],
