@@ -9,16 +9,20 @@
 //! - `client`: hyper's client, requests and whole responses; h2c; decoding bodies.
 //! - `raw`: requests written as bytes and responses read back one at a time.
 //! - `images`: test images.
+//! - `components`: the real components some tests need (redis-server, pebble, Chromium, ...),
+//!   installed by the test setup when missing.
 // Each test binary uses a part of the bed.
 #![allow(dead_code, unused_imports)]
 
 mod client;
+mod components;
 mod images;
 mod larder;
 mod origin;
 mod raw;
 
 pub use self::client::*;
+pub use self::components::*;
 pub use self::images::*;
 pub use self::larder::*;
 pub use self::origin::*;

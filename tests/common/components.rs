@@ -1,0 +1,128 @@
+//! The real components some tests need beside larder (redis-server, an ACME test server,
+//! headless Chromium, nginx modules, ...), installed by the test setup itself when they are
+//! missing, so that `cargo test` in a fresh clone passes on a fresh machine. A test that needs a
+//! component calls one of these and gets its path, or fails loudly: it never skips.
+//!
+//! Installs go to Debian's packages (`apt-get`, as root), Go's module proxy (`go install`) and
+//! npm, each serialized across test binaries by one `flock` on a file under the tools directory
+//! (`$LARDER_TOOLS`, else `~/.cache/larder-tools`: outside the clone, so repeat runs are quick).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where components built or downloaded by the tests live (not the system's packages).
+pub fn tools_dir() -> PathBuf {
+    let dir = std::env::var_os("LARDER_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+            Path::new(&home).join(".cache/larder-tools")
+        });
+    std::fs::create_dir_all(&dir).expect("create the tools directory");
+    dir
+}
+
+/// Runs `script` with `sh -c` while holding the tools lock; panics with its output on failure.
+fn locked(script: &str) {
+    let lock = tools_dir().join(".lock");
+    let out = Command::new("flock")
+        .arg(&lock)
+        .arg("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("run flock (util-linux)");
+    assert!(
+        out.status.success(),
+        "installing a test component failed: {script}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The path of `binary` if it is on PATH or in an sbin directory.
+pub fn which(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/local/go/bin"])
+        .map(|d| Path::new(d).join(binary))
+        .find(|p| p.is_file());
+    found
+}
+
+/// `binary` from Debian's `package`, installed with apt-get if missing.
+pub fn apt(binary: &str, package: &str) -> PathBuf {
+    if let Some(p) = which(binary) {
+        return p;
+    }
+    locked(&format!(
+        "command -v {binary} >/dev/null 2>&1 || {{ \
+           export DEBIAN_FRONTEND=noninteractive; \
+           apt-get install -y -qq {package} >/dev/null 2>&1 || \
+           {{ apt-get update -qq && apt-get install -y -qq {package}; }}; }}"
+    ));
+    which(binary).unwrap_or_else(|| panic!("{package} installed but {binary} not found"))
+}
+
+/// A file that Debian's `package` provides (a module, a data file), installed if missing.
+pub fn apt_file(file: &str, package: &str) -> PathBuf {
+    let p = PathBuf::from(file);
+    if !p.exists() {
+        locked(&format!(
+            "test -e {file} || {{ export DEBIAN_FRONTEND=noninteractive; \
+               apt-get install -y -qq {package} >/dev/null 2>&1 || \
+               {{ apt-get update -qq && apt-get install -y -qq {package}; }}; }}"
+        ));
+    }
+    assert!(p.exists(), "{package} installed but {file} not found");
+    p
+}
+
+/// The Go toolchain (the machine's, else Debian's golang-go).
+pub fn go() -> PathBuf {
+    which("go").unwrap_or_else(|| apt("go", "golang-go"))
+}
+
+/// `binary` built by `go install module@version` into the tools directory.
+pub fn go_install(module_at_version: &str, binary: &str) -> PathBuf {
+    let bin_dir = tools_dir().join("go/bin");
+    let bin = bin_dir.join(binary);
+    if !bin.is_file() {
+        let go = go();
+        let gopath = tools_dir().join("go/path");
+        locked(&format!(
+            "test -x {bin} || GOBIN={bin_dir} GOPATH={gopath} GOFLAGS=-mod=mod {go} install {module_at_version}",
+            bin = bin.display(),
+            bin_dir = bin_dir.display(),
+            gopath = gopath.display(),
+            go = go.display(),
+        ));
+    }
+    assert!(
+        bin.is_file(),
+        "go install {module_at_version} made no {binary}"
+    );
+    bin
+}
+
+/// The directory of an npm package installed (with its dependencies) into the tools directory.
+pub fn npm(package: &str, version: &str) -> PathBuf {
+    let prefix = tools_dir().join("npm");
+    let dir = prefix.join("node_modules").join(package);
+    if !dir.join("package.json").is_file() {
+        let npm = which("npm").unwrap_or_else(|| apt("npm", "npm"));
+        locked(&format!(
+            "test -f {dir}/package.json || {npm} install --silent --no-audit --no-fund --prefix {prefix} {package}@{version}",
+            dir = dir.display(),
+            npm = npm.display(),
+            prefix = prefix.display(),
+        ));
+    }
+    assert!(
+        dir.is_dir(),
+        "npm install {package}@{version} made no {}",
+        dir.display()
+    );
+    dir
+}
