@@ -59,8 +59,8 @@ pub fn apt(binary: &str, package: &str) -> PathBuf {
     locked(&format!(
         "command -v {binary} >/dev/null 2>&1 || {{ \
            export DEBIAN_FRONTEND=noninteractive; \
-           apt-get install -y -qq {package} >/dev/null 2>&1 || \
-           {{ apt-get update -qq && apt-get install -y -qq {package}; }}; }}"
+           apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package} >/dev/null 2>&1 || \
+           {{ apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package}; }}; }}"
     ));
     which(binary).unwrap_or_else(|| panic!("{package} installed but {binary} not found"))
 }
@@ -71,8 +71,8 @@ pub fn apt_file(file: &str, package: &str) -> PathBuf {
     if !p.exists() {
         locked(&format!(
             "test -e {file} || {{ export DEBIAN_FRONTEND=noninteractive; \
-               apt-get install -y -qq {package} >/dev/null 2>&1 || \
-               {{ apt-get update -qq && apt-get install -y -qq {package}; }}; }}"
+               apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package} >/dev/null 2>&1 || \
+               {{ apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package}; }}; }}"
         ));
     }
     assert!(p.exists(), "{package} installed but {file} not found");
