@@ -10,6 +10,7 @@
 # - proxy:  the same page through a caching proxy route, from an origin that is a second larder
 #           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
 #           measured request is a cache hit.
+# CONNS=N sets the connection count (default 10).
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
 bin=$(realpath "${1:?larder binary}"); shift
@@ -18,6 +19,8 @@ data="$(cd "$(dirname "$0")" && pwd)/data"
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 port=18400; origin=18401
+# CONNS=N: wrk's connection count (default 10; above 512 connections park after every response).
+conns=${CONNS:-10}
 
 cat > "$tmp/origin.toml" <<TOML
 [[listener]]
@@ -51,9 +54,9 @@ TOML
     >"$tmp/$cell.log" 2>&1 &
   vg=$!
   wait_port "$port"
-  wrk -t1 -c10 -d2s "http://127.0.0.1:$port/small.html" >/dev/null
+  wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port/small.html" >/dev/null
   callgrind_control -z "$vg" >/dev/null
-  reqs=$(wrk -t1 -c10 -d4s "http://127.0.0.1:$port/small.html" | awk '/requests in/ {print $1}')
+  reqs=$(wrk -t1 -c"$conns" -d4s "http://127.0.0.1:$port/small.html" | awk '/requests in/ {print $1}')
   callgrind_control -d "$vg" >/dev/null
   sleep 1
   kill "$vg"; wait "$vg" 2>/dev/null || true
