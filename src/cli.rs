@@ -4,15 +4,18 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 
-use crate::config::{self, Config, HandlerConfig, ImagesConfig, ProxyConfig, StaticConfig};
+use crate::config::{
+    self, Config, HandlerConfig, ImagesConfig, ProxyConfig, StaticConfig, TlsConfig,
+};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "larder",
     version,
-    about = "A web accelerator: caching reverse proxy, static files"
+    about = "A web accelerator: caching reverse proxy, static files",
+    group(ArgGroup::new("quick").args(["upstream", "root", "images"]))
 )]
 pub struct Cli {
     /// Run from this TOML configuration file.
@@ -31,6 +34,19 @@ pub struct Cli {
     /// Address to listen on with --upstream, --root or --images.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Serve HTTPS on --listen with this certificate chain (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "quick"], conflicts_with = "tls_self_signed")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS on --listen with a self-signed certificate for localhost, made once and kept
+    /// under --state-dir (its path is printed, for `curl --cacert`).
+    #[arg(long, requires = "quick")]
+    pub tls_self_signed: bool,
+    /// Where larder keeps what it makes (the self-signed certificate).
+    #[arg(long, value_name = "DIR", default_value = "larder-state")]
+    pub state_dir: PathBuf,
     /// Worker threads, 0 to 1024 (overrides the configuration; 0 = one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<config::Workers>,
@@ -96,7 +112,21 @@ impl Cli {
         if let Some(w) = self.workers {
             cfg.server.workers = w;
         }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key.clone()));
+        }
         Ok((cfg, source))
+    }
+
+    /// With `--tls-self-signed`: makes (once) the certificate and key under the state
+    /// directory and serves them on the quick start's listener; returns the certificate's path.
+    pub fn self_signed(&self, cfg: &mut Config) -> Result<Option<PathBuf>, crate::tls::Error> {
+        if !self.tls_self_signed {
+            return Ok(None);
+        }
+        let (cert, key) = crate::tls::self_signed(&self.state_dir.join("tls"))?;
+        cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key));
+        Ok(Some(cert))
     }
 }
 

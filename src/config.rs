@@ -30,7 +30,10 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub mod image_params;
+pub mod tls;
+
 use image_params::{FormatChoice, Preset};
+pub use tls::{CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion};
 
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");
@@ -216,6 +219,21 @@ impl Config {
                     ),
                 ));
             }
+            if let Some(tls) = &l.tls {
+                let at = |k: &'static str| [Key("listener"), Index(i), Key("tls"), Key(k)];
+                if tls.cert.is_some() != tls.key.is_some() {
+                    return Err(src.error(
+                        &[&at("cert"), &at("key")],
+                        "`cert` and `key` go together: each certificate needs its private key",
+                    ));
+                }
+                if tls.cert.is_none() && tls.certificates.is_empty() {
+                    return Err(src.error(
+                        &[&at("certificates"), &addr[..3]],
+                        "needs a certificate: `cert` and `key`, or `certificates`",
+                    ));
+                }
+            }
             if l.routes.is_empty() {
                 return Err(src.error(
                     &[&[Key("listener"), Index(i), Key("route")], &addr[..2]],
@@ -227,6 +245,13 @@ impl Config {
                     let route = [Key("listener"), Index(i), Key("route"), Index(j)];
                     [&route[..], &keys.iter().map(|k| Key(k)).collect::<Vec<_>>()].concat()
                 };
+                if r.hsts.is_some() && l.tls.is_none() {
+                    return Err(src.error(
+                        &[&at(&["hsts"])],
+                        "hsts is sent over HTTPS only (browsers ignore it over plain HTTP), and \
+                         this listener has no [listener.tls]",
+                    ));
+                }
                 match &r.handler {
                     HandlerConfig::Static(s) if s.root.is_some() == s.bundled.is_some() => {
                         return Err(src.error(
@@ -316,10 +341,12 @@ impl Config {
             admin: AdminConfig::default(),
             listeners: vec![ListenerConfig {
                 addr: listen,
+                tls: None,
                 routes: vec![RouteConfig {
                     host: None,
                     path: PathPrefix("/".into()),
                     handler,
+                    hsts: None,
                 }],
             }],
             source: Source {
@@ -721,6 +748,9 @@ impl Default for CompressionConfig {
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub addr: SocketAddr,
+    /// HTTPS on this listener: its certificates (see [`TlsConfig`]).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
 }
@@ -732,6 +762,8 @@ pub struct RouteConfig {
     pub host: Option<HostPattern>,
     pub path: PathPrefix,
     pub handler: HandlerConfig,
+    /// `Strict-Transport-Security` for the route's responses (TLS listeners only).
+    pub hsts: Option<HstsConfig>,
 }
 
 /// What serves the requests of a route.
@@ -741,6 +773,8 @@ pub enum HandlerConfig {
     Static(StaticConfig),
     Respond(RespondConfig),
     Images(ImagesConfig),
+    /// A permanent redirect (308) of every request to the same URL over HTTPS.
+    RedirectHttps(RedirectConfig),
 }
 
 #[derive(Deserialize)]
@@ -754,6 +788,8 @@ struct RawRoute {
     static_files: Option<StaticConfig>,
     respond: Option<RespondConfig>,
     images: Option<ImagesConfig>,
+    redirect_https: Option<RedirectConfig>,
+    hsts: Option<HstsConfig>,
 }
 
 impl TryFrom<RawRoute> for RouteConfig {
@@ -772,9 +808,12 @@ impl TryFrom<RawRoute> for RouteConfig {
         if let Some(i) = r.images {
             handlers.push(HandlerConfig::Images(i));
         }
+        if let Some(to) = r.redirect_https {
+            handlers.push(HandlerConfig::RedirectHttps(to));
+        }
         if handlers.len() != 1 {
             return Err(format!(
-                "route `{}` needs exactly one handler (proxy, static, respond or images), found {}",
+                "route `{}` needs exactly one handler (proxy, static, respond, images or redirect_https), found {}",
                 r.path.0,
                 handlers.len()
             ));
@@ -783,6 +822,7 @@ impl TryFrom<RawRoute> for RouteConfig {
             host: r.host,
             path: r.path,
             handler: handlers.pop().expect("one handler"),
+            hsts: r.hsts,
         })
     }
 }

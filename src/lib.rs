@@ -4,7 +4,8 @@
 //! # Layout, along the path a request takes
 //!
 //! - [`server`]: start ([`server::start`], the runtime, the admin listener) → listen and accept
-//!   (the connection bound, h2c sniffing) → one connection's life with hyper over any
+//!   (the connection bound, h2c sniffing, or the TLS handshake of [`tls`]: certificates by SNI,
+//!   ALPN, re-read when their files change) → one connection's life with hyper over any
 //!   [`server::Stream`] (HTTP/1.1, h2c; limits, idle watchdog, parking) → graceful shutdown;
 //!   beside them the IO wrapper and the background services. [`interim`] (1xx responses
 //!   forwarded to HTTP/1.1 clients, through the server's IO wrapper) and [`memory`] (returning
@@ -23,7 +24,7 @@
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
 //! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
-//! cached results), [`respond`] (fixed responses), [`admin`] (who may purge, the admin API),
+//! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`admin`] (who may purge, the admin API),
 //! [`body`] (the response body type).
 //!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
@@ -40,12 +41,12 @@
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
 //!    [`body`]; [`memory`] (the count of freed memory the trim service reads).
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
-//!    [`interim`] (http); [`respond`] (body, config).
+//!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config).
 //! 3. [`cache`] (compress, config, http).
 //! 4. [`deliver`] (cache, compress, http, range); [`admin`] (cache, config, http).
 //! 5. The handlers: [`proxy`], [`static_files`], [`images`] (the lines above).
-//! 6. [`route`] (the handlers, admin, interim), [`server`] (route, interim, memory), [`cli`]
-//!    (config).
+//! 6. [`route`] (the handlers, admin, interim, inbound), [`server`] (route, interim, memory,
+//!    tls), [`cli`] (config, tls).
 
 pub mod admin;
 pub mod body;
@@ -65,6 +66,7 @@ pub mod respond;
 pub mod route;
 pub mod server;
 pub mod static_files;
+pub mod tls;
 
 #[cfg(test)]
 mod layout {

@@ -19,10 +19,14 @@ fn main() -> ExitCode {
 
     if let Some(Command::Check { file }) = &cli.command {
         // The open-files limit is checked as `run` would, on this machine.
-        let checked = Config::load(file).and_then(|mut cfg| {
-            let fit = server::fit_open_files(&mut cfg)?;
-            Ok((cfg, fit))
-        });
+        let checked = Config::load(file)
+            .map_err(|e| e.to_string())
+            .and_then(|mut cfg| {
+                let fit = server::fit_open_files(&mut cfg).map_err(|e| e.to_string())?;
+                // Certificates are read as starting would read them.
+                larder::tls::check(&cfg).map_err(|e| e.to_string())?;
+                Ok((cfg, fit))
+            });
         return match checked {
             Ok((cfg, fit)) => {
                 if let Some(n) = fit.and_then(|f| f.lowered_to) {
@@ -45,6 +49,13 @@ fn main() -> ExitCode {
 
     let (mut cfg, source) = match cli.config() {
         Ok(x) => x,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let self_signed = match cli.self_signed(&mut cfg) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
@@ -73,6 +84,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let schemes: Vec<&str> = (cfg.listeners.iter())
+        .map(|l| if l.tls.is_some() { "https" } else { "http" })
+        .collect();
     rt.block_on(async move {
         let handle = match server::start(cfg).await {
             Ok(h) => h,
@@ -81,10 +95,21 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        for (addr, router) in handle.addrs.iter().zip(&handle.routers) {
+        for ((addr, router), scheme) in handle.addrs.iter().zip(&handle.routers).zip(&schemes) {
             for (host, prefix, what) in router.describe() {
-                tracing::info!("http://{addr}  host {host}  {prefix}  → {what}");
+                tracing::info!("{scheme}://{addr}  host {host}  {prefix}  → {what}");
             }
+        }
+        if let Some(cert) = &self_signed {
+            let port = handle.addrs[0].port();
+            println!(
+                "TLS: self-signed certificate for localhost in {}",
+                cert.display()
+            );
+            println!(
+                "  curl --cacert {} https://localhost:{port}/",
+                cert.display()
+            );
         }
         if let Source::Embedded = source {
             let a = handle.addrs[0];

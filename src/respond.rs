@@ -1,12 +1,13 @@
-//! The fixed-response handler: a status and body from the config (health checks, `/ping`).
-//! The whole response is prepared once; serving it clones a header block and a `Bytes` handle.
+//! Fixed responses: a status and body from the config (health checks, `/ping`), prepared once
+//! (serving one clones a header block and a `Bytes` handle); and the permanent redirect of a
+//! plain-HTTP route to HTTPS.
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
 use crate::body::Body;
-use crate::config::RespondConfig;
+use crate::config::{RedirectConfig, RespondConfig};
 
 pub struct Respond {
     status: StatusCode,
@@ -42,5 +43,43 @@ impl Respond {
     /// The configured body, as text (for diagnostics and tests).
     pub fn body_text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A route's `redirect_https`: 308 to the same host, path and query over HTTPS.
+pub struct RedirectHttps {
+    /// `:port` after the host, when the HTTPS port is not 443.
+    port: String,
+}
+
+impl RedirectHttps {
+    pub fn new(cfg: &RedirectConfig) -> RedirectHttps {
+        let port = match cfg.port {
+            Some(p) if p != 443 => format!(":{p}"),
+            _ => String::new(),
+        };
+        RedirectHttps { port }
+    }
+
+    /// The redirect for a request to `host` (without its port) and `uri`.
+    pub fn handle(&self, host: &str, uri: &http::Uri) -> Response<Body> {
+        let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+        let location = format!("https://{host}{}{pq}", self.port);
+        let location = HeaderValue::from_str(&location).ok();
+        let Some(location) = location.filter(|_| !host.is_empty()) else {
+            let mut r = Response::new(Body::full(Bytes::from_static(b"no host to redirect to\n")));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            return r;
+        };
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::PERMANENT_REDIRECT;
+        r.headers_mut().insert(header::LOCATION, location);
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        r
+    }
+
+    pub fn describe(&self) -> String {
+        format!("redirect to https://<host>{}", self.port)
     }
 }

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::admin::Access;
@@ -22,7 +22,7 @@ use crate::http::text_response;
 use crate::images::Images;
 use crate::interim::Sink;
 use crate::proxy::Proxy;
-use crate::respond::Respond;
+use crate::respond::{RedirectHttps, Respond};
 use crate::static_files::StaticFiles;
 
 /// What serves a route's requests. Handlers are shared with the futures serving requests.
@@ -32,6 +32,7 @@ pub enum Handler {
     Respond(Respond),
     Images(Arc<Images>),
     Admin(Arc<crate::admin::Admin>),
+    RedirectHttps(RedirectHttps),
 }
 
 /// A request being served: a response at hand, or the handler's future, boxed on its own so
@@ -73,6 +74,7 @@ impl Handler {
                 Arc::clone(cache),
             ))),
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
+            HandlerConfig::RedirectHttps(r) => Handler::RedirectHttps(RedirectHttps::new(r)),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
                 i.clone(),
                 prefix,
@@ -87,6 +89,10 @@ impl Handler {
     fn serve(&self, req: Request<Incoming>, peer: SocketAddr, sink: Option<Sink>) -> Serving {
         let fut: Pin<Box<dyn Future<Output = Response<Body>> + Send>> = match self {
             Handler::Respond(r) => return Serving::Ready(Some(r.handle(&req))),
+            Handler::RedirectHttps(r) => {
+                let host = strip_port(crate::inbound::authority(req.uri(), req.headers()));
+                return Serving::Ready(Some(r.handle(host, req.uri())));
+            }
             Handler::Static(s) => Box::pin(Arc::clone(s).serve(req)),
             // Only a proxied request can meet an origin's 1xx responses.
             Handler::Proxy(p) => {
@@ -116,6 +122,7 @@ impl Handler {
             Handler::Respond(_) => "fixed response".into(),
             Handler::Images(i) => format!("images in {}", i.source()),
             Handler::Admin(_) => "admin API (/_larder/status, /_larder/purge)".into(),
+            Handler::RedirectHttps(r) => r.describe(),
         }
     }
 }
@@ -124,6 +131,8 @@ struct Route {
     host: HostPattern,
     prefix: String,
     handler: Handler,
+    /// `Strict-Transport-Security` added to every response (TLS listeners only).
+    hsts: Option<HeaderValue>,
 }
 
 /// The routes of one listener, in match order.
@@ -143,6 +152,9 @@ impl Router {
                 host: r.host.clone().unwrap_or(HostPattern::Any),
                 prefix: r.path.0.clone(),
                 handler: Handler::build(&r.handler, &r.path.0, cache, admin),
+                hsts: (r.hsts.as_ref())
+                    .filter(|_| listener.tls.is_some())
+                    .map(|v| v.0.clone()),
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -168,6 +180,7 @@ impl Router {
                     Arc::clone(cache),
                     token,
                 ))),
+                hsts: None,
             }],
             by_host: false,
         }
@@ -175,10 +188,13 @@ impl Router {
 
     /// The handler for a host (without port, any case) and path, if a route matches.
     pub fn find(&self, host: &str, path: &str) -> Option<&Handler> {
+        self.route(host, path).map(|r| &r.handler)
+    }
+
+    fn route(&self, host: &str, path: &str) -> Option<&Route> {
         self.routes
             .iter()
             .find(|r| host_matches(&r.host, host) && path.starts_with(r.prefix.as_str()))
-            .map(|r| &r.handler)
     }
 
     /// Routes as (host, prefix, handler description), in match order.
@@ -209,13 +225,40 @@ impl Router {
         } else {
             ""
         };
-        match self.find(host, req.uri().path()) {
-            Some(h) => h.serve(req, peer, sink),
+        match self.route(host, req.uri().path()) {
+            Some(Route {
+                handler,
+                hsts: None,
+                ..
+            }) => handler.serve(req, peer, sink),
+            Some(Route {
+                handler,
+                hsts: Some(hsts),
+                ..
+            }) => with_hsts(handler.serve(req, peer, sink), hsts.clone()),
             None => Serving::Ready(Some(text_response(
                 StatusCode::NOT_FOUND,
                 "no route for this request\n",
             ))),
         }
+    }
+}
+
+/// `serving`'s response with `Strict-Transport-Security: hsts`.
+fn with_hsts(serving: Serving, hsts: HeaderValue) -> Serving {
+    match serving {
+        Serving::Ready(Some(mut r)) => {
+            r.headers_mut()
+                .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+            Serving::Ready(Some(r))
+        }
+        Serving::Ready(None) => Serving::Ready(None),
+        Serving::Pending(f) => Serving::Pending(Box::pin(async move {
+            let mut r = f.await;
+            r.headers_mut()
+                .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+            r
+        })),
     }
 }
 

@@ -1,5 +1,5 @@
 //! A connection's bytes as the server drives them: the [`Stream`] a connection runs on (plain
-//! TCP today, TLS next), the IO wrapper hyper reads and writes through ([`Tracked`]: activity for
+//! TCP or TLS), the IO wrapper hyper reads and writes through ([`Tracked`]: activity for
 //! the idle watchdog, read-ahead replayed after parking, 1xx blocks written between hyper's
 //! responses), the watchdog's per-connection state ([`Activity`]) and hyper's request-head timer
 //! ([`WatchdogTimer`]).
@@ -39,6 +39,10 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
         Poll::Ready(Ok(()))
     }
 }
+
+/// A TLS connection parks with the default: rustls may hold decrypted bytes of its own, which a
+/// readiness wait on the socket would not see.
+impl Stream for tokio_rustls::server::TlsStream<TcpStream> {}
 
 impl Stream for TcpStream {
     #[inline]

@@ -1,6 +1,7 @@
-//! Listening and accepting: binding the plain-TCP sockets, the accept loop with the connection
-//! bound, the protocol of a new plain-TCP connection (HTTP/1.1, or h2c by prior knowledge, told
-//! apart by peeking), and the open-files limit that accepting runs into.
+//! Listening and accepting: binding the TCP sockets, the accept loop with the connection bound,
+//! the protocol of a new connection (plain TCP: HTTP/1.1, or h2c by prior knowledge, told apart
+//! by peeking; TLS: the handshake, then what ALPN chose), and the open-files limit that
+//! accepting runs into.
 //!
 //! A semaphore bounds open connections: at the bound, each accept loop holds the one connection
 //! it accepted last, unserved, and accepts nothing more until a connection closes (the kernel's
@@ -18,6 +19,7 @@ use tokio::sync::{watch, Semaphore};
 use super::connection::{serve_connection, Accepted, Builders, Idle, Protocol};
 use crate::config::{Config, ServerConfig};
 use crate::route::Router;
+use crate::tls::Acceptor;
 
 /// A listening socket with SO_REUSEADDR (and SO_REUSEPORT for per-core workers) and a deep
 /// backlog.
@@ -53,8 +55,13 @@ pub struct Serving {
 }
 
 /// Accepts connections on `listener` until shutdown, each served by `router` on a task of its
-/// own once its protocol is known.
-pub async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Serving) {
+/// own once its protocol is known (after the TLS handshake, on a listener with `tls`).
+pub async fn accept_loop(
+    listener: TcpListener,
+    router: Arc<Router>,
+    serving: Serving,
+    tls: Option<Arc<Acceptor>>,
+) {
     let Serving {
         builder,
         server,
@@ -112,6 +119,23 @@ pub async fn accept_loop(listener: TcpListener, router: Arc<Router>, serving: Se
             max_conns: server.max_connections.get() as usize,
         };
         let (router, builder) = (Arc::clone(&router), Arc::clone(&builder));
+        if let Some(tls) = &tls {
+            let (tls, shutdown) = (Arc::clone(tls), shutdown.clone());
+            tokio::spawn(async move {
+                let timeout = builder.header_read_timeout;
+                let Some((stream, h2)) = tls.accept(stream, timeout).await else {
+                    return;
+                };
+                let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
+                let accepted = Accepted {
+                    stream,
+                    protocol,
+                    peer,
+                };
+                serve_connection(accepted, router, builder, idle, shutdown, permit).await
+            });
+            continue;
+        }
         let found = protocol(
             stream,
             builder.h2c,

@@ -19,12 +19,18 @@ use crate::config::{Config, ServerConfig, Threading};
 use crate::interim;
 use crate::memory::return_freed_memory;
 use crate::route::Router;
+use crate::tls;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
+    #[error("listener {addr}: {source}")]
+    Tls {
+        addr: SocketAddr,
+        source: tls::Error,
+    },
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -42,6 +48,8 @@ pub struct Handle {
     grace: Duration,
     interim_dropped: interim::Dropped,
     background: Background,
+    /// Each TLS listener's acceptor, in configuration order.
+    tls: Vec<Arc<tls::Acceptor>>,
 }
 
 impl Handle {
@@ -71,6 +79,17 @@ impl Handle {
     /// [`super::interim`] (too many for one request, or a client not reading).
     pub fn interim_dropped(&self) -> u64 {
         self.interim_dropped.load(Ordering::Relaxed)
+    }
+
+    /// TLS handshakes so far, by outcome, over every TLS listener.
+    pub fn tls_counts(&self) -> tls::Counts {
+        (self.tls.iter()).fold(tls::Counts::default(), |sum, a| sum + a.counters.snapshot())
+    }
+
+    /// Re-reads every TLS listener's certificates now (as a change of their files does):
+    /// new connections get the new ones. On error the certificates in use stay.
+    pub fn reload_certificates(&self) -> Result<(), tls::Error> {
+        self.tls.iter().try_for_each(|a| a.certs.reload())
     }
 
     /// The background services running beside the connections, by name.
@@ -108,7 +127,20 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
 
     let mut addrs = Vec::new();
     let mut routers = Vec::new();
+    let mut acceptors = Vec::new();
     for l in &config.listeners {
+        let tls = match &l.tls {
+            Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg).map_err(|source| {
+                Error::Tls {
+                    addr: l.addr,
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        acceptors.push(tls);
+    }
+    for (l, tls) in config.listeners.iter().zip(&acceptors) {
         let listener = bind(l.addr, reuse_port).map_err(|source| Error::Bind {
             addr: l.addr,
             source,
@@ -119,17 +151,17 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         })?);
         let router = Arc::new(Router::new(l, &config.admin, &cache));
         routers.push(Arc::clone(&router));
-        tokio::spawn(accept_loop(listener, router, serving.clone()));
+        tokio::spawn(accept_loop(listener, router, serving.clone(), tls.clone()));
     }
     for i in 1..=extra_threads {
         // Bind on this thread so that errors are reported by `start`.
         let mut listeners = Vec::with_capacity(addrs.len());
-        for (addr, router) in addrs.iter().zip(&routers) {
+        for ((addr, router), tls) in addrs.iter().zip(&routers).zip(&acceptors) {
             let std = bind_std(*addr, true).map_err(|source| Error::Bind {
                 addr: *addr,
                 source,
             })?;
-            listeners.push((std, Arc::clone(router)));
+            listeners.push((std, Arc::clone(router), tls.clone()));
         }
         let serving = serving.clone();
         std::thread::Builder::new()
@@ -142,6 +174,14 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     }
     let mut background = Background::new(serving.shutdown.clone());
     background.register("return freed memory", return_freed_memory);
+    for a in acceptors.iter().flatten() {
+        if !a.watch_interval.is_zero() {
+            let (certs, every) = (Arc::clone(&a.certs), a.watch_interval);
+            background.register("re-read certificates", move |stop| {
+                tls::watch(certs, every, stop)
+            });
+        }
+    }
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
         let (bound, router) = listen_admin(addr, config.admin.token.clone(), &cache, &serving)?;
@@ -159,13 +199,21 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         grace: server.shutdown_grace.0,
         interim_dropped,
         background,
+        tls: acceptors.into_iter().flatten().collect(),
     })
 }
 
 /// A per-core worker thread: a single-threaded runtime serving its own sockets until shutdown
 /// (or until the [`Handle`] is dropped), then until this process's connections drain or the
 /// grace period ends: dropping the runtime earlier would cut this thread's connections short.
-fn run_worker(listeners: Vec<(std::net::TcpListener, Arc<Router>)>, serving: Serving) {
+fn run_worker(
+    listeners: Vec<(
+        std::net::TcpListener,
+        Arc<Router>,
+        Option<Arc<tls::Acceptor>>,
+    )>,
+    serving: Serving,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -177,10 +225,10 @@ fn run_worker(listeners: Vec<(std::net::TcpListener, Arc<Router>)>, serving: Ser
         }
     };
     rt.block_on(async move {
-        for (std, router) in listeners {
+        for (std, router, tls) in listeners {
             match TcpListener::from_std(std) {
                 Ok(l) => {
-                    tokio::spawn(accept_loop(l, router, serving.clone()));
+                    tokio::spawn(accept_loop(l, router, serving.clone(), tls));
                 }
                 Err(e) => tracing::error!(error = %e, "cannot register listener"),
             }
@@ -214,7 +262,12 @@ fn listen_admin(
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
     let router = Arc::new(Router::admin(cache, token));
-    tokio::spawn(accept_loop(listener, Arc::clone(&router), serving.clone()));
+    tokio::spawn(accept_loop(
+        listener,
+        Arc::clone(&router),
+        serving.clone(),
+        None,
+    ));
     Ok((bound, router))
 }
 

@@ -51,6 +51,21 @@ impl Larder {
         self.handle.open_connections()
     }
 
+    /// The bound address of listener `i` (configuration order).
+    pub fn addr_of(&self, i: usize) -> SocketAddr {
+        self.handle.addrs[i]
+    }
+
+    /// TLS handshakes so far, by outcome.
+    pub fn tls_counts(&self) -> larder::tls::Counts {
+        self.handle.tls_counts()
+    }
+
+    /// Re-reads the TLS listeners' certificates now.
+    pub fn reload_certificates(&self) -> Result<(), larder::tls::Error> {
+        self.handle.reload_certificates()
+    }
+
     /// Interim (1xx) responses dropped so far.
     pub fn interim_dropped(&self) -> u64 {
         self.handle.interim_dropped()

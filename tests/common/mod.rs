@@ -9,6 +9,7 @@
 //! - `client`: hyper's client, requests and whole responses; h2c; decoding bodies.
 //! - `raw`: requests written as bytes and responses read back one at a time.
 //! - `images`: test images.
+//! - `tls`: a test certificate authority and an HTTPS client (HTTP/1.1 or HTTP/2 by ALPN).
 //! - `components`: the real components some tests need (redis-server, pebble, Chromium, ...),
 //!   installed by the test setup when missing.
 // Each test binary uses a part of the bed.
@@ -20,6 +21,7 @@ mod images;
 mod larder;
 mod origin;
 mod raw;
+mod tls;
 
 pub use self::client::*;
 pub use self::components::*;
@@ -27,3 +29,4 @@ pub use self::images::*;
 pub use self::larder::*;
 pub use self::origin::*;
 pub use self::raw::*;
+pub use self::tls::*;

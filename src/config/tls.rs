@@ -1,0 +1,149 @@
+//! The settings of HTTPS: a listener's `tls` table (its certificates, chosen by SNI, and how
+//! they are re-read), and a route's redirect to HTTPS and HSTS header. Plain data: the server
+//! loads the files (`crate::tls`).
+
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::{Bounded, Dur, HeaderValueCfg, HOUR_MS};
+
+/// A listener's `tls` table: the listener speaks TLS 1.2 and 1.3, with ALPN choosing HTTP/2 or
+/// HTTP/1.1.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The default certificate chain (PEM, leaf first), for clients that send no SNI or a name
+    /// no certificate is for. With `key`; or list them under `certificates`.
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+    /// More certificates, each chosen for the names it is valid for (its subject alternative
+    /// DNS names, exact or `*.` wildcard) or the `names` given. Without `cert`, the first is
+    /// the default.
+    #[serde(default)]
+    pub certificates: Vec<CertConfig>,
+    /// Offer HTTP/2 through ALPN (HTTP/1.1 always).
+    #[serde(default = "yes")]
+    pub http2: bool,
+    /// The oldest protocol version accepted: "1.2" or "1.3".
+    #[serde(default)]
+    pub min_version: TlsVersion,
+    /// How often the certificate and key files are checked for changes; changed files are
+    /// re-read and new connections get them (open ones keep theirs). "0s": never.
+    #[serde(default = "TlsConfig::default_watch")]
+    pub watch_interval: Dur<0, HOUR_MS>,
+    /// Sessions kept for resumption by session id (TLS 1.2, and TLS 1.3 stateful tickets);
+    /// 0 turns the cache off.
+    #[serde(default = "TlsConfig::default_session_cache")]
+    pub session_cache: Bounded<0, 10_000_000>,
+    /// Resumption by session tickets (encrypted with keys rotated every 6 hours).
+    #[serde(default = "yes")]
+    pub session_tickets: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl TlsConfig {
+    fn default_watch() -> Dur<0, HOUR_MS> {
+        Dur(std::time::Duration::from_secs(5))
+    }
+
+    fn default_session_cache() -> Bounded<0, 10_000_000> {
+        Bounded(10_000)
+    }
+
+    /// The TLS settings of the command line's quick start: one certificate and its key.
+    pub fn single(cert: PathBuf, key: PathBuf) -> TlsConfig {
+        TlsConfig {
+            cert: Some(cert),
+            key: Some(key),
+            certificates: Vec::new(),
+            http2: true,
+            min_version: TlsVersion::default(),
+            watch_interval: Self::default_watch(),
+            session_cache: Self::default_session_cache(),
+            session_tickets: true,
+        }
+    }
+
+    /// Every certificate, the default first: `cert` and `key`, then `certificates`.
+    pub fn all(&self) -> Vec<CertConfig> {
+        let top = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some(CertConfig {
+                cert: cert.clone(),
+                key: key.clone(),
+                names: Vec::new(),
+            }),
+            _ => None,
+        };
+        top.into_iter()
+            .chain(self.certificates.iter().cloned())
+            .collect()
+    }
+}
+
+/// One certificate chain and its key.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The server names (exact, or `*.example.com`) to serve this certificate for; empty: the
+    /// DNS names the certificate itself lists.
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+/// The oldest TLS version a listener accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum TlsVersion {
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// A route's `redirect_https`: answer every request with a permanent redirect (308) to the
+/// same URL over HTTPS. `true`, or a table with the HTTPS port when it is not 443.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RedirectConfig {
+    pub port: Option<u16>,
+}
+
+impl<'de> Deserialize<'de> for RedirectConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RedirectConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, or a table such as { port = 8443 }")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RedirectConfig, E> {
+                if v {
+                    Ok(RedirectConfig::default())
+                } else {
+                    Err(E::custom("`false` redirects nothing: leave the key out"))
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RedirectConfig, A::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Table {
+                    port: Option<u16>,
+                }
+                let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RedirectConfig { port: t.port })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A route's `hsts`: the `Strict-Transport-Security` value its responses carry on a TLS
+/// listener (RFC 6797: never sent over plain HTTP, where browsers ignore it).
+pub type HstsConfig = HeaderValueCfg;

@@ -1,0 +1,515 @@
+//! HTTPS end to end: larder's TLS listeners with certificates from a test CA, a rustls client
+//! trusting only that CA. ALPN (HTTP/2 and HTTP/1.1), certificates by SNI, re-reading changed
+//! certificate files, resumption, the cache over TLS, the 400 to plain HTTP, stalled
+//! handshakes, the redirect to HTTPS and HSTS, and the errors `larder check` gives.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+const BODY: &str = "hello over TLS, hello over TLS, hello over TLS, hello over TLS, hello.";
+
+async fn origin() -> Origin {
+    Origin::start(|seen, _| {
+        if seen.path.starts_with("/private") {
+            return Reply::ok("mine").header("cache-control", "private");
+        }
+        Reply::ok(BODY.repeat(20))
+            .header("cache-control", "max-age=60")
+            .header("content-type", "text/plain")
+            .header("etag", "\"v1\"")
+    })
+    .await
+}
+
+/// A TLS listener proxying to `origin`, with `tls` keys in its `[listener.tls]` table.
+fn tls_proxy(origin: &str, tls: &str) -> String {
+    tls_proxy_with(origin, tls, "")
+}
+
+/// [`tls_proxy`] with `server` lines in its `[server]` table.
+fn tls_proxy_with(origin: &str, tls: &str, server: &str) -> String {
+    format!(
+        r#"
+[server]
+{server}
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [listener.tls]
+  watch_interval = "50ms"
+{tls}
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{origin}" }}
+"#
+    )
+}
+
+fn cert_keys(cert: &Path, key: &Path) -> String {
+    format!(
+        "  cert = {:?}\n  key = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn alpn_chooses_h2_or_http1_and_the_cache_works_the_same_over_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["localhost", "site.test"]);
+    let origin = origin().await;
+    let larder = Larder::start(&tls_proxy(&origin.url(), &cert_keys(&cert, &key))).await;
+
+    let h2 = Tls::connect(
+        larder.addr,
+        "site.test",
+        ca.client_config(&[b"h2", b"http/1.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(h2.alpn(), "h2");
+    let got = h2.get_all("site.test", &["/a", "/a"], &[]).await;
+    assert_eq!((got[0].status.as_u16(), got[0].cache()), (200, "MISS"));
+    assert_eq!((got[1].status.as_u16(), got[1].cache()), (200, "HIT"));
+    assert_eq!(got[1].body, BODY.repeat(20));
+
+    let h1 = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap();
+    assert_eq!(h1.alpn(), "http/1.1");
+    let got = h1
+        .get_all("site.test", &["/a", "/a"], &[("accept-encoding", "br")])
+        .await;
+    assert_eq!(got[0].cache(), "HIT", "the entry filled over h2 serves h1");
+    // No ALPN at all: HTTP/1.1.
+    let none = Tls::connect(larder.addr, "site.test", ca.client_config(&[]))
+        .await
+        .unwrap();
+    assert_eq!(none.alpn(), "");
+    let got = none.get_all("site.test", &["/a"], &[]).await;
+    assert_eq!((got[0].status.as_u16(), got[0].cache()), (200, "HIT"));
+
+    // Negotiated encodings, 304 and Range behave as over plain HTTP.
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let br = https_get(
+            larder.addr,
+            "site.test",
+            &ca,
+            &[alpn],
+            "/a",
+            &[("accept-encoding", "br")],
+        )
+        .await;
+        if br.header("content-encoding") == Some("br") {
+            assert_eq!(decode(&br.body, Some("br")), BODY.repeat(20).as_bytes());
+        }
+        let not_modified = https_get(
+            larder.addr,
+            "site.test",
+            &ca,
+            &[alpn],
+            "/a",
+            &[("if-none-match", "\"v1\"")],
+        )
+        .await;
+        assert_eq!(not_modified.status, 304);
+        let range = https_get(
+            larder.addr,
+            "site.test",
+            &ca,
+            &[alpn],
+            "/a",
+            &[("range", "bytes=0-4")],
+        )
+        .await;
+        assert_eq!(range.status, 206);
+        assert_eq!(range.body, "hello");
+    }
+    // Private responses are not shared over TLS either.
+    let p1 = https_get(larder.addr, "site.test", &ca, &[b"h2"], "/private", &[]).await;
+    let p2 = https_get(larder.addr, "site.test", &ca, &[b"h2"], "/private", &[]).await;
+    assert_ne!(p2.cache(), "HIT", "{:?} {:?}", p1.cache(), p2.cache());
+    assert_eq!(origin.hits(), 3, "one fill of /a, two of /private");
+    assert!(larder.tls_counts().handshakes >= 9);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sni_chooses_the_certificate_exact_then_wildcard_then_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (dc, dk) = ca.issue(dir.path(), "default", &["default.test"]);
+    let (ac, ak) = ca.issue(dir.path(), "api", &["api.example.test"]);
+    let (wc, wk) = ca.issue(dir.path(), "wild", &["*.example.test"]);
+    let (nc, nk) = ca.issue(dir.path(), "named", &["configured.test", "left-out.test"]);
+    let tls = format!(
+        "{}\n  [[listener.tls.certificates]]\n{}\n  [[listener.tls.certificates]]\n{}\n  [[listener.tls.certificates]]\n{}  names = [\"configured.test\"]\n",
+        cert_keys(&dc, &dk),
+        cert_keys(&ac, &ak),
+        cert_keys(&wc, &wk),
+        cert_keys(&nc, &nk)
+    );
+    let origin = origin().await;
+    let larder = Larder::start(&tls_proxy(&origin.url(), &tls)).await;
+    let leaf_of = |pem: &Path| {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_file(pem)
+            .unwrap()
+            .to_vec()
+    };
+    let served = |sni: &'static str| {
+        let cfg = ca.client_config(&[b"http/1.1"]);
+        let addr = larder.addr;
+        async move {
+            // The client checks the name too: a certificate not valid for `sni` fails.
+            let insecure_ok = Tls::connect(addr, sni, cfg).await;
+            insecure_ok.map(|t| t.peer_leaf())
+        }
+    };
+    assert_eq!(served("api.example.test").await.unwrap(), leaf_of(&ac));
+    assert_eq!(served("www.example.test").await.unwrap(), leaf_of(&wc));
+    assert_eq!(served("default.test").await.unwrap(), leaf_of(&dc));
+    assert_eq!(served("configured.test").await.unwrap(), leaf_of(&nc));
+    // `names` replaces the certificate's own list: left-out.test gets the default.
+    assert!(served("left-out.test").await.is_err());
+    // A name no certificate is for gets the default, which the client rejects for that name.
+    assert!(
+        served("a.b.example.test").await.is_err(),
+        "a wildcard covers one label"
+    );
+    assert!(served("other.test").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn changed_certificate_files_are_re_read_and_open_connections_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let origin = origin().await;
+    let larder = Larder::start(&tls_proxy(&origin.url(), &cert_keys(&cert, &key))).await;
+    let old = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap();
+    let old_leaf = old.peer_leaf();
+
+    // A broken key is refused: the certificate in use stays.
+    std::fs::write(&key, "not a key").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap();
+    assert_eq!(t.peer_leaf(), old_leaf);
+
+    // A new certificate and key: new connections get it within the watch interval.
+    ca.issue(dir.path(), "site", &["site.test"]);
+    let mut new_leaf = old_leaf.clone();
+    for _ in 0..100 {
+        let t = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"http/1.1"]))
+            .await
+            .unwrap();
+        new_leaf = t.peer_leaf();
+        if new_leaf != old_leaf {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(new_leaf, old_leaf, "the new certificate is served");
+    // The connection opened before still works, on its own session.
+    let got = old.get_all("site.test", &["/a", "/b"], &[]).await;
+    assert!(got.iter().all(|g| g.status == 200));
+
+    // Re-reading on demand (what a reload does) works too.
+    ca.issue(dir.path(), "site", &["site.test"]);
+    larder.reload_certificates().unwrap();
+    let t = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap();
+    assert_ne!(t.peer_leaf(), new_leaf);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let origin = origin().await;
+    let larder = Larder::start(&tls_proxy(&origin.url(), &cert_keys(&cert, &key))).await;
+    // One client configuration keeps its session store across connections.
+    for tls13 in [true, false] {
+        let mut cfg = (*ca.client_config(&[b"http/1.1"])).clone();
+        if !tls13 {
+            let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            let roots = cfg.clone();
+            cfg = rustls::ClientConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[&rustls::version::TLS12])
+                .unwrap()
+                .with_root_certificates({
+                    let mut r = rustls::RootCertStore::empty();
+                    use rustls::pki_types::pem::PemObject;
+                    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.pem.as_bytes()) {
+                        r.add(c.unwrap()).unwrap();
+                    }
+                    r
+                })
+                .with_no_client_auth();
+            cfg.alpn_protocols = roots.alpn_protocols;
+        }
+        let cfg = std::sync::Arc::new(cfg);
+        let first = Tls::connect(larder.addr, "site.test", cfg.clone())
+            .await
+            .unwrap();
+        assert!(!first.resumed());
+        // TLS 1.3 tickets come after the handshake: let the client read them.
+        let _ = first.get_all("site.test", &["/a"], &[]).await;
+        let second = Tls::connect(larder.addr, "site.test", cfg).await.unwrap();
+        assert!(
+            second.resumed(),
+            "TLS 1.{} session resumed",
+            if tls13 { 3 } else { 2 }
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_http_gets_400_and_a_stalled_handshake_is_closed_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let origin = origin().await;
+    let larder = Larder::start(&tls_proxy_with(
+        &origin.url(),
+        &cert_keys(&cert, &key),
+        "header_read_timeout = \"300ms\"",
+    ))
+    .await;
+
+    let mut raw = Raw::connect(larder.addr).await;
+    raw.write(b"GET / HTTP/1.1\r\nHost: site.test\r\n\r\n")
+        .await;
+    let r = raw.response().await;
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("HTTPS"));
+    assert!(
+        raw.closes_within(Duration::from_secs(2)).await,
+        "closed after the 400"
+    );
+
+    // Connected, silent: closed within the header timeout (300ms), counted.
+    let mut silent = Raw::connect(larder.addr).await;
+    let t = std::time::Instant::now();
+    assert!(silent.closes_within(Duration::from_secs(3)).await);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Half a ClientHello, then silence: the same.
+    let mut half = Raw::connect(larder.addr).await;
+    half.write(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await;
+    assert!(half.closes_within(Duration::from_secs(3)).await);
+    // Garbage after a handshake record byte: a failed handshake.
+    let mut bad = Raw::connect(larder.addr).await;
+    bad.write(&[0x16, 0xff, 0xff, 0x00, 0x05, 1, 2, 3, 4, 5])
+        .await;
+    assert!(bad.closes_within(Duration::from_secs(3)).await);
+    let counts = larder.tls_counts();
+    assert_eq!(counts.plain_http, 1, "{counts:?}");
+    assert_eq!(counts.timed_out, 2, "{counts:?}");
+    assert_eq!(counts.failed, 1, "{counts:?}");
+    // The listener still serves.
+    let ok = https_get(larder.addr, "site.test", &ca, &[b"h2"], "/a", &[]).await;
+    assert_eq!(ok.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_listener_redirects_to_https_and_tls_routes_send_hsts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let origin = origin().await;
+    let config = format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [listener.tls]
+{}
+  [[listener.route]]
+  path = "/"
+  hsts = "max-age=63072000; includeSubDomains"
+  proxy = {{ upstream = "{}" }}
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  redirect_https = {{ port = 8443 }}
+  [[listener.route]]
+  path = "/standard/"
+  redirect_https = true
+"#,
+        cert_keys(&cert, &key),
+        origin.url()
+    );
+    let larder = Larder::start(&config).await;
+    let got = https_get(larder.addr, "site.test", &ca, &[b"http/1.1"], "/a", &[]).await;
+    assert_eq!(
+        got.header("strict-transport-security"),
+        Some("max-age=63072000; includeSubDomains")
+    );
+    let plain = larder.addr_of(1);
+    let c = client();
+    let r = get(
+        &c,
+        &format!("http://{plain}/x/y?q=1"),
+        &[("host", "site.test:80")],
+    )
+    .await;
+    assert_eq!(r.status, 308);
+    assert_eq!(r.header("location"), Some("https://site.test:8443/x/y?q=1"));
+    assert_eq!(
+        r.header("strict-transport-security"),
+        None,
+        "never over plain HTTP"
+    );
+    let r = get(
+        &c,
+        &format!("http://{plain}/standard/z"),
+        &[("host", "site.test")],
+    )
+    .await;
+    assert_eq!(r.header("location"), Some("https://site.test/standard/z"));
+    assert_eq!(origin.hits(), 1);
+}
+
+#[test]
+fn check_names_the_certificate_file_that_cannot_be_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let (_, other_key) = ca.issue(dir.path(), "other", &["other.test"]);
+    let check = |tls: &str| {
+        let file = dir.path().join("larder.toml");
+        std::fs::write(&file, tls_proxy("http://127.0.0.1:9", tls)).unwrap();
+        let out = larder_command().arg("check").arg(&file).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(&cert_keys(&cert, &key));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = check(&cert_keys(&dir.path().join("missing.pem"), &key));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("missing.pem"), "{err}");
+    let (code, err) = check(&cert_keys(&cert, &other_key));
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("other.key") && err.contains("does not match"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("unreadable.key"), "").unwrap();
+    let (code, err) = check(&cert_keys(&cert, &dir.path().join("unreadable.key")));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unreadable.key"), "{err}");
+    let (code, err) = check(&format!("  cert = {:?}\n", cert.display().to_string()));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("line") && err.contains("key"), "{err}");
+}
+
+/// The quick start: `--tls-self-signed` makes a certificate for localhost once, prints where
+/// it is, and serves HTTPS with it; a client trusting that file connects. `--tls-cert` and
+/// `--tls-key` serve a given certificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn quick_start_flags_serve_https() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    let state = dir.path().join("state");
+    let run = |extra: &[&str]| {
+        let addr = free_port();
+        let mut cmd = larder_command();
+        cmd.args([
+            "--root",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            &addr.to_string(),
+        ])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+        (addr, Child(cmd.spawn().unwrap()))
+    };
+    let (addr, mut child) = run(&["--tls-self-signed", "--state-dir", state.to_str().unwrap()]);
+    let out = child.0.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    // Log lines go to stdout too: find larder's note.
+    let said = (lines.by_ref().map_while(Result::ok))
+        .find(|l| l.starts_with("TLS:"))
+        .expect("where the certificate is");
+    let cert = state.join("tls/self-signed.pem");
+    assert!(said.contains(cert.to_str().unwrap()), "{said}");
+    let hint = lines.next().unwrap().unwrap();
+    assert!(hint.contains("curl --cacert"), "{hint}");
+    let pem = std::fs::read_to_string(&cert).unwrap();
+    let trusting = |pem: &str| {
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        std::sync::Arc::new(cfg)
+    };
+    let connect = |addr, sni: &'static str, cfg| async move {
+        for _ in 0..200 {
+            match Tls::connect(addr, sni, std::sync::Arc::clone(&cfg)).await {
+                Ok(t) => return t,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("larder did not start");
+    };
+    let t = connect(addr, "localhost", trusting(&pem)).await;
+    assert_eq!(t.alpn(), "h2");
+    let got = t.get_all("localhost", &["/a.txt"], &[]).await;
+    assert_eq!(got[0].body, "hello");
+    drop(child);
+    // A second start keeps the certificate the client was told to trust.
+    let (addr, _child) = run(&["--tls-self-signed", "--state-dir", state.to_str().unwrap()]);
+    let t = connect(addr, "localhost", trusting(&pem)).await;
+    assert_eq!(
+        t.get_all("localhost", &["/a.txt"], &[]).await[0].status,
+        200
+    );
+
+    let ca = TestCa::new();
+    let (c, k) = ca.issue(dir.path(), "given", &["localhost"]);
+    let (addr, _child) = run(&[
+        "--tls-cert",
+        c.to_str().unwrap(),
+        "--tls-key",
+        k.to_str().unwrap(),
+    ]);
+    let t = connect(addr, "localhost", ca.client_config(&[b"http/1.1"])).await;
+    assert_eq!(t.alpn(), "http/1.1");
+    assert_eq!(
+        t.get_all("localhost", &["/a.txt"], &[]).await[0].body,
+        "hello"
+    );
+    // The key alone is refused by the command line.
+    let out = larder_command()
+        .args(["--root", ".", "--tls-key", "k.pem"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
