@@ -47,13 +47,23 @@ PORTS = {
     "larder-img": 18091,
     "ceiling": 18092,
     "thumbor": 18888,
+    # scenario tls: HTTPS keep-alive (resumption on) and full handshakes (resumption off)
+    "larder-tls": 18093,
+    "larder-hs-rsa": 18094,
+    "larder-hs-ecdsa": 18095,
+    "nginx-tls": 18085,
+    "nginx-hs-rsa": 18086,
+    "nginx-hs-ecdsa": 18087,
 }
+# Ports that speak HTTPS (the harness's own requests to them skip certificate checks: the
+# certificates are made per run for 127.0.0.1, and nothing here leaves loopback).
+TLS_PORTS = {PORTS[n] for n in PORTS if "-tls" in n or "-hs-" in n}
 SUT_CPU = 0   # systems under test
 LOAD_CPU = 1  # wrk (and the origin)
 WRK_THREADS = 1
 NOFILE = 65536
 BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
-SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg"]
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls"]
 SUITE_BUDGET_S = 15 * 60
 WARMUP_S = 1
 MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to
@@ -311,7 +321,14 @@ def rss_kb(pids):
 
 
 def http_req(port, path, headers=None, method="GET", body=None, timeout=10):
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    if port in TLS_PORTS:
+        import ssl
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        c = http.client.HTTPSConnection(HOST, port, timeout=timeout, context=ctx)
+    else:
+        c = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         c.putrequest(method, path, skip_accept_encoding=True)
         for k, v in (headers or {}).items():
@@ -625,10 +642,10 @@ class Env:
             raise SkipSystem(self.larder_bin)
         return self.larder_bin
 
-    def _larder(self, name, template, probe_path):
+    def _larder(self, name, template, probe_path, extra=None):
         binary = self._larder_binary()
         conf = fill(BENCH / "conf" / template, self.run / f"{name}.toml",
-                    dict(self.subst, PORT=PORTS[name]))
+                    dict(self.subst, PORT=PORTS[name], **(extra or {})))
         chk = subprocess.run([str(binary), "check", str(conf)], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=30)
         if chk.returncode != 0:
@@ -650,6 +667,58 @@ class Env:
             self.procs.stop(s.proc)
             raise SkipSystem(f"/ping answered {st} {body[:80]!r}")
         return s
+
+    # -- HTTPS (scenario tls) -------------------------------------------------
+    def _cert(self, kind):
+        """A self-signed certificate for 127.0.0.1 made with openssl: rsa (2048) or ecdsa
+        (P-256); the same files serve larder and nginx."""
+        cert, key = self.run / f"{kind}.pem", self.run / f"{kind}.key"
+        if not cert.exists():
+            new = (["-newkey", "rsa:2048"] if kind == "rsa" else
+                   ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"])
+            out = sh(["openssl", "req", "-x509", *new, "-nodes", "-days", "30",
+                      "-subj", "/CN=localhost", "-addext",
+                      "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                      "-keyout", str(key), "-out", str(cert)])
+            if not cert.exists():
+                raise SkipSystem(f"openssl could not make a {kind} certificate: {out}")
+        return cert, key
+
+    def _larder_tls(self, name, kind, resume):
+        cert, key = self._cert(kind)
+        s = self._larder(name, "larder-tls.toml", "/ping", extra=dict(
+            CERT=cert, KEY=key, SESSION_CACHE=10000 if resume else 0,
+            TICKETS="true" if resume else "false"))
+        s.version += f" (rustls, {kind})"
+        return s
+
+    def _nginx_tls(self, name, kind, resume):
+        cert, key = self._cert(kind)
+        sessions = ("        ssl_session_cache shared:SSL:10m;\n        ssl_session_tickets on;"
+                    if resume else
+                    "        ssl_session_cache off;\n        ssl_session_tickets off;")
+        s = self._nginx(name, "nginx-tls.conf", extra=dict(
+            NAME=name, CERT=cert, KEY=key, SESSIONS=sessions))
+        s.version += f" ({sh(['openssl', 'version']).split(' ')[1]}, {kind})"
+        return s
+
+    def _start_larder_tls(self):
+        return self._larder_tls("larder-tls", "ecdsa", True)
+
+    def _start_larder_hs_rsa(self):
+        return self._larder_tls("larder-hs-rsa", "rsa", False)
+
+    def _start_larder_hs_ecdsa(self):
+        return self._larder_tls("larder-hs-ecdsa", "ecdsa", False)
+
+    def _start_nginx_tls(self):
+        return self._nginx_tls("nginx-tls", "ecdsa", True)
+
+    def _start_nginx_hs_rsa(self):
+        return self._nginx_tls("nginx-hs-rsa", "rsa", False)
+
+    def _start_nginx_hs_ecdsa(self):
+        return self._nginx_tls("nginx-hs-ecdsa", "ecdsa", False)
 
     def _start_larder_img(self):
         s = self._larder("larder-img", "larder-images.toml", "/")
@@ -806,7 +875,8 @@ AE = {"gzip": {"Accept-Encoding": "gzip"},
       "identity": {}}
 
 
-def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, goals=()):
+def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, goals=(),
+      tool="wrk"):
     """One cell: the same request at the same concurrency on each system.
 
     kind: hit (must be a cache hit), static, fixed, pass (uncacheable), image
@@ -821,7 +891,7 @@ def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, go
     if "ceiling" in systems:
         paths.setdefault("ceiling", "/")
     return dict(id=cid, label=label, conns=conns, systems=systems, paths=paths, kind=kind,
-                headers=headers or {}, expect_enc=expect_enc, goals=list(goals))
+                headers=headers or {}, expect_enc=expect_enc, goals=list(goals), tool=tool)
 
 
 # What a goal row compares: larder's figure, and the figure of the best system in
@@ -942,6 +1012,31 @@ def scenario_cells(name):
               ["larder-img", "ceiling"], {"larder-img": "/cached/@@MD5@@?w=100&h=100&g=1&f=jpeg"},
               "image", goals=[ceiling_goal(f"zimg cached {n} conns")])
             for n in (10, 100, 500)]
+    if name == "tls":
+        page = {s: "/page.html" for s in ("larder-tls", "nginx-tls")}
+        ping = {s: "/ping" for s in ("larder-hs-rsa", "larder-hs-ecdsa", "nginx-hs-rsa",
+                                     "nginx-hs-ecdsa")}
+        return [
+            C("tls-8k-keepalive", "/page.html 8 KB hit over HTTPS (TLS 1.3, ECDSA), keep-alive", 100,
+              ["larder-tls", "nginx-tls"], page, "hit",
+              goals=[G("tls 8 KB hit, keep-alive: larder >= 1.3x nginx", "rps", ["nginx-tls"], 1.3),
+                     G("tls 8 KB hit, keep-alive: CPU per request against nginx (no goal)", "cpu",
+                       ["nginx-tls"])]),
+            C("tls-h2", "/page.html 8 KB hit over HTTP/2 + TLS, h2load -c10 -m10", 10,
+              ["larder-tls", "nginx-tls"], page, "hit", tool="h2load",
+              goals=[G("tls HTTP/2 8 KB hit: larder >= 1.3x nginx", "rps", ["nginx-tls"], 1.3),
+                     G("tls HTTP/2: CPU per request against nginx (no goal)", "cpu",
+                       ["nginx-tls"])]),
+        ] + [
+            C(f"tls-handshake-{kind}", f"/ping over a new TLS connection per request "
+              f"({label}, resumption off)", 100,
+              [f"larder-hs-{kind}", f"nginx-hs-{kind}"], ping, "fixed",
+              {"Connection": "close"},
+              goals=[G(f"tls full handshakes {label}: larder >= 1.0x nginx", "rps",
+                       [f"nginx-hs-{kind}"], 1.0),
+                     G(f"tls full handshakes {label}: CPU per handshake against nginx (no goal)",
+                       "cpu", [f"nginx-hs-{kind}"])])
+            for kind, label in (("rsa", "RSA-2048"), ("ecdsa", "ECDSA P-256"))]
     raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
 
@@ -1002,11 +1097,18 @@ def check_response(cell, sysm, path, tries=12):
     return dict(info, ok=True, na=False, hit=cell["kind"] == "hit" or None, why="")
 
 
-def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin_pid=None):
-    url = f"http://{HOST}:{port}{path}"
-    assert url.startswith("http://127.0.0.1:"), url
-    argv = ["taskset", "-c", str(LOAD_CPU), "wrk", f"-t{WRK_THREADS}", f"-c{conns}",
-            f"-d{duration}s", "--timeout", f"{timeout_s}s", "-s", str(BENCH / "latency.lua")]
+def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin_pid=None,
+            tool="wrk"):
+    scheme = "https" if port in TLS_PORTS else "http"
+    url = f"{scheme}://{HOST}:{port}{path}"
+    assert url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), url
+    if tool == "h2load":
+        # HTTP/2 over TLS: 10 streams per connection (-m10), one thread, for `duration`.
+        argv = ["taskset", "-c", str(LOAD_CPU), "h2load", f"-c{conns}", "-m10", "-t1",
+                "-D", str(duration)]
+    else:
+        argv = ["taskset", "-c", str(LOAD_CPU), "wrk", f"-t{WRK_THREADS}", f"-c{conns}",
+                f"-d{duration}s", "--timeout", f"{timeout_s}s", "-s", str(BENCH / "latency.lua")]
     for k, v in headers.items():
         argv += ["-H", f"{k}: {v}"]
     argv.append(url)
@@ -1061,10 +1163,12 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
     origin_after = origin_requests()
     out = out_path.read_text(errors="replace")
     out_path.unlink()
+    r = parse_h2load(out, duration) if tool == "h2load" else None
     m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
-    if not m:
-        return dict(error="wrk printed no result: " + " | ".join(out.strip().splitlines()[-4:]))
-    r = json.loads(m.group(1))
+    if r is None and not m:
+        return dict(error=f"{tool} printed no result: "
+                    + " | ".join(out.strip().splitlines()[-4:]))
+    r = r or json.loads(m.group(1))
     secs = r["duration_us"] / 1e6 or duration
     good = r["requests"] - r["status"]
     delta = None
@@ -1087,6 +1191,29 @@ def run_wrk(port, path, conns, duration, headers, timeout_s, procs, sysm, origin
         server_cpu_pct=round(100.0 * server_s / wall, 1),
         wrk_cpu_pct=round(100.0 * wrk_s / wall, 1),
     )
+
+
+def parse_h2load(out, duration):
+    """h2load's summary in wrk's terms (latency percentiles: h2load gives min/mean/max/sd only,
+    so p50 is its mean and p99 its max)."""
+    fin = re.search(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s, ([\d.]+)([KMG]?B)/s", out)
+    req = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                    r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+"
+                    r"([\d.]+)(us|ms|s)", out)
+    if not (fin and req and codes):
+        return None
+    unit = {"us": 1, "ms": 1e3, "s": 1e6}
+    secs = float(fin.group(1)) / (1000 if fin.group(2) == "ms" else 1)
+    done = int(req.group(3))
+    bps = float(fin.group(4)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[fin.group(5)[:-1]]
+    mean_us = float(lat.group(5)) * unit[lat.group(6)] if lat else 0
+    max_us = float(lat.group(3)) * unit[lat.group(4)] if lat else 0
+    return dict(duration_us=secs * 1e6, requests=done,
+                status=done - int(codes.group(1)) - int(codes.group(2)),
+                bytes=bps * secs, p50_us=mean_us, p90_us=mean_us, p99_us=max_us, max_us=max_us,
+                connect=int(req.group(6)), read=0, write=0, timeout=int(req.group(7)))
 
 
 def summarize(runs):
@@ -1161,12 +1288,13 @@ def run_scenario(name, env, args, duration):
                 active.append((sname, sysm, path))
         for sname, sysm, path in active:  # 1 s unrecorded warm-up at the cell's concurrency
             run_wrk(sysm.port, path, cell["conns"], WARMUP_S, cell["headers"], timeout_s,
-                    env.procs, sysm)
+                    env.procs, sysm, tool=cell.get("tool", "wrk"))
             time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
         for rep in range(args.reps):
             for sname, sysm, path in active:
                 r = run_wrk(sysm.port, path, cell["conns"], duration, cell["headers"],
-                            timeout_s, env.procs, sysm, env.origin_pid)
+                            timeout_s, env.procs, sysm, env.origin_pid,
+                            tool=cell.get("tool", "wrk"))
                 res[sname]["runs"].append(r)
                 if "error" in r:
                     log(f"    {sname:13s} run {rep + 1}: ERROR {r['error']}")
@@ -1203,7 +1331,7 @@ def goals(name, cells):
     out = []
     for c in cells:
         res = c["results"]
-        lname = next((s for s in ("larder", "larder-img") if s in res), None)
+        lname = next((s for s in res if s == "larder" or s.startswith("larder-")), None)
         lsum = _ok_summary(res.get(lname))
         for g in c.get("goals", []):
             metric, target = g["metric"], g["target"]
@@ -1350,7 +1478,9 @@ def markdown(doc):
 
 COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
           "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd",
-          "ceiling": "#7f7f7f"}
+          "ceiling": "#7f7f7f",
+          "larder-tls": "#d62728", "larder-hs-rsa": "#d62728", "larder-hs-ecdsa": "#d62728",
+          "nginx-tls": "#2ca02c", "nginx-hs-rsa": "#2ca02c", "nginx-hs-ecdsa": "#2ca02c"}
 
 
 def chart(doc, out):

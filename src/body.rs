@@ -1,4 +1,6 @@
-//! The response body type every handler returns.
+//! The body types of the handlers: the response body every handler returns ([`Body`]), and the
+//! request body every handler reads ([`RequestBody`]: hyper's for HTTP/1.1 and HTTP/2, a stream
+//! of frames for HTTP/3).
 //!
 //! A cache hit is the common case, so the enum keeps it unboxed: `Full` holds one shared `Bytes`
 //! (a refcount bump of the stored body, never a copy). Anything streamed (a proxied response not
@@ -82,6 +84,46 @@ impl http_body::Body for Body {
             Body::Empty => SizeHint::with_exact(0),
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Stream(s) => s.size_hint(),
+        }
+    }
+}
+
+/// A request's body as handlers read it.
+pub enum RequestBody {
+    /// From hyper (HTTP/1.1, HTTP/2): unboxed, the common case.
+    Hyper(hyper::body::Incoming),
+    /// From another transport (HTTP/3).
+    Stream(BoxBody<Bytes, BoxError>),
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RequestBody::Stream(s) => Pin::new(s).poll_frame(cx),
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Hyper(b) => b.is_end_stream(),
+            RequestBody::Stream(s) => s.is_end_stream(),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Hyper(b) => b.size_hint(),
+            RequestBody::Stream(s) => s.size_hint(),
         }
     }
 }

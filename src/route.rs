@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::RequestBody;
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 
 use crate::admin::Access;
 use crate::body::Body;
@@ -86,7 +86,7 @@ impl Handler {
 
     /// Starts serving `req`. The request moves straight into the handler's own future (an
     /// `async` layer per routing step would keep a copy of it each).
-    fn serve(&self, req: Request<Incoming>, peer: SocketAddr, sink: Option<Sink>) -> Serving {
+    fn serve(&self, req: Request<RequestBody>, peer: SocketAddr, sink: Option<Sink>) -> Serving {
         let fut: Pin<Box<dyn Future<Output = Response<Body>> + Send>> = match self {
             Handler::Respond(r) => return Serving::Ready(Some(r.handle(&req))),
             Handler::RedirectHttps(r) => {
@@ -131,8 +131,9 @@ struct Route {
     host: HostPattern,
     prefix: String,
     handler: Handler,
-    /// `Strict-Transport-Security` added to every response (TLS listeners only).
-    hsts: Option<HeaderValue>,
+    /// Fields added to every response: `Strict-Transport-Security` (TLS listeners only),
+    /// `Alt-Svc` (listeners that also serve HTTP/3). Usually none.
+    extra: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// The routes of one listener, in match order.
@@ -152,9 +153,11 @@ impl Router {
                 host: r.host.clone().unwrap_or(HostPattern::Any),
                 prefix: r.path.0.clone(),
                 handler: Handler::build(&r.handler, &r.path.0, cache, admin),
-                hsts: (r.hsts.as_ref())
+                extra: (r.hsts.as_ref())
                     .filter(|_| listener.tls.is_some())
-                    .map(|v| v.0.clone()),
+                    .map(|v| (header::STRICT_TRANSPORT_SECURITY, v.0.clone()))
+                    .into_iter()
+                    .collect(),
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -180,9 +183,16 @@ impl Router {
                     Arc::clone(cache),
                     token,
                 ))),
-                hsts: None,
+                extra: Vec::new(),
             }],
             by_host: false,
+        }
+    }
+
+    /// Adds `Alt-Svc: value` to every route's responses (the listener also serves HTTP/3).
+    pub fn advertise(&mut self, alt_svc: HeaderValue) {
+        for r in &mut self.routes {
+            r.extra.push((header::ALT_SVC, alt_svc.clone()));
         }
     }
 
@@ -216,7 +226,7 @@ impl Router {
     /// responses go (HTTP/1.1 clients).
     pub fn dispatch(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         peer: SocketAddr,
         sink: Option<Sink>,
     ) -> Serving {
@@ -226,16 +236,12 @@ impl Router {
             ""
         };
         match self.route(host, req.uri().path()) {
-            Some(Route {
-                handler,
-                hsts: None,
-                ..
-            }) => handler.serve(req, peer, sink),
-            Some(Route {
-                handler,
-                hsts: Some(hsts),
-                ..
-            }) => with_hsts(handler.serve(req, peer, sink), hsts.clone()),
+            Some(Route { handler, extra, .. }) if extra.is_empty() => {
+                handler.serve(req, peer, sink)
+            }
+            Some(Route { handler, extra, .. }) => {
+                with_fields(handler.serve(req, peer, sink), extra.clone())
+            }
             None => Serving::Ready(Some(text_response(
                 StatusCode::NOT_FOUND,
                 "no route for this request\n",
@@ -244,19 +250,22 @@ impl Router {
     }
 }
 
-/// `serving`'s response with `Strict-Transport-Security: hsts`.
-fn with_hsts(serving: Serving, hsts: HeaderValue) -> Serving {
+/// `serving`'s response with the `fields` added.
+fn with_fields(serving: Serving, fields: Vec<(HeaderName, HeaderValue)>) -> Serving {
+    let add = move |r: &mut Response<Body>| {
+        for (k, v) in fields {
+            r.headers_mut().insert(k, v);
+        }
+    };
     match serving {
         Serving::Ready(Some(mut r)) => {
-            r.headers_mut()
-                .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+            add(&mut r);
             Serving::Ready(Some(r))
         }
         Serving::Ready(None) => Serving::Ready(None),
         Serving::Pending(f) => Serving::Pending(Box::pin(async move {
             let mut r = f.await;
-            r.headers_mut()
-                .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+            add(&mut r);
             r
         })),
     }

@@ -513,3 +513,69 @@ async fn quick_start_flags_serve_https() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// HTTP/3 on the TLS listener's port over UDP: advertised by Alt-Svc on TCP, the same routes
+/// and cache (an object filled over HTTP/1.1 is a HIT over HTTP/3, same bytes, and the other
+/// way round), request bodies reach the origin, HEAD has no body, 304 and Range work.
+#[tokio::test(flavor = "multi_thread")]
+async fn http3_serves_the_same_cache_on_the_same_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let origin = Origin::start(|seen, _| {
+        if seen.method == "POST" {
+            return Reply::ok(format!("got {} bytes", seen.body.len()));
+        }
+        Reply::ok(BODY.repeat(20))
+            .header("cache-control", "max-age=60")
+            .header("etag", "\"v1\"")
+    })
+    .await;
+    let larder = Larder::start(&tls_proxy(
+        &origin.url(),
+        &format!("{}  http3 = true\n", cert_keys(&cert, &key)),
+    ))
+    .await;
+    let tcp = https_get(larder.addr, "site.test", &ca, &[b"http/1.1"], "/a", &[]).await;
+    assert_eq!(tcp.cache(), "MISS");
+    let alt = format!("h3=\":{}\"; ma=86400", larder.addr.port());
+    assert_eq!(tcp.header("alt-svc"), Some(alt.as_str()));
+
+    let mut h3 = H3::connect(larder.addr, "site.test", &ca).await;
+    // The same authority as the TCP requests' Host (the cache key has it).
+    let url = |p: &str| format!("https://site.test{p}");
+    let got = h3.send("GET", &url("/a"), &[], b"").await;
+    assert_eq!((got.status.as_u16(), got.cache()), (200, "HIT"));
+    assert_eq!(got.body, tcp.body);
+    // Filled over HTTP/3, a hit over HTTP/2.
+    let miss = h3.send("GET", &url("/b"), &[], b"").await;
+    assert_eq!(miss.cache(), "MISS");
+    let h2 = https_get(larder.addr, "site.test", &ca, &[b"h2"], "/b", &[]).await;
+    assert_eq!((h2.cache(), &h2.body), ("HIT", &miss.body));
+    // Conditionals, ranges, HEAD.
+    let not_modified = h3
+        .send("GET", &url("/a"), &[("if-none-match", "\"v1\"")], b"")
+        .await;
+    assert_eq!(not_modified.status, 304);
+    let range = h3
+        .send("GET", &url("/a"), &[("range", "bytes=0-4")], b"")
+        .await;
+    assert_eq!(
+        (range.status.as_u16(), &range.body[..]),
+        (206, &b"hello"[..])
+    );
+    let head = h3.send("HEAD", &url("/a"), &[], b"").await;
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    // A request body goes through to the origin.
+    let upload = vec![7u8; 100_000];
+    let posted = h3.send("POST", &url("/upload"), &[], &upload).await;
+    assert_eq!(posted.text(), "got 100000 bytes");
+    assert_eq!(origin.hits(), 3, "a, b, the POST");
+    drop(h3);
+    assert_eq!(
+        larder.shutdown().await,
+        0,
+        "QUIC connections close on shutdown"
+    );
+}

@@ -27,6 +27,10 @@ pub struct TlsConfig {
     /// Offer HTTP/2 through ALPN (HTTP/1.1 always).
     #[serde(default = "yes")]
     pub http2: bool,
+    /// Also serve HTTP/3 (QUIC) on the same address and port over UDP, advertised to TCP clients
+    /// with `Alt-Svc`.
+    #[serde(default)]
+    pub http3: bool,
     /// The oldest protocol version accepted: "1.2" or "1.3".
     #[serde(default)]
     pub min_version: TlsVersion,
@@ -63,6 +67,7 @@ impl TlsConfig {
             key: Some(key),
             certificates: Vec::new(),
             http2: true,
+            http3: false,
             min_version: TlsVersion::default(),
             watch_interval: Self::default_watch(),
             session_cache: Self::default_session_cache(),

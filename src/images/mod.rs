@@ -36,10 +36,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::body::RequestBody;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
@@ -220,7 +220,7 @@ impl Images {
     }
 
     /// Serves one request.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         let path = req.uri().path();
         let rest = path
             .strip_prefix(self.inner.prefix.as_str())
@@ -261,7 +261,7 @@ impl Images {
 
     async fn upload(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         peer: SocketAddr,
     ) -> Result<Response<Body>, ImageError> {
         let cfg = &self.inner.cfg;
@@ -303,7 +303,7 @@ impl Images {
         Ok(json_response(StatusCode::OK, body))
     }
 
-    async fn info(&self, req: &Request<Incoming>) -> Result<Response<Body>, ImageError> {
+    async fn info(&self, req: &Request<RequestBody>) -> Result<Response<Body>, ImageError> {
         let q = req.uri().query().unwrap_or("");
         let md5 = q
             .split('&')
@@ -323,7 +323,7 @@ impl Images {
 
     async fn delete(
         &self,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         md5: Md5Hex,
     ) -> Result<Response<Body>, ImageError> {
         self.authorized(req.headers())?;
@@ -351,7 +351,7 @@ impl Images {
 
     async fn get(
         &self,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         md5: Md5Hex,
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;

@@ -3,18 +3,18 @@
 //! while reading: the request is cut off with 413 as soon as it passes the limit, never buffered
 //! whole first. What the bytes are is decided later by sniffing, never by the declared type.
 
+use crate::body::RequestBody;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap};
 use http_body_util::{BodyExt, BodyStream};
-use hyper::body::Incoming;
 
 use super::ImageError;
 
 /// Reads the uploaded files of a request body.
 pub async fn files(
     headers: &HeaderMap,
-    body: Incoming,
+    body: RequestBody,
     max: u64,
 ) -> Result<Vec<Bytes>, ImageError> {
     let declared = headers
@@ -44,7 +44,7 @@ pub async fn files(
 }
 
 /// The whole body, refused as soon as it passes `max` bytes.
-async fn raw(mut body: Incoming, max: u64) -> Result<Bytes, ImageError> {
+async fn raw(mut body: RequestBody, max: u64) -> Result<Bytes, ImageError> {
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ImageError::BadUpload(format!("reading body: {e}")))?;
@@ -61,7 +61,7 @@ async fn raw(mut body: Incoming, max: u64) -> Result<Bytes, ImageError> {
 /// Every part with a file name (or, if none has one, every part) of a form.
 async fn multipart(
     content_type: &str,
-    body: Incoming,
+    body: RequestBody,
     max_file: u64,
     max_stream: u64,
 ) -> Result<Vec<Bytes>, ImageError> {

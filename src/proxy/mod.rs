@@ -32,9 +32,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::body::RequestBody;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::admin::Access;
 use crate::body::Body;
@@ -82,7 +82,7 @@ impl Proxy {
     /// Serves one request. A fresh hit is answered synchronously; everything else (stale,
     /// miss, pass, purge) runs in a boxed future, so the future hyper holds and moves for every
     /// request stays small.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
             Err(req) => Box::pin(self.handle_slow(req, peer)).await,
@@ -95,9 +95,9 @@ impl Proxy {
     #[allow(clippy::result_large_err)]
     fn fresh_hit(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         peer: SocketAddr,
-    ) -> Result<Response<Body>, Request<Incoming>> {
+    ) -> Result<Response<Body>, Request<RequestBody>> {
         let me = &self.0;
         if !me.cfg.cache
             || (req.method() != Method::GET && req.method() != Method::HEAD)
@@ -127,7 +127,7 @@ impl Proxy {
         }
     }
 
-    async fn handle_slow(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    async fn handle_slow(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         let me = &self.0;
         let method = req.method();
         if method.as_str() == "PURGE" {
@@ -297,7 +297,7 @@ impl Proxy {
     /// response to an unsafe method invalidates the URLs it names (RFC 9111 §4.4).
     async fn pass(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         peer: SocketAddr,
         status: CacheStatus,
     ) -> Response<Body> {
@@ -775,7 +775,10 @@ mod size_probe {
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let (p, seen) = (p.clone(), Arc::clone(&seen));
                     async move {
-                        let f = p.handle(req, "127.0.0.1:1".parse().unwrap());
+                        let f = p.handle(
+                            req.map(crate::body::RequestBody::Hyper),
+                            "127.0.0.1:1".parse().unwrap(),
+                        );
                         seen.store(std::mem::size_of_val(&f), Ordering::SeqCst);
                         Ok::<_, std::convert::Infallible>(f.await)
                     }

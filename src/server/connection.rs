@@ -21,7 +21,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::{watch, Semaphore};
 
 use super::io::{Activity, Stream, Tracked, WatchdogTimer};
-use crate::body::Body;
+use crate::body::{Body, RequestBody};
 use crate::config::ServerConfig;
 use crate::interim;
 use crate::memory;
@@ -144,7 +144,7 @@ pub async fn serve_connection<S: Stream>(
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
         // Every handler gets the request with its one authority (or it is refused here).
         let serving = match crate::inbound::admit(&mut req, max_headers) {
-            Ok(()) => router.dispatch(req, peer, sink.clone()),
+            Ok(()) => router.dispatch(req.map(RequestBody::Hyper), peer, sink.clone()),
             Err(refused) => crate::route::Serving::Ready(Some(refused.response())),
         };
         InService {

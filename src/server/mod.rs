@@ -16,6 +16,7 @@
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
 //! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through, the
 //!   watchdog's per-connection state.
+//! - `h3.rs`: HTTP/3 over QUIC on a TLS listener's port (UDP), the same router.
 //! - `background.rs`: services beside the connections, tied to the shutdown signal; the first
 //!   is [`crate::memory`]'s, returning freed memory to the system.
 //!
@@ -26,6 +27,7 @@
 
 mod background;
 mod connection;
+mod h3;
 mod io;
 mod listen;
 mod start;

@@ -149,7 +149,36 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             addr: l.addr,
             source,
         })?);
-        let router = Arc::new(Router::new(l, &config.admin, &cache));
+        let mut router = Router::new(l, &config.admin, &cache);
+        let bound = addrs[addrs.len() - 1];
+        let h3 = match tls
+            .as_ref()
+            .filter(|_| l.tls.as_ref().is_some_and(|t| t.http3))
+        {
+            Some(tls) => {
+                let endpoint =
+                    super::h3::bind(bound, tls, server.idle_timeout.0).map_err(|message| {
+                        Error::Bind {
+                            addr: bound,
+                            source: io::Error::other(format!("HTTP/3 (UDP): {message}")),
+                        }
+                    })?;
+                let alt_svc = format!("h3=\":{}\"; ma=86400", bound.port());
+                router.advertise(http::HeaderValue::try_from(alt_svc).expect("a valid field"));
+                Some(endpoint)
+            }
+            None => None,
+        };
+        let router = Arc::new(router);
+        if let Some(endpoint) = h3 {
+            tokio::spawn(super::h3::serve(
+                endpoint,
+                Arc::clone(&router),
+                Arc::clone(&conns),
+                server.max_headers.get() as usize,
+                serving.shutdown.clone(),
+            ));
+        }
         routers.push(Arc::clone(&router));
         tokio::spawn(accept_loop(listener, router, serving.clone(), tls.clone()));
     }

@@ -178,6 +178,22 @@ impl Acceptor {
     }
 }
 
+impl Acceptor {
+    /// The TLS configuration of the listener's HTTP/3 endpoint: the same certificates (and their
+    /// re-reading), TLS 1.3 only as QUIC requires, ALPN `h3`.
+    pub fn quic_tls(&self) -> Result<ServerConfig, Error> {
+        let mut sc = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| Error::Config(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::clone(&self.certs) as _);
+        sc.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC's 0-RTT is not offered: a replayed request could repeat a write.
+        sc.max_early_data_size = 0;
+        Ok(sc)
+    }
+}
+
 /// Loads every TLS listener's certificates, as starting would (`larder check`).
 pub fn check(cfg: &Config) -> Result<(), Error> {
     for l in &cfg.listeners {

@@ -180,3 +180,70 @@ pub async fn https_get(
         .expect("TLS handshake");
     tls.get_all(host, &[path], headers).await.remove(0)
 }
+
+/// An HTTP/3 client (quinn + h3) trusting the test CA: one QUIC connection to `addr` (UDP).
+pub struct H3 {
+    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    _endpoint: quinn::Endpoint,
+}
+
+impl H3 {
+    pub async fn connect(addr: SocketAddr, sni: &str, ca: &TestCa) -> H3 {
+        let mut tls = (*ca.client_config(&[b"h3"])).clone();
+        tls.enable_early_data = false;
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+        let conn = endpoint
+            .connect(addr, sni)
+            .unwrap()
+            .await
+            .expect("QUIC handshake");
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+            .await
+            .expect("h3 connection");
+        tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+        H3 {
+            send,
+            _endpoint: endpoint,
+        }
+    }
+
+    /// One request on a new stream of this connection; the whole response.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Got {
+        let mut b = Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let mut stream = self
+            .send
+            .send_request(b.body(()).unwrap())
+            .await
+            .expect("h3 request");
+        if !body.is_empty() {
+            stream
+                .send_data(Bytes::copy_from_slice(body))
+                .await
+                .expect("h3 body");
+        }
+        stream.finish().await.expect("h3 finish");
+        let head = stream.recv_response().await.expect("h3 response");
+        let mut data = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.expect("h3 data") {
+            use bytes::Buf;
+            data.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        let (parts, ()) = head.into_parts();
+        Got {
+            status: parts.status,
+            headers: parts.headers,
+            body: data.into(),
+        }
+    }
+}
