@@ -33,7 +33,7 @@ pub mod image_params;
 pub mod tls;
 
 use image_params::{FormatChoice, Preset};
-pub use tls::{CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion};
+pub use tls::{AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion};
 
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");
@@ -221,16 +221,28 @@ impl Config {
             }
             if let Some(tls) = &l.tls {
                 let at = |k: &'static str| [Key("listener"), Index(i), Key("tls"), Key(k)];
+                if tls.acme.as_ref().is_some_and(|a| a.domains.is_empty()) {
+                    return Err(src.error(
+                        &[&[
+                            Key("listener"),
+                            Index(i),
+                            Key("tls"),
+                            Key("acme"),
+                            Key("domains"),
+                        ]],
+                        "needs at least one domain to obtain a certificate for",
+                    ));
+                }
                 if tls.cert.is_some() != tls.key.is_some() {
                     return Err(src.error(
                         &[&at("cert"), &at("key")],
                         "`cert` and `key` go together: each certificate needs its private key",
                     ));
                 }
-                if tls.cert.is_none() && tls.certificates.is_empty() {
+                if tls.cert.is_none() && tls.certificates.is_empty() && tls.acme.is_none() {
                     return Err(src.error(
                         &[&at("certificates"), &addr[..3]],
-                        "needs a certificate: `cert` and `key`, or `certificates`",
+                        "needs a certificate: `cert` and `key`, `certificates`, or `acme`",
                     ));
                 }
             }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Bounded, Dur, HeaderValueCfg, HOUR_MS};
+use super::{Bounded, Dur, HeaderValueCfg, HOUR_MS, YEAR_MS};
 
 /// A listener's `tls` table: the listener speaks TLS 1.2 and 1.3, with ALPN choosing HTTP/2 or
 /// HTTP/1.1.
@@ -45,6 +45,54 @@ pub struct TlsConfig {
     /// Resumption by session tickets (encrypted with keys rotated every 6 hours).
     #[serde(default = "yes")]
     pub session_tickets: bool,
+    /// Certificates obtained and renewed from an ACME CA (Let's Encrypt).
+    pub acme: Option<AcmeConfig>,
+}
+
+/// A listener's `[listener.tls.acme]`: larder obtains a certificate for `domains` from the CA,
+/// answering its TLS-ALPN-01 challenge on this listener, keeps it under `state_dir` and renews
+/// it before it expires.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeConfig {
+    /// The names the certificate is for (DNS names that resolve to this listener, port 443).
+    pub domains: Vec<String>,
+    /// Contact URLs for the account (`mailto:ops@example.com`).
+    #[serde(default)]
+    pub contact: Vec<String>,
+    /// The CA's ACME directory.
+    #[serde(default = "AcmeConfig::default_directory")]
+    pub directory: String,
+    /// A CA certificate (PEM) to trust for the directory's HTTPS, instead of the system's
+    /// (a private or test CA such as pebble).
+    pub directory_ca: Option<PathBuf>,
+    /// Where the account key, the certificate and its key are kept (0700; keys 0600).
+    #[serde(default = "AcmeConfig::default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Renew when the certificate expires within this long.
+    #[serde(default = "AcmeConfig::default_renew_before")]
+    pub renew_before: Dur<{ HOUR_MS }, YEAR_MS>,
+    /// How often the certificate's expiry is checked (and a failed order retried).
+    #[serde(default = "AcmeConfig::default_check_interval")]
+    pub check_interval: Dur<100, { 24 * HOUR_MS }>,
+}
+
+impl AcmeConfig {
+    fn default_directory() -> String {
+        "https://acme-v02.api.letsencrypt.org/directory".into()
+    }
+
+    fn default_state_dir() -> PathBuf {
+        PathBuf::from("larder-state/acme")
+    }
+
+    fn default_renew_before() -> Dur<{ HOUR_MS }, YEAR_MS> {
+        Dur(std::time::Duration::from_secs(30 * 24 * 3600))
+    }
+
+    fn default_check_interval() -> Dur<100, { 24 * HOUR_MS }> {
+        Dur(std::time::Duration::from_secs(3600))
+    }
 }
 
 fn yes() -> bool {
@@ -72,6 +120,7 @@ impl TlsConfig {
             watch_interval: Self::default_watch(),
             session_cache: Self::default_session_cache(),
             session_tickets: true,
+            acme: None,
         }
     }
 

@@ -86,6 +86,13 @@ impl Handle {
         (self.tls.iter()).fold(tls::Counts::default(), |sum, a| sum + a.counters.snapshot())
     }
 
+    /// Each ACME listener's state, in configuration order.
+    pub fn acme_status(&self) -> Vec<tls::acme::AcmeStatus> {
+        (self.tls.iter())
+            .filter_map(|a| a.acme.as_ref().map(|m| m.status()))
+            .collect()
+    }
+
     /// Re-reads every TLS listener's certificates now (as a change of their files does):
     /// new connections get the new ones. On error the certificates in use stay.
     pub fn reload_certificates(&self) -> Result<(), tls::Error> {
@@ -204,6 +211,10 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let mut background = Background::new(serving.shutdown.clone());
     background.register("return freed memory", return_freed_memory);
     for a in acceptors.iter().flatten() {
+        if let Some(acme) = &a.acme {
+            let (acme, every) = (Arc::clone(acme), acme.check_interval());
+            background.register("acme", move |stop| tls::acme::run(acme, every, stop));
+        }
         if !a.watch_interval.is_zero() {
             let (certs, every) = (Arc::clone(&a.certs), a.watch_interval);
             background.register("re-read certificates", move |stop| {

@@ -87,15 +87,22 @@ struct Table {
     exact: HashMap<String, Arc<CertifiedKey>>,
     /// `*.example.com` certificates by `example.com`.
     wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Arc<CertifiedKey>,
+    /// None only while an ACME listener waits for its first certificate.
+    default: Option<Arc<CertifiedKey>>,
 }
 
 impl Table {
-    fn build(certs: &[CertConfig], provider: &CryptoProvider) -> Result<Table, Error> {
+    /// The certificates of `certs`, then `acme`'s if it was obtained already (its files exist).
+    fn build(
+        certs: &[CertConfig],
+        acme: Option<&CertConfig>,
+        provider: &CryptoProvider,
+    ) -> Result<Table, Error> {
         let mut exact = HashMap::new();
         let mut wildcard = HashMap::new();
         let mut default = None;
-        for cfg in certs {
+        let obtained = acme.filter(|a| a.cert.is_file() && a.key.is_file());
+        for cfg in certs.iter().chain(obtained) {
             let key = Arc::new(load(cfg, provider)?);
             for name in names_of(cfg, &key) {
                 // The first certificate listed for a name wins.
@@ -107,7 +114,9 @@ impl Table {
             }
             default.get_or_insert(key);
         }
-        let default = default.ok_or_else(|| Error::Config("no certificate configured".into()))?;
+        if default.is_none() && acme.is_none() {
+            return Err(Error::Config("no certificate configured".into()));
+        }
         Ok(Table {
             exact,
             wildcard,
@@ -115,21 +124,21 @@ impl Table {
         })
     }
 
-    fn pick(&self, server_name: Option<&str>) -> Arc<CertifiedKey> {
+    fn pick(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
         let Some(name) = server_name else {
-            return Arc::clone(&self.default);
+            return self.default.clone();
         };
         // rustls hands the SNI name over lowercased.
         if let Some(k) = self.exact.get(name) {
-            return Arc::clone(k);
+            return Some(Arc::clone(k));
         }
         // A wildcard covers exactly one label (RFC 6125 §6.4.3).
         if let Some((_, parent)) = name.split_once('.') {
             if let Some(k) = self.wildcard.get(parent) {
-                return Arc::clone(k);
+                return Some(Arc::clone(k));
             }
         }
-        Arc::clone(&self.default)
+        self.default.clone()
     }
 }
 
@@ -140,6 +149,10 @@ impl Table {
 /// [`reload_if_changed`]: CertStore::reload_if_changed
 pub struct CertStore {
     certs: Vec<CertConfig>,
+    /// Where an ACME certificate is kept (served once it exists).
+    acme: Option<CertConfig>,
+    /// TLS-ALPN-01 challenge certificates by domain, while an ACME order is open.
+    challenges: RwLock<HashMap<String, Arc<CertifiedKey>>>,
     provider: Arc<CryptoProvider>,
     /// Swapped whole on reload: a handshake holds the table it started with.
     table: RwLock<Arc<Table>>,
@@ -158,10 +171,23 @@ impl fmt::Debug for CertStore {
 impl CertStore {
     /// Loads every certificate of `certs` (the first is the default).
     pub fn new(certs: Vec<CertConfig>, provider: Arc<CryptoProvider>) -> Result<CertStore, Error> {
-        let seen = modified(&certs);
-        let table = Table::build(&certs, &provider)?;
+        CertStore::with_acme(certs, None, provider)
+    }
+
+    /// [`CertStore::new`], and the ACME certificate kept at `acme` once it exists.
+    pub fn with_acme(
+        certs: Vec<CertConfig>,
+        acme: Option<CertConfig>,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<CertStore, Error> {
+        let mut watched = certs.clone();
+        watched.extend(acme.clone());
+        let seen = modified(&watched);
+        let table = Table::build(&certs, acme.as_ref(), &provider)?;
         Ok(CertStore {
             certs,
+            acme,
+            challenges: RwLock::default(),
             provider,
             table: RwLock::new(Arc::new(table)),
             seen: Mutex::new(seen),
@@ -170,8 +196,8 @@ impl CertStore {
 
     /// Re-reads every certificate. On error the certificates in use stay.
     pub fn reload(&self) -> Result<(), Error> {
-        let seen = modified(&self.certs);
-        let table = Table::build(&self.certs, &self.provider)?;
+        let seen = modified(&self.watched());
+        let table = Table::build(&self.certs, self.acme.as_ref(), &self.provider)?;
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(())
@@ -180,7 +206,7 @@ impl CertStore {
     /// Re-reads the certificates if a file changed since they were read: Ok(true) when new
     /// ones are in use. A failed reload is not retried until a file changes again.
     pub fn reload_if_changed(&self) -> Result<bool, Error> {
-        let now = modified(&self.certs);
+        let now = modified(&self.watched());
         {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
             if *seen == now {
@@ -188,13 +214,31 @@ impl CertStore {
             }
             *seen = now;
         }
-        let table = Table::build(&self.certs, &self.provider)?;
+        let table = Table::build(&self.certs, self.acme.as_ref(), &self.provider)?;
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         Ok(true)
     }
 
-    /// The certificate served for `server_name` (None: no SNI).
-    pub fn pick(&self, server_name: Option<&str>) -> Arc<CertifiedKey> {
+    fn watched(&self) -> Vec<CertConfig> {
+        self.certs.iter().chain(&self.acme).cloned().collect()
+    }
+
+    /// The provider certificates are loaded with.
+    pub fn provider(&self) -> &CryptoProvider {
+        &self.provider
+    }
+
+    /// Serves `key` to TLS-ALPN-01 validation handshakes for `domain` (or stops, with None).
+    pub fn set_challenge(&self, domain: &str, key: Option<Arc<CertifiedKey>>) {
+        let mut c = self.challenges.write().unwrap_or_else(|e| e.into_inner());
+        match key {
+            Some(k) => c.insert(domain.to_ascii_lowercase(), k),
+            None => c.remove(&domain.to_ascii_lowercase()),
+        };
+    }
+
+    /// The certificate served for `server_name` (None: no SNI); None when there is none yet.
+    pub fn pick(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
         let table = Arc::clone(&self.table.read().unwrap_or_else(|e| e.into_inner()));
         table.pick(server_name)
     }
@@ -202,7 +246,15 @@ impl CertStore {
 
 impl ResolvesServerCert for CertStore {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.pick(hello.server_name()))
+        let acme_validation = hello
+            .alpn()
+            .is_some_and(|mut p| p.any(|p| p == super::ACME_TLS_ALPN));
+        if acme_validation {
+            let name = hello.server_name()?;
+            let c = self.challenges.read().unwrap_or_else(|e| e.into_inner());
+            return c.get(name).cloned();
+        }
+        self.pick(hello.server_name())
     }
 }
 
@@ -237,6 +289,12 @@ mod tests {
         }
     }
 
+    impl CertStore {
+        fn pick_some(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+            self.pick(name).expect("a certificate")
+        }
+    }
+
     fn leaf(k: &CertifiedKey) -> Vec<u8> {
         k.cert[0].to_vec()
     }
@@ -249,20 +307,20 @@ mod tests {
         let w = write_cert(dir.path(), "w", &["*.example.com"]);
         let store = CertStore::new(vec![d, a, w], provider()).unwrap();
         let (d, a, w) = (
-            leaf(&store.pick(None)),
-            leaf(&store.pick(Some("a.example.com"))),
-            leaf(&store.pick(Some("b.example.com"))),
+            leaf(&store.pick_some(None)),
+            leaf(&store.pick_some(Some("a.example.com"))),
+            leaf(&store.pick_some(Some("b.example.com"))),
         );
         assert_ne!(d, a);
         assert_ne!(a, w);
         assert_eq!(
-            leaf(&store.pick(Some("x.b.example.com"))),
+            leaf(&store.pick_some(Some("x.b.example.com"))),
             d,
             "one label only"
         );
-        assert_eq!(leaf(&store.pick(Some("example.com"))), d);
-        assert_eq!(leaf(&store.pick(Some("other.test"))), d);
-        assert_eq!(leaf(&store.pick(Some("localhost"))), d);
+        assert_eq!(leaf(&store.pick_some(Some("example.com"))), d);
+        assert_eq!(leaf(&store.pick_some(Some("other.test"))), d);
+        assert_eq!(leaf(&store.pick_some(Some("localhost"))), d);
     }
 
     #[test]
@@ -295,16 +353,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = write_cert(dir.path(), "a", &["a.test"]);
         let store = CertStore::new(vec![a.clone()], provider()).unwrap();
-        let before = leaf(&store.pick(None));
+        let before = leaf(&store.pick_some(None));
         assert!(!store.reload_if_changed().unwrap());
         std::thread::sleep(std::time::Duration::from_millis(20));
         write_cert(dir.path(), "a", &["a.test"]);
         assert!(store.reload_if_changed().unwrap());
-        let after = leaf(&store.pick(None));
+        let after = leaf(&store.pick_some(None));
         assert_ne!(before, after);
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&a.key, "broken").unwrap();
         assert!(store.reload_if_changed().is_err());
-        assert_eq!(leaf(&store.pick(None)), after, "the old certificate stays");
+        assert_eq!(
+            leaf(&store.pick_some(None)),
+            after,
+            "the old certificate stays"
+        );
     }
 }

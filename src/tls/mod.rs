@@ -7,6 +7,7 @@
 //! The server hands each accepted TCP connection to [`Acceptor::accept`] and serves the
 //! resulting stream like any other (the connection path is generic over its stream).
 
+pub mod acme;
 pub mod certs;
 mod self_signed;
 
@@ -26,6 +27,9 @@ pub use certs::{CertStore, Error};
 pub use self_signed::self_signed;
 
 use crate::config::{Config, TlsConfig, TlsVersion};
+
+/// The ALPN protocol of ACME's TLS-ALPN-01 validation handshakes (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// The crypto provider larder's TLS runs on (docs/design.md, "TLS").
 pub fn provider() -> Arc<CryptoProvider> {
@@ -85,6 +89,8 @@ pub struct Acceptor {
     pub counters: Arc<Counters>,
     /// How often the certificate files are checked for changes (zero: never).
     pub watch_interval: Duration,
+    /// The listener's ACME service, when its certificate comes from a CA.
+    pub acme: Option<Arc<acme::Acme>>,
 }
 
 /// The answer to a plain-HTTP request on a TLS port (as nginx's 497 turned 400).
@@ -98,7 +104,11 @@ impl Acceptor {
     /// Loads the listener's certificates and builds its TLS configuration.
     pub fn new(cfg: &TlsConfig) -> Result<Acceptor, Error> {
         let provider = provider();
-        let certs = Arc::new(CertStore::new(cfg.all(), Arc::clone(&provider))?);
+        let certs = Arc::new(CertStore::with_acme(
+            cfg.all(),
+            cfg.acme.as_ref().map(acme::stored),
+            Arc::clone(&provider),
+        )?);
         let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
             TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
             TlsVersion::Tls13 => &[&rustls::version::TLS13],
@@ -113,6 +123,9 @@ impl Acceptor {
         } else {
             vec![b"http/1.1".to_vec()]
         };
+        if cfg.acme.is_some() {
+            sc.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+        }
         let cache = cfg.session_cache.get() as usize;
         sc.session_storage = if cache > 0 {
             ServerSessionMemoryCache::new(cache)
@@ -126,8 +139,10 @@ impl Acceptor {
             // No way to resume: sending TLS 1.3 tickets would only cost the client.
             sc.send_tls13_tickets = 0;
         }
+        let acme = (cfg.acme.clone()).map(|a| Arc::new(acme::Acme::new(a, Arc::clone(&certs))));
         Ok(Acceptor {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(sc)),
+            acme,
             certs,
             counters: Arc::default(),
             watch_interval: cfg.watch_interval.0,
@@ -159,9 +174,15 @@ impl Acceptor {
             self.acceptor.accept(stream).await.map_err(Some)
         };
         match tokio::time::timeout(timeout, handshake).await {
-            Ok(Ok(tls)) => {
+            Ok(Ok(mut tls)) => {
                 counters.handshakes.fetch_add(1, Ordering::Relaxed);
-                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let alpn = tls.get_ref().1.alpn_protocol();
+                if alpn == Some(ACME_TLS_ALPN) {
+                    // A CA's validation: the handshake was the answer; no HTTP follows.
+                    let _ = tls.shutdown().await;
+                    return None;
+                }
+                let h2 = alpn == Some(b"h2");
                 Some((tls, h2))
             }
             Ok(Err(None)) => None,

@@ -61,6 +61,11 @@ impl Larder {
         self.handle.tls_counts()
     }
 
+    /// Each ACME listener's state.
+    pub fn acme_status(&self) -> Vec<larder::tls::acme::AcmeStatus> {
+        self.handle.acme_status()
+    }
+
     /// Re-reads the TLS listeners' certificates now.
     pub fn reload_certificates(&self) -> Result<(), larder::tls::Error> {
         self.handle.reload_certificates()
