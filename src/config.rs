@@ -33,7 +33,9 @@ pub mod image_params;
 pub mod tls;
 
 use image_params::{FormatChoice, Preset};
-pub use tls::{AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion};
+pub use tls::{
+    AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
+};
 
 /// The configuration compiled into the binary: what `larder` runs with no arguments.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../larder.default.toml");

@@ -141,6 +141,9 @@ pub struct Router {
     routes: Vec<Route>,
     /// Some route names a host: requests' hosts must be looked up.
     by_host: bool,
+    /// ACME HTTP-01 answers, served before routing (plain listeners, when an ACME listener
+    /// validates by HTTP-01).
+    http01: Option<Arc<crate::tls::acme::Http01>>,
 }
 
 impl Router {
@@ -170,7 +173,11 @@ impl Router {
             (host_rank, usize::MAX - r.prefix.len())
         });
         let by_host = routes.iter().any(|r| !matches!(r.host, HostPattern::Any));
-        Router { routes, by_host }
+        Router {
+            routes,
+            by_host,
+            http01: None,
+        }
     }
 
     /// The admin listener's router: every request goes to the admin API.
@@ -186,7 +193,13 @@ impl Router {
                 extra: Vec::new(),
             }],
             by_host: false,
+            http01: None,
         }
+    }
+
+    /// Answers ACME HTTP-01 challenges from `tokens` before routing.
+    pub fn answer_http01(&mut self, tokens: Arc<crate::tls::acme::Http01>) {
+        self.http01 = Some(tokens);
     }
 
     /// Adds `Alt-Svc: value` to every route's responses (the listener also serves HTTP/3).
@@ -230,6 +243,16 @@ impl Router {
         peer: SocketAddr,
         sink: Option<Sink>,
     ) -> Serving {
+        if let Some(tokens) = &self.http01 {
+            if let Some(answer) = tokens.answer(req.uri().path()) {
+                let mut r = Response::new(Body::full(answer));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                return Serving::Ready(Some(r));
+            }
+        }
         let host = if self.by_host {
             strip_port(crate::inbound::authority(req.uri(), req.headers()))
         } else {

@@ -25,7 +25,7 @@ struct Pebble {
     management: SocketAddr,
 }
 
-fn start_pebble(dir: &Path, ca: &TestCa, tls_port: u16) -> Pebble {
+fn start_pebble(dir: &Path, ca: &TestCa, tls_port: u16, http_port: u16) -> Pebble {
     let pebble = go_install(PEBBLE, "pebble");
     let challtestsrv = go_install(CHALLTESTSRV, "pebble-challtestsrv");
     let (dns, dns_admin, acme, management) = (free_port(), free_port(), free_port(), free_port());
@@ -55,7 +55,7 @@ fn start_pebble(dir: &Path, ca: &TestCa, tls_port: u16) -> Pebble {
         "listenAddress": acme.to_string(),
         "managementListenAddress": management.to_string(),
         "certificate": cert, "privateKey": key,
-        "httpPort": 1, "tlsPort": tls_port,
+        "httpPort": http_port, "tlsPort": tls_port,
         "ocspResponderURL": "", "externalAccountBindingRequired": false,
         "keyAlgorithm": "ecdsa",
         "profiles": {"default": {"description": "default", "validityPeriod": 7776000}}
@@ -143,6 +143,16 @@ fn trusting(root: &str) -> Arc<rustls::ClientConfig> {
     Arc::new(cfg)
 }
 
+/// pebble's root certificate (it makes a new one at each start), from its management port.
+async fn pebble_root(p: &Pebble, ca: &TestCa) -> String {
+    let t = Tls::connect(p.management, "localhost", ca.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap();
+    let root = t.get_all("localhost", &["/roots/0"], &[]).await.remove(0);
+    assert_eq!(root.status, 200);
+    root.text()
+}
+
 fn stored_leaf(state: &Path) -> Vec<u8> {
     use rustls::pki_types::pem::PemObject;
     rustls::pki_types::CertificateDer::from_pem_file(state.join("acme.test.pem"))
@@ -158,7 +168,7 @@ async fn certificate_obtained_served_reused_renewed_and_kept_when_the_ca_is_gone
     std::fs::write(&ca_file, &ca.pem).unwrap();
     let state = dir.path().join("state");
     let port = free_port().port();
-    let mut pebble = start_pebble(dir.path(), &ca, port);
+    let mut pebble = start_pebble(dir.path(), &ca, port, 1);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
     // Issuance: no certificate at first; the order is validated through larder's listener.
@@ -167,19 +177,7 @@ async fn certificate_obtained_served_reused_renewed_and_kept_when_the_ca_is_gone
     assert_eq!((s.orders, s.failures), (1, 0), "{s:?}");
     assert!(s.not_after.unwrap() > std::time::SystemTime::now() + Duration::from_secs(80 * 86400));
     // The certificate chains to pebble's root (fetched from its management port).
-    let root_tls = Tls::connect(
-        pebble.management,
-        "localhost",
-        ca.client_config(&[b"http/1.1"]),
-    )
-    .await
-    .unwrap();
-    let root = root_tls
-        .get_all("localhost", &["/roots/0"], &[])
-        .await
-        .remove(0);
-    assert_eq!(root.status, 200);
-    let pebble_root = root.text();
+    let pebble_root = pebble_root(&pebble, &ca).await;
     let t = Tls::connect(addr, "acme.test", trusting(&pebble_root))
         .await
         .unwrap();
@@ -231,4 +229,44 @@ async fn certificate_obtained_served_reused_renewed_and_kept_when_the_ca_is_gone
         .unwrap();
     assert_eq!(t.peer_leaf(), renewed);
     l4.shutdown().await;
+}
+
+/// HTTP-01: the CA asks a plain listener for `/.well-known/acme-challenge/<token>`; larder
+/// answers it before routing (here the plain listener redirects everything else to HTTPS).
+#[tokio::test(flavor = "multi_thread")]
+async fn http01_is_answered_by_the_plain_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let ca_file: PathBuf = dir.path().join("test-ca.pem");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let state = dir.path().join("state");
+    let (tls_port, http_port) = (free_port().port(), free_port().port());
+    let pebble = start_pebble(dir.path(), &ca, tls_port, http_port);
+    let config = acme_config(tls_port, &pebble, &ca_file, &state, "1h").replace(
+        "    check_interval = \"200ms\"\n",
+        "    check_interval = \"200ms\"\n    challenge = \"http-01\"\n",
+    ) + &format!(
+        "\n[[listener]]\naddr = \"127.0.0.1:{http_port}\"\n  [[listener.route]]\n  redirect_https = true\n"
+    );
+    let larder = Larder::start(&config).await;
+    let s = wait_acme(&larder, |s| s.obtained == 1).await;
+    assert_eq!(s.failures, 0, "{s:?}");
+    let addr: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
+    let t = Tls::connect(addr, "acme.test", ca.client_config(&[b"http/1.1"])).await;
+    // Not trusted by the test CA: pebble issued it. Its leaf is the stored one.
+    assert!(t.is_err());
+    let root = pebble_root(&pebble, &ca).await;
+    let t = Tls::connect(addr, "acme.test", trusting(&root))
+        .await
+        .unwrap();
+    assert_eq!(t.peer_leaf(), stored_leaf(&state));
+    // The token is taken down after the order; other paths still redirect.
+    let c = client();
+    let r = get(
+        &c,
+        &format!("http://127.0.0.1:{http_port}/.well-known/acme-challenge/x"),
+        &[("host", "acme.test")],
+    )
+    .await;
+    assert_eq!(r.status, 308);
 }

@@ -75,6 +75,20 @@ pub struct AcmeConfig {
     /// How often the certificate's expiry is checked (and a failed order retried).
     #[serde(default = "AcmeConfig::default_check_interval")]
     pub check_interval: Dur<100, { 24 * HOUR_MS }>,
+    /// How the CA validates the domains: `"tls-alpn-01"` on this listener (port 443), or
+    /// `"http-01"` on a plain listener (port 80) answering `/.well-known/acme-challenge/`.
+    #[serde(default)]
+    pub challenge: AcmeChallenge,
+}
+
+/// The ACME challenge larder answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum AcmeChallenge {
+    #[default]
+    #[serde(rename = "tls-alpn-01")]
+    TlsAlpn01,
+    #[serde(rename = "http-01")]
+    Http01,
 }
 
 impl AcmeConfig {

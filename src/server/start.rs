@@ -135,14 +135,21 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let mut addrs = Vec::new();
     let mut routers = Vec::new();
     let mut acceptors = Vec::new();
+    // HTTP-01 answers of ACME orders, served by every plain listener.
+    let http01 = Arc::new(tls::acme::Http01::default());
+    let answers_http01 = config.listeners.iter().any(|l| {
+        (l.tls.as_ref()).is_some_and(|t| {
+            (t.acme.as_ref()).is_some_and(|a| a.challenge == crate::config::AcmeChallenge::Http01)
+        })
+    });
     for l in &config.listeners {
         let tls = match &l.tls {
-            Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg).map_err(|source| {
-                Error::Tls {
+            Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg, &http01).map_err(
+                |source| Error::Tls {
                     addr: l.addr,
                     source,
-                }
-            })?)),
+                },
+            )?)),
             None => None,
         };
         acceptors.push(tls);
@@ -157,6 +164,9 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             source,
         })?);
         let mut router = Router::new(l, &config.admin, &cache);
+        if answers_http01 && l.tls.is_none() {
+            router.answer_http01(Arc::clone(&http01));
+        }
         let bound = addrs[addrs.len() - 1];
         let h3 = match tls
             .as_ref()

@@ -1,7 +1,9 @@
 //! ACME (RFC 8555): a listener's certificate obtained from a CA (Let's Encrypt, or any ACME
-//! server) and renewed before it expires, by a background service. The CA's TLS-ALPN-01
-//! challenge (RFC 8737) is answered by the listener itself: while an order is open, a
-//! validation handshake (ALPN `acme-tls/1`) gets a certificate carrying the challenge's digest.
+//! server) and renewed before it expires, by a background service. The CA's challenge is
+//! answered by larder itself: TLS-ALPN-01 (RFC 8737) by the listener, where while an order is
+//! open a validation handshake (ALPN `acme-tls/1`) gets a certificate carrying the challenge's
+//! digest; or HTTP-01 by every plain listener, which answers
+//! `/.well-known/acme-challenge/<token>` from [`Http01`] before routing.
 //!
 //! What is kept under `state_dir` (0700): the account's credentials (`account.json`) and the
 //! certificate and its key (`<first domain>.pem`, `.key`; keys 0600), written whole and then
@@ -24,7 +26,35 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
 use super::CertStore;
-use crate::config::{AcmeConfig, CertConfig};
+use crate::config::{AcmeChallenge, AcmeConfig, CertConfig};
+
+/// Where HTTP-01 challenges are answered (RFC 8555 §8.3).
+pub const HTTP01_PREFIX: &str = "/.well-known/acme-challenge/";
+
+/// The HTTP-01 tokens of the open orders and their key authorizations, shared by every ACME
+/// listener and every plain listener of the server.
+#[derive(Debug, Default)]
+pub struct Http01(std::sync::RwLock<std::collections::HashMap<String, String>>);
+
+impl Http01 {
+    /// The key authorization to answer for `path` (`/.well-known/acme-challenge/<token>`).
+    pub fn answer(&self, path: &str) -> Option<String> {
+        let token = path.strip_prefix(HTTP01_PREFIX)?;
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()
+    }
+
+    fn set(&self, token: &str, key_authorization: Option<String>) {
+        let mut t = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match key_authorization {
+            Some(k) => t.insert(token.to_string(), k),
+            None => t.remove(token),
+        };
+    }
+}
 
 /// Where an ACME listener's certificate stands, for logs, the admin API and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,6 +75,7 @@ pub struct AcmeStatus {
 pub struct Acme {
     cfg: AcmeConfig,
     certs: Arc<CertStore>,
+    http01: Arc<Http01>,
     status: Mutex<AcmeStatus>,
 }
 
@@ -59,10 +90,11 @@ pub fn stored(cfg: &AcmeConfig) -> CertConfig {
 }
 
 impl Acme {
-    pub fn new(cfg: AcmeConfig, certs: Arc<CertStore>) -> Acme {
+    pub fn new(cfg: AcmeConfig, certs: Arc<CertStore>, http01: Arc<Http01>) -> Acme {
         Acme {
             cfg,
             certs,
+            http01,
             status: Mutex::default(),
         }
     }
@@ -116,7 +148,8 @@ impl Acme {
         }
     }
 
-    /// One order: account, authorizations by TLS-ALPN-01, CSR, certificate, stored and served.
+    /// One order: account, authorizations (TLS-ALPN-01 or HTTP-01), CSR, certificate, stored
+    /// and served.
     async fn obtain(&self) -> Result<(), String> {
         let account = self.account().await?;
         let ids: Vec<Identifier> = (self.cfg.domains.iter())
@@ -126,6 +159,22 @@ impl Acme {
             .new_order(&NewOrder::new(&ids))
             .await
             .map_err(|e| format!("new order: {e}"))?;
+        let mut tokens = Vec::new();
+        let validated = self.validate(&mut order, &mut tokens).await;
+        for t in &tokens {
+            self.http01.set(t, None);
+        }
+        validated?;
+        self.finish(&mut order).await
+    }
+
+    /// Answers every pending authorization's challenge and waits for the order to be ready;
+    /// the HTTP-01 tokens put up go to `tokens` (to be taken down).
+    async fn validate(
+        &self,
+        order: &mut instant_acme::Order,
+        tokens: &mut Vec<String>,
+    ) -> Result<(), String> {
         let mut authorizations = order.authorizations();
         while let Some(authz) = authorizations.next().await {
             let mut authz = authz.map_err(|e| format!("authorization: {e}"))?;
@@ -134,13 +183,24 @@ impl Acme {
                 AuthorizationStatus::Valid => continue,
                 other => return Err(format!("authorization is {other:?}")),
             }
+            let kind = match self.cfg.challenge {
+                AcmeChallenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+                AcmeChallenge::Http01 => ChallengeType::Http01,
+            };
             let mut challenge = authz
-                .challenge(ChallengeType::TlsAlpn01)
-                .ok_or("the CA offers no tls-alpn-01 challenge")?;
+                .challenge(kind.clone())
+                .ok_or_else(|| format!("the CA offers no {kind:?} challenge"))?;
             let domain = challenge.identifier().to_string();
-            let digest = challenge.key_authorization().digest();
-            let key = self.challenge_key(&domain, digest.as_ref())?;
-            self.certs.set_challenge(&domain, Some(key));
+            let key_authorization = challenge.key_authorization();
+            if kind == ChallengeType::TlsAlpn01 {
+                let key = self.challenge_key(&domain, key_authorization.digest().as_ref())?;
+                self.certs.set_challenge(&domain, Some(key));
+            } else {
+                let token = challenge.token.clone();
+                self.http01
+                    .set(&token, Some(key_authorization.as_str().to_string()));
+                tokens.push(token);
+            }
             challenge
                 .set_ready()
                 .await
@@ -148,10 +208,15 @@ impl Acme {
         }
         let retry = RetryPolicy::new().timeout(Duration::from_secs(90));
         match order.poll_ready(&retry).await {
-            Ok(OrderStatus::Ready) => {}
-            Ok(other) => return Err(format!("order is {other:?}, not ready")),
-            Err(e) => return Err(format!("waiting for validation: {e}")),
+            Ok(OrderStatus::Ready) => Ok(()),
+            Ok(other) => Err(format!("order is {other:?}, not ready")),
+            Err(e) => Err(format!("waiting for validation: {e}")),
         }
+    }
+
+    /// A key and its CSR; the certificate; both stored and served.
+    async fn finish(&self, order: &mut instant_acme::Order) -> Result<(), String> {
+        let retry = RetryPolicy::new().timeout(Duration::from_secs(90));
         let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
         let csr = rcgen::CertificateParams::new(self.cfg.domains.clone())
             .and_then(|p| p.serialize_request(&key))

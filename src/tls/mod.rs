@@ -101,8 +101,9 @@ content-length: 44\r\nconnection: close\r\n\r\nthis port speaks HTTPS: use an ht
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 impl Acceptor {
-    /// Loads the listener's certificates and builds its TLS configuration.
-    pub fn new(cfg: &TlsConfig) -> Result<Acceptor, Error> {
+    /// Loads the listener's certificates and builds its TLS configuration; `http01` is where
+    /// its ACME orders put up HTTP-01 answers.
+    pub fn new(cfg: &TlsConfig, http01: &Arc<acme::Http01>) -> Result<Acceptor, Error> {
         let provider = provider();
         let certs = Arc::new(CertStore::with_acme(
             cfg.all(),
@@ -139,7 +140,8 @@ impl Acceptor {
             // No way to resume: sending TLS 1.3 tickets would only cost the client.
             sc.send_tls13_tickets = 0;
         }
-        let acme = (cfg.acme.clone()).map(|a| Arc::new(acme::Acme::new(a, Arc::clone(&certs))));
+        let acme = (cfg.acme.clone())
+            .map(|a| Arc::new(acme::Acme::new(a, Arc::clone(&certs), Arc::clone(http01))));
         Ok(Acceptor {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(sc)),
             acme,
@@ -219,7 +221,7 @@ impl Acceptor {
 pub fn check(cfg: &Config) -> Result<(), Error> {
     for l in &cfg.listeners {
         if let Some(tls) = &l.tls {
-            Acceptor::new(tls).map_err(|e| match e {
+            Acceptor::new(tls, &Arc::default()).map_err(|e| match e {
                 Error::Config(m) => Error::Config(format!("listener {}: {m}", l.addr)),
                 e => e,
             })?;
