@@ -579,3 +579,106 @@ async fn http3_serves_the_same_cache_on_the_same_port() {
         "QUIC connections close on shutdown"
     );
 }
+
+/// Static files, images and purge behave the same over HTTP/1.1 and HTTP/2 over TLS and over
+/// HTTP/3.
+#[tokio::test(flavor = "multi_thread")]
+async fn static_files_images_and_purge_work_the_same_over_h1_h2_and_h3() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    std::fs::write(files.join("a.txt"), "static text, static text").unwrap();
+    let images = dir.path().join("images");
+    let origin = origin().await;
+    let config = format!(
+        r#"
+[admin]
+token = "s3cret"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [listener.tls]
+{}  http3 = true
+  [[listener.route]]
+  path = "/static/"
+  static = {{ root = {:?}, strip_prefix = true }}
+  [[listener.route]]
+  path = "/img/"
+  images = {{ dir = {:?} }}
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{}" }}
+"#,
+        cert_keys(&cert, &key),
+        files.display().to_string(),
+        images.display().to_string(),
+        origin.url()
+    );
+    let larder = Larder::start(&config).await;
+    let mut h3 = H3::connect(larder.addr, "site.test", &ca).await;
+    let over = |alpn: &'static [u8], reqs: Vec<(&'static str, String, Vec<u8>)>| {
+        let (addr, cfg) = (larder.addr, ca.client_config(&[alpn]));
+        async move {
+            let t = Tls::connect(addr, "site.test", cfg).await.unwrap();
+            let reqs: Vec<(&str, &str, &[u8])> = reqs
+                .iter()
+                .map(|(m, p, b)| (*m, p.as_str(), &b[..]))
+                .collect();
+            t.send_all("site.test", &reqs, &[]).await
+        }
+    };
+    let url = |p: &str| format!("https://site.test{p}");
+
+    // Static files, with Range.
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let got = over(alpn, vec![("GET", "/static/a.txt".into(), vec![])]).await;
+        assert_eq!(got[0].body, "static text, static text");
+    }
+    let got = h3.send("GET", &url("/static/a.txt"), &[], b"").await;
+    assert_eq!(got.body, "static text, static text");
+    let got = h3
+        .send("GET", &url("/static/a.txt"), &[("range", "bytes=0-5")], b"")
+        .await;
+    assert_eq!((got.status.as_u16(), &got.body[..]), (206, &b"static"[..]));
+
+    // Images: uploaded over HTTP/3, transformed over HTTP/2 and HTTP/3 alike.
+    let up = h3
+        .send(
+            "POST",
+            &url("/img/upload"),
+            &[("content-type", "image/jpeg")],
+            &photo(),
+        )
+        .await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    let md5 = up.field("md5");
+    let path = format!("/img/{md5}?w=40&h=40&f=png");
+    let via_h2 = over(b"h2", vec![("GET", path.clone(), vec![])])
+        .await
+        .remove(0);
+    let via_h3 = h3.send("GET", &url(&path), &[], b"").await;
+    assert_eq!(via_h2.status, 200);
+    assert_eq!(via_h2.header("content-type"), Some("image/png"));
+    assert_eq!(via_h2.body, via_h3.body);
+
+    // Purge over HTTP/3 empties what HTTP/1.1 filled.
+    let got = over(
+        b"http/1.1",
+        vec![("GET", "/p".into(), vec![]), ("GET", "/p".into(), vec![])],
+    )
+    .await;
+    assert_eq!((got[0].cache(), got[1].cache()), ("MISS", "HIT"));
+    let purged = h3
+        .send(
+            "PURGE",
+            &url("/p"),
+            &[("authorization", "Bearer s3cret")],
+            b"",
+        )
+        .await;
+    assert_eq!(purged.body, "{\"purged\":1}");
+    let got = over(b"h2", vec![("GET", "/p".into(), vec![])]).await;
+    assert_eq!(got[0].cache(), "MISS");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
@@ -121,18 +121,31 @@ impl Tls {
     /// Sends GET requests for `paths` one after another on this connection, over what ALPN chose,
     /// each with `headers`; returns the responses.
     pub async fn get_all(self, host: &str, paths: &[&str], headers: &[(&str, &str)]) -> Vec<Got> {
+        let reqs: Vec<(&str, &str, &[u8])> = paths.iter().map(|p| ("GET", *p, &b""[..])).collect();
+        self.send_all(host, &reqs, headers).await
+    }
+
+    /// Sends `(method, path, body)` requests one after another on this connection, over what
+    /// ALPN chose, each with `headers`; returns the responses.
+    pub async fn send_all(
+        self,
+        host: &str,
+        reqs: &[(&str, &str, &[u8])],
+        headers: &[(&str, &str)],
+    ) -> Vec<Got> {
         let h2 = self.alpn() == "h2";
         let io = TokioIo::new(self.stream);
-        let build = |path: &str| {
+        let build = |&(method, path, body): &(&str, &str, &[u8])| {
             let uri = format!("https://{host}{path}");
-            let mut b = Request::get(uri);
+            let mut b = Request::builder().method(method).uri(uri);
             if !h2 {
                 b = b.header("host", host);
             }
             for (k, v) in headers {
                 b = b.header(*k, *v);
             }
-            b.body(Empty::<Bytes>::new()).unwrap()
+            b.body(http_body_util::Full::new(Bytes::copy_from_slice(body)))
+                .unwrap()
         };
         let mut out = Vec::new();
         if h2 {
@@ -140,17 +153,17 @@ impl Tls {
                 .await
                 .expect("h2 handshake");
             tokio::spawn(conn);
-            for p in paths {
-                out.push(read(send.send_request(build(p)).await.expect("h2 response")).await);
+            for r in reqs {
+                out.push(read(send.send_request(build(r)).await.expect("h2 response")).await);
             }
         } else {
             let (mut send, conn) = hyper::client::conn::http1::handshake(io)
                 .await
                 .expect("h1 handshake");
             tokio::spawn(conn);
-            for p in paths {
+            for r in reqs {
                 send.ready().await.expect("connection ready");
-                out.push(read(send.send_request(build(p)).await.expect("h1 response")).await);
+                out.push(read(send.send_request(build(r)).await.expect("h1 response")).await);
             }
         }
         out
