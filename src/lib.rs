@@ -5,7 +5,8 @@
 //!
 //! - [`server`]: start ([`server::start`], the runtime, the admin listener) → listen and accept
 //!   (the connection bound, h2c sniffing, or the TLS handshake of [`tls`]: certificates by SNI,
-//!   ALPN, re-read when their files change) → one connection's life with hyper over any
+//!   ALPN, re-read when their files change, obtained and renewed by ACME; HTTP/3 over QUIC on
+//!   the same port) → one connection's life with hyper over any
 //!   [`server::Stream`] (HTTP/1.1, h2c; limits, idle watchdog, parking) → graceful shutdown;
 //!   beside them the IO wrapper and the background services. [`interim`] (1xx responses
 //!   forwarded to HTTP/1.1 clients, through the server's IO wrapper) and [`memory`] (returning
