@@ -128,19 +128,7 @@ async fn wait_acme(
 
 /// A client trusting `root` (PEM) only.
 fn trusting(root: &str) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(root.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(cfg)
+    client_trusting(root, &[b"http/1.1"])
 }
 
 /// pebble's root certificate (it makes a new one at each start), from its management port.

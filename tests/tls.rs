@@ -452,21 +452,7 @@ async fn quick_start_flags_serve_https() {
     let hint = lines.next().unwrap().unwrap();
     assert!(hint.contains("curl --cacert"), "{hint}");
     let pem = std::fs::read_to_string(&cert).unwrap();
-    let trusting = |pem: &str| {
-        let mut roots = rustls::RootCertStore::empty();
-        use rustls::pki_types::pem::PemObject;
-        for c in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
-        std::sync::Arc::new(cfg)
-    };
+    let trusting = |pem: &str| client_trusting(pem, &[b"h2"]);
     let connect = |addr, sni: &'static str, cfg| async move {
         for _ in 0..200 {
             match Tls::connect(addr, sni, std::sync::Arc::clone(&cfg)).await {

@@ -59,19 +59,24 @@ impl TestCa {
 
     /// A client configuration trusting this CA only, offering `alpn`.
     pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(self.pem.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Arc::new(cfg)
+        client_trusting(&self.pem, alpn)
     }
+}
+
+/// A client configuration trusting the certificates in `pem` only, offering `alpn`.
+pub fn client_trusting(pem: &str, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(cfg)
 }
 
 /// A TLS connection to larder: what the handshake chose.
