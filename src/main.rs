@@ -121,7 +121,33 @@ fn main() -> ExitCode {
             );
             println!("  curl -s --compressed http://{a}/ ");
         }
-        server::shutdown_signal().await;
+        // SIGHUP re-reads the TLS certificates (as nginx's reload does for them); the rest of
+        // the configuration stays as started.
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGHUP");
+                None
+            }
+        };
+        let stop = server::shutdown_signal();
+        tokio::pin!(stop);
+        loop {
+            let hup_received = async {
+                match hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = hup_received => match handle.reload_certificates() {
+                    Ok(()) => tracing::info!("SIGHUP: certificates re-read"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: cannot re-read certificates; serving the ones loaded before"),
+                },
+            }
+        }
         tracing::info!("shutting down; finishing in-flight requests");
         let left = handle.shutdown().await;
         if left > 0 {

@@ -668,3 +668,54 @@ addr = "127.0.0.1:0"
     let got = over(b"h2", vec![("GET", "/p".into(), vec![])]).await;
     assert_eq!(got[0].cache(), "MISS");
 }
+
+/// `kill -HUP` makes the running binary re-read its certificates (a long watch interval keeps
+/// the file watcher out of it); the process keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_re_reads_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let addr = free_port();
+    let config = dir.path().join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\naddr = \"{addr}\"\n  [listener.tls]\n{}  watch_interval = \"1h\"\n  [[listener.route]]\n  respond = {{ body = \"ok\" }}\n",
+            cert_keys(&cert, &key)
+        ),
+    )
+    .unwrap();
+    let child = Child(
+        larder_command()
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let connect = || async {
+        for _ in 0..200 {
+            if let Ok(t) = Tls::connect(addr, "site.test", ca.client_config(&[b"h2"])).await {
+                return t.peer_leaf();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("larder did not serve TLS");
+    };
+    let before = connect().await;
+    ca.issue(dir.path(), "site", &["site.test"]);
+    assert_eq!(connect().await, before, "not re-read before the signal");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGHUP) }, 0);
+    let mut after = before.clone();
+    for _ in 0..100 {
+        after = connect().await;
+        if after != before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(after, before, "re-read after SIGHUP");
+}
