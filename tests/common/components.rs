@@ -90,12 +90,13 @@ pub fn go_install(module_at_version: &str, binary: &str) -> PathBuf {
     let bin = bin_dir.join(binary);
     if !bin.is_file() {
         let go = go();
-        let gopath = tools_dir().join("go/path");
+        let (gopath, gocache) = (tools_dir().join("go/path"), tools_dir().join("go/cache"));
         locked(&format!(
-            "test -x {bin} || GOBIN={bin_dir} GOPATH={gopath} GOFLAGS=-mod=mod {go} install {module_at_version}",
+            "test -x {bin} || GOBIN={bin_dir} GOPATH={gopath} GOCACHE={gocache} GOFLAGS=-mod=mod {go} install {module_at_version}",
             bin = bin.display(),
             bin_dir = bin_dir.display(),
             gopath = gopath.display(),
+            gocache = gocache.display(),
             go = go.display(),
         ));
     }
