@@ -10,7 +10,7 @@
 # - proxy:  the same page through a caching proxy route, from an origin that is a second larder
 #           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
 #           measured request is a cache hit.
-# CONNS=N sets the connection count (default 10).
+# CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
 bin=$(realpath "${1:?larder binary}"); shift
@@ -41,7 +41,11 @@ for cell in "${cells[@]}"; do
             fi ;;
     *) echo "unknown cell $cell (static, proxy)" >&2; exit 2 ;;
   esac
+  admin=""
+  # ADMIN=1: an admin listener, so that requests are counted for /metrics.
+  [ -n "${ADMIN:-}" ] && admin=$'[admin]\ntoken = "t"\nlisten = "127.0.0.1:18402"'
   cat > "$tmp/$cell.toml" <<TOML
+$admin
 [server]
 workers = 1
 threading = "per-core"

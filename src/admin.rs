@@ -3,6 +3,7 @@
 //! (`[admin] listen`, loopback by default in examples):
 //!
 //! - `GET /_larder/status`: cache size and counts, as JSON;
+//! - `GET /metrics`: every metric in Prometheus text format ([`crate::metrics`]);
 //! - `POST /_larder/purge?url=http://host/path`: every variant of one URL;
 //! - `POST /_larder/purge?prefix=http://host/path/`: every URL under a prefix;
 //! - `POST /_larder/purge?tag=T`: every response tagged T by the tag header (`Surrogate-Key`).
@@ -106,12 +107,18 @@ pub fn purge_method(
 pub struct Admin {
     cache: Arc<Cache>,
     access: Access,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Admin {
-    pub fn new(cache: Arc<Cache>, token: Option<String>) -> Admin {
+    pub fn new(
+        cache: Arc<Cache>,
+        token: Option<String>,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
+    ) -> Admin {
         Admin {
             cache,
+            metrics,
             access: Access {
                 token,
                 allow: Vec::new(),
@@ -126,6 +133,19 @@ impl Admin {
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/_larder/status") => self.status(),
+            (&Method::GET, "/metrics") if self.metrics.is_some() => {
+                let text = self
+                    .metrics
+                    .as_ref()
+                    .map(|m| m.render())
+                    .unwrap_or_default();
+                let mut r = Response::new(Body::full(text));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }
             (m, "/_larder/purge") if m == Method::POST || m.as_str() == "PURGE" => {
                 self.purge(req.uri().query().unwrap_or("")).await
             }

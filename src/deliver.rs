@@ -26,7 +26,17 @@ pub enum CacheStatus {
 }
 
 impl CacheStatus {
+    /// The field value; also notes the result for the metrics of the response being made.
     pub fn header_value(self) -> HeaderValue {
+        use crate::metrics::{note_cache, CacheResult};
+        note_cache(match self {
+            CacheStatus::Hit => CacheResult::Hit,
+            CacheStatus::Miss => CacheResult::Miss,
+            CacheStatus::Bypass => CacheResult::Bypass,
+            CacheStatus::Expired => CacheResult::Expired,
+            CacheStatus::Revalidated => CacheResult::Revalidated,
+            CacheStatus::Stale => CacheResult::Stale,
+        });
         HeaderValue::from_static(match self {
             CacheStatus::Hit => "HIT",
             CacheStatus::Miss => "MISS",

@@ -61,6 +61,7 @@ pub mod images;
 pub mod inbound;
 pub mod interim;
 pub mod memory;
+pub mod metrics;
 pub mod proxy;
 pub mod range;
 pub mod respond;

@@ -134,6 +134,8 @@ struct Route {
     /// Fields added to every response: `Strict-Transport-Security` (TLS listeners only),
     /// `Alt-Svc` (listeners that also serve HTTP/3). Usually none.
     extra: Vec<(HeaderName, HeaderValue)>,
+    /// The route's id in the server's metrics.
+    metric: u32,
 }
 
 /// The routes of one listener, in match order.
@@ -144,6 +146,8 @@ pub struct Router {
     /// ACME HTTP-01 answers, served before routing (plain listeners, when an ACME listener
     /// validates by HTTP-01).
     http01: Option<Arc<crate::tls::acme::Http01>>,
+    /// The server's metrics id, when requests are counted.
+    counted: Option<u64>,
 }
 
 impl Router {
@@ -161,6 +165,7 @@ impl Router {
                     .map(|v| (header::STRICT_TRANSPORT_SECURITY, v.0.clone()))
                     .into_iter()
                     .collect(),
+                metric: 0,
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -177,11 +182,16 @@ impl Router {
             routes,
             by_host,
             http01: None,
+            counted: None,
         }
     }
 
     /// The admin listener's router: every request goes to the admin API.
-    pub fn admin(cache: &Arc<Cache>, token: Option<String>) -> Router {
+    pub fn admin(
+        cache: &Arc<Cache>,
+        token: Option<String>,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
+    ) -> Router {
         Router {
             routes: vec![Route {
                 host: HostPattern::Any,
@@ -189,12 +199,34 @@ impl Router {
                 handler: Handler::Admin(Arc::new(crate::admin::Admin::new(
                     Arc::clone(cache),
                     token,
+                    metrics,
                 ))),
                 extra: Vec::new(),
+                metric: 0,
             }],
             by_host: false,
             http01: None,
+            counted: None,
         }
+    }
+
+    /// Counts this router's requests in `metrics`, each route labelled `{listener} {host}{prefix}`.
+    pub fn count_into(&mut self, metrics: &crate::metrics::Metrics, listener: &str) {
+        for r in &mut self.routes {
+            let host = match &r.host {
+                HostPattern::Any => "*".to_string(),
+                HostPattern::Exact(h) => h.clone(),
+                HostPattern::Suffix(s) => format!("*{s}"),
+            };
+            r.metric = metrics.route(format!("{listener} {host}{}", r.prefix));
+        }
+        self.counted = Some(metrics.id());
+    }
+
+    /// The server's metrics id and the route id `dispatch` gave, when requests are counted.
+    #[inline]
+    pub fn counted(&self) -> Option<u64> {
+        self.counted
     }
 
     /// Answers ACME HTTP-01 challenges from `tokens` before routing.
@@ -243,6 +275,16 @@ impl Router {
         peer: SocketAddr,
         sink: Option<Sink>,
     ) -> Serving {
+        self.dispatch_route(req, peer, sink).0
+    }
+
+    /// [`Router::dispatch`], and the metrics id of the route that serves (0: none matched).
+    pub fn dispatch_route(
+        &self,
+        req: Request<RequestBody>,
+        peer: SocketAddr,
+        sink: Option<Sink>,
+    ) -> (Serving, u32) {
         if let Some(tokens) = &self.http01 {
             if let Some(answer) = tokens.answer(req.uri().path()) {
                 let mut r = Response::new(Body::full(answer));
@@ -250,7 +292,7 @@ impl Router {
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/octet-stream"),
                 );
-                return Serving::Ready(Some(r));
+                return (Serving::Ready(Some(r)), UNROUTED);
             }
         }
         let host = if self.by_host {
@@ -259,19 +301,34 @@ impl Router {
             ""
         };
         match self.route(host, req.uri().path()) {
-            Some(Route { handler, extra, .. }) if extra.is_empty() => {
-                handler.serve(req, peer, sink)
-            }
-            Some(Route { handler, extra, .. }) => {
-                with_fields(handler.serve(req, peer, sink), extra.clone())
-            }
-            None => Serving::Ready(Some(text_response(
-                StatusCode::NOT_FOUND,
-                "no route for this request\n",
-            ))),
+            Some(Route {
+                handler,
+                extra,
+                metric,
+                ..
+            }) if extra.is_empty() => (handler.serve(req, peer, sink), *metric),
+            Some(Route {
+                handler,
+                extra,
+                metric,
+                ..
+            }) => (
+                with_fields(handler.serve(req, peer, sink), extra.clone()),
+                *metric,
+            ),
+            None => (
+                Serving::Ready(Some(text_response(
+                    StatusCode::NOT_FOUND,
+                    "no route for this request\n",
+                ))),
+                UNROUTED,
+            ),
         }
     }
 }
+
+/// The metrics route id of a request no route serves (not counted).
+pub const UNROUTED: u32 = u32::MAX;
 
 /// `serving`'s response with the `fields` added.
 fn with_fields(serving: Serving, fields: Vec<(HeaderName, HeaderValue)>) -> Serving {

@@ -117,11 +117,25 @@ async fn request(
     max_headers: usize,
 ) {
     let head_only = req.method() == Method::HEAD;
+    let counted = router.counted().map(|server| {
+        crate::metrics::note_cache(crate::metrics::CacheResult::None);
+        (
+            server,
+            crate::metrics::method_class(req.method()),
+            std::time::Instant::now(),
+        )
+    });
     let mut req = req.map(|()| RequestBody::Stream(upload(recv).boxed()));
-    let response = match crate::inbound::admit(&mut req, max_headers) {
-        Ok(()) => router.dispatch(req, peer, None).await,
-        Err(refused) => refused.response(),
+    let (response, route) = match crate::inbound::admit(&mut req, max_headers) {
+        Ok(()) => {
+            let (serving, route) = router.dispatch_route(req, peer, None);
+            (serving.await, route)
+        }
+        Err(refused) => (refused.response(), crate::route::UNROUTED),
     };
+    if let Some((server, method, started)) = counted {
+        crate::metrics::record(server, route, method, response.status().as_u16(), started);
+    }
     let _ = respond(response, &mut send, head_only).await;
 }
 

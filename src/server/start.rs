@@ -50,6 +50,8 @@ pub struct Handle {
     background: Background,
     /// Each TLS listener's acceptor, in configuration order.
     tls: Vec<Arc<tls::Acceptor>>,
+    /// Requests counted (when there is an admin listener to read them from).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Handle {
@@ -79,6 +81,12 @@ impl Handle {
     /// [`super::interim`] (too many for one request, or a client not reading).
     pub fn interim_dropped(&self) -> u64 {
         self.interim_dropped.load(Ordering::Relaxed)
+    }
+
+    /// The metrics in Prometheus text format, as `/metrics` serves them (None: not counted,
+    /// there is no admin listener).
+    pub fn metrics_text(&self) -> Option<String> {
+        self.metrics.as_ref().map(|m| m.render())
     }
 
     /// TLS handshakes so far, by outcome, over every TLS listener.
@@ -135,6 +143,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let mut addrs = Vec::new();
     let mut routers = Vec::new();
     let mut acceptors = Vec::new();
+    // Requests are counted when there is an admin listener to read the counts from.
+    let metrics = config.admin.listen.map(|_| crate::metrics::Metrics::new());
     // HTTP-01 answers of ACME orders, served by every plain listener.
     let http01 = Arc::new(tls::acme::Http01::default());
     let answers_http01 = config.listeners.iter().any(|l| {
@@ -164,6 +174,9 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             source,
         })?);
         let mut router = Router::new(l, &config.admin, &cache);
+        if let Some(m) = &metrics {
+            router.count_into(m, &addrs[addrs.len() - 1].to_string());
+        }
         if answers_http01 && l.tls.is_none() {
             router.answer_http01(Arc::clone(&http01));
         }
@@ -232,9 +245,26 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             });
         }
     }
+    let tls_acceptors: Vec<Arc<tls::Acceptor>> = acceptors.iter().flatten().cloned().collect();
+    if let Some(m) = &metrics {
+        register_gauges(
+            m,
+            &cache,
+            &conns,
+            max_conns,
+            &interim_dropped,
+            &tls_acceptors,
+        );
+    }
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
-        let (bound, router) = listen_admin(addr, config.admin.token.clone(), &cache, &serving)?;
+        let (bound, router) = listen_admin(
+            addr,
+            config.admin.token.clone(),
+            &cache,
+            &serving,
+            metrics.clone(),
+        )?;
         admin_addr = Some(bound);
         routers.push(router);
     }
@@ -249,7 +279,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         grace: server.shutdown_grace.0,
         interim_dropped,
         background,
-        tls: acceptors.into_iter().flatten().collect(),
+        tls: tls_acceptors,
+        metrics,
     })
 }
 
@@ -306,12 +337,13 @@ fn listen_admin(
     token: Option<String>,
     cache: &Arc<Cache>,
     serving: &Serving,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(SocketAddr, Arc<Router>), Error> {
     let listener = bind(addr, false).map_err(|source| Error::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
-    let router = Arc::new(Router::admin(cache, token));
+    let router = Arc::new(Router::admin(cache, token, metrics));
     tokio::spawn(accept_loop(
         listener,
         Arc::clone(&router),
@@ -319,6 +351,98 @@ fn listen_admin(
         None,
     ));
     Ok((bound, router))
+}
+
+/// The figures read at scrape time: connections, the cache, origins' 1xx responses dropped,
+/// TLS handshakes and ACME certificates.
+fn register_gauges(
+    m: &crate::metrics::Metrics,
+    cache: &Arc<Cache>,
+    conns: &Arc<Semaphore>,
+    max_conns: usize,
+    interim_dropped: &interim::Dropped,
+    tls: &[Arc<tls::Acceptor>],
+) {
+    use std::fmt::Write as _;
+    let (conns, cache) = (Arc::clone(conns), Arc::clone(cache));
+    m.gauge(move |out| {
+        let open = max_conns - conns.available_permits();
+        let _ = write!(
+            out,
+            "# HELP larder_connections_open Client connections open now (TCP and QUIC).\n\
+             # TYPE larder_connections_open gauge\nlarder_connections_open {open}\n\
+             # HELP larder_connections_max The bound on open connections (max_connections).\n\
+             # TYPE larder_connections_max gauge\nlarder_connections_max {max_conns}\n\
+             # HELP larder_cache_entries Responses stored (each variant counts).\n\
+             # TYPE larder_cache_entries gauge\nlarder_cache_entries {}\n\
+             # HELP larder_cache_bytes Bytes the cache holds.\n\
+             # TYPE larder_cache_bytes gauge\nlarder_cache_bytes {}\n\
+             # HELP larder_cache_capacity_bytes The cache's size bound.\n\
+             # TYPE larder_cache_capacity_bytes gauge\nlarder_cache_capacity_bytes {}\n\
+             # HELP larder_cache_fills_in_flight Origin fetches filling the cache now.\n\
+             # TYPE larder_cache_fills_in_flight gauge\nlarder_cache_fills_in_flight {}\n",
+            cache.len(),
+            cache.weight(),
+            cache.capacity(),
+            cache.fills_in_flight()
+        );
+    });
+    let dropped = Arc::clone(interim_dropped);
+    m.gauge(move |out| {
+        let _ = write!(
+            out,
+            "# HELP larder_interim_dropped_total Origins' 1xx responses dropped at their bounds.\n\
+             # TYPE larder_interim_dropped_total counter\nlarder_interim_dropped_total {}\n",
+            dropped.load(Ordering::Relaxed)
+        );
+    });
+    if tls.is_empty() {
+        return;
+    }
+    let tls = tls.to_vec();
+    m.gauge(move |out| {
+        let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
+        out.push_str(
+            "# HELP larder_tls_handshakes_total TLS handshakes on TLS listeners, by outcome.\n\
+             # TYPE larder_tls_handshakes_total counter\n",
+        );
+        for (outcome, n) in [
+            ("done", c.handshakes),
+            ("failed", c.failed),
+            ("timed_out", c.timed_out),
+            ("plain_http", c.plain_http),
+        ] {
+            let _ = writeln!(out, "larder_tls_handshakes_total{{outcome=\"{outcome}\"}} {n}");
+        }
+        let acme: Vec<_> = tls.iter().filter_map(|a| a.acme.as_ref()).collect();
+        if acme.is_empty() {
+            return;
+        }
+        let status: Vec<_> = acme
+            .iter()
+            .map(|a| (crate::metrics::escape(a.domain()), a.status()))
+            .collect();
+        out.push_str(
+            "# HELP larder_acme_certificate_expiry_seconds When the ACME certificate in use expires (Unix time; 0: none yet).\n\
+             # TYPE larder_acme_certificate_expiry_seconds gauge\n",
+        );
+        for (domain, s) in &status {
+            let expiry = (s.not_after)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            let _ = writeln!(
+                out,
+                "larder_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {expiry}"
+            );
+        }
+        out.push_str(
+            "# HELP larder_acme_failures_total ACME orders that failed since start.\n\
+             # TYPE larder_acme_failures_total counter\n",
+        );
+        for (domain, s) in &status {
+            let _ = writeln!(out, "larder_acme_failures_total{{domain=\"{domain}\"}} {}", s.failures);
+        }
+    });
 }
 
 /// Builds the runtime `main` runs [`start`] on: with `threading = "per-core"` a single-threaded

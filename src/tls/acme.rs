@@ -99,6 +99,11 @@ impl Acme {
         }
     }
 
+    /// The first domain of the certificate (its name in logs and metrics).
+    pub fn domain(&self) -> &str {
+        self.cfg.domains.first().map_or("", String::as_str)
+    }
+
     /// How often the certificate's expiry is checked.
     pub fn check_interval(&self) -> Duration {
         self.cfg.check_interval.0

@@ -127,3 +127,30 @@ pub fn npm(package: &str, version: &str) -> PathBuf {
     );
     dir
 }
+
+/// The Python interpreter of a virtual environment in the tools directory holding `packages`
+/// (pip names with versions, from PyPI).
+pub fn pip(packages: &[&str]) -> PathBuf {
+    let venv = tools_dir().join("venv");
+    let python = venv.join("bin/python");
+    let marker = venv.join(format!(".{}", packages.join("+").replace(['/', '='], "_")));
+    if !marker.is_file() {
+        let python3 = which("python3").unwrap_or_else(|| apt("python3", "python3"));
+        locked(&format!(
+            "test -f {marker} || {{ {{ test -x {python} || {python3} -m venv {venv} || \
+               {{ apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null && {python3} -m venv {venv}; }}; }} && \
+               {python} -m pip install -q --disable-pip-version-check {pkgs} && touch {marker}; }}",
+            marker = marker.display(),
+            python = python.display(),
+            python3 = python3.display(),
+            venv = venv.display(),
+            pkgs = packages.join(" "),
+        ));
+    }
+    assert!(
+        python.is_file(),
+        "no virtual environment at {}",
+        venv.display()
+    );
+    python
+}

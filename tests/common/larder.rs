@@ -61,6 +61,11 @@ impl Larder {
         self.handle.tls_counts()
     }
 
+    /// The Prometheus text `/metrics` serves, when requests are counted.
+    pub fn metrics_text(&self) -> Option<String> {
+        self.handle.metrics_text()
+    }
+
     /// Each ACME listener's state.
     pub fn acme_status(&self) -> Vec<larder::tls::acme::AcmeStatus> {
         self.handle.acme_status()

@@ -1,0 +1,149 @@
+//! Metrics on the admin listener: `/metrics` needs the token, counts requests by route,
+//! method, status class and cache result where they complete (on any worker thread), has a
+//! duration histogram and the server's gauges, and its text passes Prometheus's own Python
+//! client parser (from PyPI, installed by the test setup).
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+const TOKEN: &str = "s3cret";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_requests_by_route_method_status_and_cache_result() {
+    let origin = Origin::start(|seen, _| {
+        if seen.path.starts_with("/private") {
+            return Reply::ok("mine").header("cache-control", "no-store");
+        }
+        Reply::ok("cacheable body").header("cache-control", "max-age=60")
+    })
+    .await;
+    let config = format!(
+        r#"
+[admin]
+token = "{TOKEN}"
+listen = "127.0.0.1:0"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/ping"
+  respond = {{ body = "pong" }}
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{}" }}
+"#,
+        origin.url()
+    );
+    let larder = Larder::start(&config).await;
+    let c = client();
+    let url = |p: &str| larder.url(p);
+    assert_eq!(get(&c, &url("/a"), &[]).await.cache(), "MISS");
+    for _ in 0..3 {
+        assert_eq!(get(&c, &url("/a"), &[]).await.cache(), "HIT");
+    }
+    assert_eq!(send(&c, "HEAD", &url("/a"), &[], b"").await.cache(), "HIT");
+    assert_eq!(
+        send(&c, "POST", &url("/b"), &[], b"x").await.cache(),
+        "BYPASS"
+    );
+    get(&c, &url("/private"), &[]).await;
+    get(&c, &url("/ping"), &[]).await;
+    // Over HTTP/2 too (hyper runs each stream on a task of its own).
+    let h2 = h2_client();
+    assert_eq!(get(&h2, &url("/a"), &[]).await.cache(), "HIT");
+
+    let denied = get(&c, &larder.admin_url("/metrics"), &[]).await;
+    assert_eq!(denied.status, 401);
+    let auth = format!("Bearer {TOKEN}");
+    let got = get(
+        &c,
+        &larder.admin_url("/metrics"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    assert!(got
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let text = got.text();
+    let route = format!("{} */", larder.addr);
+    let line = |method: &str, status: &str, cache: &str, n: u32| {
+        format!(
+            "larder_requests_total{{route=\"{route}\",method=\"{method}\",status=\"{status}\",cache=\"{cache}\"}} {n}\n"
+        )
+    };
+    for want in [
+        // /a once, and /private (no-store: a miss each time)
+        line("GET", "2xx", "MISS", 2),
+        line("GET", "2xx", "HIT", 4),
+        line("HEAD", "2xx", "HIT", 1),
+        line("POST", "2xx", "BYPASS", 1),
+    ] {
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+    assert!(
+        text.contains(&format!(
+            "larder_requests_total{{route=\"{} */ping\",method=\"GET\",status=\"2xx\",cache=\"none\"}} 1",
+            larder.addr
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "larder_request_duration_seconds_count{{route=\"{route}\",cache=\"HIT\"}} 5"
+    )));
+    assert!(text.contains("larder_cache_entries 1\n"), "{text}");
+    assert!(text.contains("larder_connections_open "), "{text}");
+
+    // Prometheus's own parser reads it whole.
+    let python = pip(&["prometheus-client==0.21.1"]);
+    let mut parse = Command::new(python)
+        .arg("-c")
+        .arg(
+            "import sys\n\
+             from prometheus_client.parser import text_string_to_metric_families\n\
+             fams = list(text_string_to_metric_families(sys.stdin.read()))\n\
+             print(len(fams), sum(len(f.samples) for f in fams))\n\
+             print(' '.join(sorted(f.name for f in fams)))\n",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    parse
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = parse.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "parser refused:\n{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for family in [
+        "larder_requests",
+        "larder_request_duration_seconds",
+        "larder_cache_entries",
+        "larder_connections_open",
+    ] {
+        assert!(said.split_whitespace().any(|w| w == family), "{said}");
+    }
+}
+
+/// Without an admin listener nothing is counted, and the admin API has no `/metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_admin_listener_counts_nothing() {
+    let origin = Origin::start(|_, _| Reply::ok("x")).await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 200);
+    assert!(larder.metrics_text().is_none());
+}
