@@ -3,7 +3,7 @@
 //! (`[admin] listen`, loopback by default in examples):
 //!
 //! - `GET /_larder/status`: cache size and counts, as JSON;
-//! - `GET /metrics`: every metric in Prometheus text format ([`crate::metrics`]);
+//! - `GET /metrics`: every metric in the OpenMetrics text format ([`crate::metrics`]);
 //! - `POST /_larder/purge?url=http://host/path`: every variant of one URL;
 //! - `POST /_larder/purge?prefix=http://host/path/`: every URL under a prefix;
 //! - `POST /_larder/purge?tag=T`: every response tagged T by the tag header (`Surrogate-Key`).
@@ -142,7 +142,9 @@ impl Admin {
                 let mut r = Response::new(Body::full(text));
                 r.headers_mut().insert(
                     http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                    http::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
                 );
                 r
             }

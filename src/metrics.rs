@@ -7,15 +7,22 @@
 //! sums the shards. Gauges that live elsewhere (open connections, the cache, TLS handshakes,
 //! ACME) are read at scrape time through functions the server registers.
 //!
+//! The exposition is prometheus-client's OpenMetrics text encoder, fed by one collector that
+//! reads the shards and the registered figures at scrape time.
+//!
 //! Labels: `route` (the listener's address and the route's host and path prefix), `method`
 //! (GET, HEAD, POST, other), `status` (1xx..5xx) and `cache` (the cache-status the response
 //! carries: HIT, MISS, EXPIRED, REVALIDATED, STALE, BYPASS, or none).
 
 use std::cell::{Cell, RefCell};
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Method classes.
 pub const METHODS: [&str; 4] = ["GET", "HEAD", "POST", "other"];
@@ -93,38 +100,73 @@ fn bump(c: &AtomicU64, by: u64) {
     );
 }
 
-type GaugeFn = Box<dyn Fn(&mut String) + Send + Sync>;
+/// A family of figures read at scrape time from the part of the server that owns them.
+pub struct Family {
+    /// The name without the `_total` suffix the encoder adds to counters.
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub counter: bool,
+    /// Each sample's labels and value.
+    pub samples: Vec<(Vec<(&'static str, String)>, u64)>,
+}
+
+impl Family {
+    /// A family of one sample without labels.
+    pub fn one(name: &'static str, help: &'static str, counter: bool, value: u64) -> Family {
+        Family {
+            name,
+            help,
+            counter,
+            samples: vec![(Vec::new(), value)],
+        }
+    }
+}
+
+type FamiliesFn = Box<dyn Fn() -> Vec<Family> + Send + Sync>;
+
+/// What a scrape reads: the routes, every thread's shard, the registered figures.
+#[derive(Default)]
+struct State {
+    routes: Mutex<Vec<String>>,
+    shards: Mutex<Vec<Arc<Shard>>>,
+    families: Mutex<Vec<FamiliesFn>>,
+}
 
 /// A server's metrics.
 pub struct Metrics {
     id: u64,
-    routes: Mutex<Vec<String>>,
-    shards: Mutex<Vec<Arc<Shard>>>,
-    /// Families written at scrape time by the parts that own the figures.
-    gauges: Mutex<Vec<GaugeFn>>,
+    state: Arc<State>,
+    registry: Registry,
 }
 
 /// Every server's metrics, for a thread meeting a server for the first time.
 static SERVERS: Mutex<Vec<(u64, Weak<Metrics>)>> = Mutex::new(Vec::new());
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        let state = Arc::new(State::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Collect(Arc::clone(&state))));
         let m = Arc::new(Metrics {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            routes: Mutex::default(),
-            shards: Mutex::default(),
-            gauges: Mutex::default(),
+            state,
+            registry,
         });
-        let mut all = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = lock(&SERVERS);
         all.retain(|(_, w)| w.strong_count() > 0);
         all.push((m.id, Arc::downgrade(&m)));
         m
     }
 
-    /// Adds a route (before serving starts): its id for [`Metrics::record`].
+    /// Adds a route (before serving starts): its id for [`record`].
     pub fn route(&self, label: String) -> u32 {
-        let mut r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock(&self.state.routes);
         r.push(label);
         (r.len() - 1) as u32
     }
@@ -134,105 +176,155 @@ impl Metrics {
         self.id
     }
 
-    /// Registers a writer of families read at scrape time (Prometheus text, with HELP and
-    /// TYPE lines).
-    pub fn gauge(&self, write: impl Fn(&mut String) + Send + Sync + 'static) {
-        (self.gauges.lock().unwrap_or_else(|e| e.into_inner())).push(Box::new(write));
+    /// Registers figures read at each scrape.
+    pub fn families(&self, read: impl Fn() -> Vec<Family> + Send + Sync + 'static) {
+        lock(&self.state.families).push(Box::new(read));
     }
 
     fn new_shard(&self) -> Arc<Shard> {
-        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let routes = lock(&self.state.routes).len();
         let shard = Arc::new(Shard::new(routes.max(1)));
-        (self.shards.lock().unwrap_or_else(|e| e.into_inner())).push(Arc::clone(&shard));
+        lock(&self.state.shards).push(Arc::clone(&shard));
         shard
     }
 
-    /// The Prometheus text exposition of everything counted.
+    /// Everything counted, in the OpenMetrics text format (what `/metrics` serves).
     pub fn render(&self) -> String {
-        let routes = self
-            .routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let shards = self
-            .shards
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut out = String::with_capacity(8192);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The collector behind the registry: reads the shards and the figures at scrape time.
+struct Collect(Arc<State>);
+
+impl std::fmt::Debug for Collect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("larder metrics")
+    }
+}
+
+/// A counter or gauge value as the encoder takes it.
+struct Value(u64, bool);
+
+impl EncodeMetric for Value {
+    fn encode(
+        &self,
+        mut e: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        if self.1 {
+            e.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&self.0, None)
+        } else {
+            e.encode_gauge(&self.0)
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        if self.1 {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        }
+    }
+}
+
+impl Collector for Collect {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let state = &self.0;
+        let routes = lock(&state.routes).clone();
+        let shards = lock(&state.shards).clone();
         let sum = |f: fn(&Shard) -> &[AtomicU64], i: usize| -> u64 {
             shards.iter().map(|s| f(s)[i].load(Ordering::Relaxed)).sum()
         };
-        let mut out = String::with_capacity(4096);
-        out.push_str("# HELP larder_requests_total Requests answered, by route, method, status class and cache result.\n# TYPE larder_requests_total counter\n");
+        let mut requests = encoder.encode_descriptor(
+            "larder_requests",
+            "Requests answered, by route, method, status class and cache result.",
+            None,
+            MetricType::Counter,
+        )?;
         for (r, route) in routes.iter().enumerate() {
             for (m, method) in METHODS.iter().enumerate() {
                 for s in 0..STATUS_CLASSES {
                     for (c, cache) in CACHE.iter().enumerate() {
-                        let i = request_index(r as u32, m, s, c);
-                        let n = sum(|s| &s.requests, i);
-                        if n > 0 {
-                            let _ = writeln!(
-                                out,
-                                "larder_requests_total{{route=\"{}\",method=\"{method}\",status=\"{}xx\",cache=\"{cache}\"}} {n}",
-                                escape(route),
-                                s + 1
-                            );
+                        let n = sum(|s| &s.requests, request_index(r as u32, m, s, c));
+                        if n == 0 {
+                            continue;
                         }
+                        let status = format!("{}xx", s + 1);
+                        let labels = [
+                            ("route", route.as_str()),
+                            ("method", method),
+                            ("status", status.as_str()),
+                            ("cache", cache),
+                        ];
+                        requests
+                            .encode_family(&labels)?
+                            .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                                &n, None,
+                            )?;
                     }
                 }
             }
         }
-        out.push_str("# HELP larder_request_duration_seconds Time from a request's head to its response's head, by route and cache result.\n# TYPE larder_request_duration_seconds histogram\n");
+        let mut durations = encoder.encode_descriptor(
+            "larder_request_duration_seconds",
+            "Time from a request's head to its response's head, by route and cache result.",
+            None,
+            MetricType::Histogram,
+        )?;
         for (r, route) in routes.iter().enumerate() {
             for (c, cache) in CACHE.iter().enumerate() {
                 let rc = r * CACHE.len() + c;
                 let base = rc * (BUCKETS.len() + 1);
-                let total: u64 = (0..=BUCKETS.len())
+                let counts: Vec<u64> = (0..=BUCKETS.len())
                     .map(|b| sum(|s| &s.buckets, base + b))
-                    .sum();
+                    .collect();
+                let total: u64 = counts.iter().sum();
                 if total == 0 {
                     continue;
                 }
-                let labels = format!("route=\"{}\",cache=\"{cache}\"", escape(route));
-                let mut cumulative = 0;
-                for (b, le) in BUCKETS.iter().enumerate() {
-                    cumulative += sum(|s| &s.buckets, base + b);
-                    let _ = writeln!(
-                        out,
-                        "larder_request_duration_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}"
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "larder_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {total}"
-                );
+                let buckets: Vec<(f64, u64)> = (BUCKETS.iter().copied())
+                    .chain([f64::MAX])
+                    .zip(counts)
+                    .collect();
                 let secs = sum(|s| &s.nanos, rc) as f64 / 1e9;
-                let _ = writeln!(
-                    out,
-                    "larder_request_duration_seconds_sum{{{labels}}} {secs}"
-                );
-                let _ = writeln!(
-                    out,
-                    "larder_request_duration_seconds_count{{{labels}}} {total}"
-                );
+                let labels = [("route", route.as_str()), ("cache", cache)];
+                durations
+                    .encode_family(&labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        secs, total, &buckets, None,
+                    )?;
             }
         }
-        for g in self.gauges.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            g(&mut out);
+        for read in lock(&state.families).iter() {
+            for f in read() {
+                let kind = if f.counter {
+                    MetricType::Counter
+                } else {
+                    MetricType::Gauge
+                };
+                let mut e = encoder.encode_descriptor(f.name, f.help, None, kind)?;
+                if let [(labels, v)] = &f.samples[..] {
+                    if labels.is_empty() {
+                        Value(*v, f.counter).encode(e)?;
+                        continue;
+                    }
+                }
+                for (labels, v) in &f.samples {
+                    let labels: Vec<(&str, &str)> =
+                        labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    Value(*v, f.counter).encode(e.encode_family(&labels)?)?;
+                }
+            }
         }
-        out
+        Ok(())
     }
 }
 
 fn request_index(route: u32, method: usize, status: usize, cache: usize) -> usize {
     ((route as usize * METHODS.len() + method) * STATUS_CLASSES + status) * CACHE.len() + cache
-}
-
-/// A label value with `\`, `"` and newlines escaped (Prometheus text format).
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Counts one completed request of server `server` on `route` (this thread's shard): its
@@ -313,6 +405,7 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(
             text.contains("method=\"other\",status=\"4xx\",cache=\"none\"} 1"),
             "{text}"

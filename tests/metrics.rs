@@ -1,7 +1,7 @@
 //! Metrics on the admin listener: `/metrics` needs the token, counts requests by route,
 //! method, status class and cache result where they complete (on any worker thread), has a
-//! duration histogram and the server's gauges, and its text passes Prometheus's own Python
-//! client parser (from PyPI, installed by the test setup).
+//! duration histogram and the server's gauges, and its text passes the OpenMetrics parser of
+//! Prometheus's own Python client (from PyPI, installed by the test setup).
 
 mod common;
 
@@ -69,7 +69,7 @@ addr = "127.0.0.1:0"
     assert!(got
         .header("content-type")
         .unwrap()
-        .starts_with("text/plain; version=0.0.4"));
+        .starts_with("application/openmetrics-text; version=1.0.0"));
     let text = got.text();
     let route = format!("{} */", larder.addr);
     let line = |method: &str, status: &str, cache: &str, n: u32| {
@@ -99,13 +99,14 @@ addr = "127.0.0.1:0"
     assert!(text.contains("larder_cache_entries 1\n"), "{text}");
     assert!(text.contains("larder_connections_open "), "{text}");
 
-    // Prometheus's own parser reads it whole.
+    // Prometheus's own OpenMetrics parser reads it whole (it is strict: `# EOF`, one block
+    // per family, counters' `_total`).
     let python = pip(&["prometheus-client==0.21.1"]);
     let mut parse = Command::new(python)
         .arg("-c")
         .arg(
             "import sys\n\
-             from prometheus_client.parser import text_string_to_metric_families\n\
+             from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
              fams = list(text_string_to_metric_families(sys.stdin.read()))\n\
              print(len(fams), sum(len(f.samples) for f in fams))\n\
              print(' '.join(sorted(f.name for f in fams)))\n",

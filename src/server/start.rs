@@ -363,85 +363,102 @@ fn register_gauges(
     interim_dropped: &interim::Dropped,
     tls: &[Arc<tls::Acceptor>],
 ) {
-    use std::fmt::Write as _;
+    use crate::metrics::Family;
     let (conns, cache) = (Arc::clone(conns), Arc::clone(cache));
-    m.gauge(move |out| {
-        let open = max_conns - conns.available_permits();
-        let _ = write!(
-            out,
-            "# HELP larder_connections_open Client connections open now (TCP and QUIC).\n\
-             # TYPE larder_connections_open gauge\nlarder_connections_open {open}\n\
-             # HELP larder_connections_max The bound on open connections (max_connections).\n\
-             # TYPE larder_connections_max gauge\nlarder_connections_max {max_conns}\n\
-             # HELP larder_cache_entries Responses stored (each variant counts).\n\
-             # TYPE larder_cache_entries gauge\nlarder_cache_entries {}\n\
-             # HELP larder_cache_bytes Bytes the cache holds.\n\
-             # TYPE larder_cache_bytes gauge\nlarder_cache_bytes {}\n\
-             # HELP larder_cache_capacity_bytes The cache's size bound.\n\
-             # TYPE larder_cache_capacity_bytes gauge\nlarder_cache_capacity_bytes {}\n\
-             # HELP larder_cache_fills_in_flight Origin fetches filling the cache now.\n\
-             # TYPE larder_cache_fills_in_flight gauge\nlarder_cache_fills_in_flight {}\n",
-            cache.len(),
-            cache.weight(),
-            cache.capacity(),
-            cache.fills_in_flight()
-        );
-    });
     let dropped = Arc::clone(interim_dropped);
-    m.gauge(move |out| {
-        let _ = write!(
-            out,
-            "# HELP larder_interim_dropped_total Origins' 1xx responses dropped at their bounds.\n\
-             # TYPE larder_interim_dropped_total counter\nlarder_interim_dropped_total {}\n",
-            dropped.load(Ordering::Relaxed)
-        );
+    m.families(move || {
+        let open = max_conns - conns.available_permits();
+        vec![
+            Family::one(
+                "larder_connections_open",
+                "Client connections open now (TCP and QUIC).",
+                false,
+                open as u64,
+            ),
+            Family::one(
+                "larder_connections_max",
+                "The bound on open connections (max_connections).",
+                false,
+                max_conns as u64,
+            ),
+            Family::one(
+                "larder_cache_entries",
+                "Responses stored (each variant counts).",
+                false,
+                cache.len() as u64,
+            ),
+            Family::one(
+                "larder_cache_bytes",
+                "Bytes the cache holds.",
+                false,
+                cache.weight(),
+            ),
+            Family::one(
+                "larder_cache_capacity_bytes",
+                "The cache's size bound.",
+                false,
+                cache.capacity(),
+            ),
+            Family::one(
+                "larder_cache_fills_in_flight",
+                "Origin fetches filling the cache now.",
+                false,
+                cache.fills_in_flight() as u64,
+            ),
+            Family::one(
+                "larder_interim_dropped",
+                "Origins' 1xx responses dropped at their bounds.",
+                true,
+                dropped.load(Ordering::Relaxed),
+            ),
+        ]
     });
     if tls.is_empty() {
         return;
     }
     let tls = tls.to_vec();
-    m.gauge(move |out| {
+    m.families(move || {
         let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
-        out.push_str(
-            "# HELP larder_tls_handshakes_total TLS handshakes on TLS listeners, by outcome.\n\
-             # TYPE larder_tls_handshakes_total counter\n",
-        );
-        for (outcome, n) in [
-            ("done", c.handshakes),
-            ("failed", c.failed),
-            ("timed_out", c.timed_out),
-            ("plain_http", c.plain_http),
-        ] {
-            let _ = writeln!(out, "larder_tls_handshakes_total{{outcome=\"{outcome}\"}} {n}");
-        }
-        let acme: Vec<_> = tls.iter().filter_map(|a| a.acme.as_ref()).collect();
-        if acme.is_empty() {
-            return;
-        }
-        let status: Vec<_> = acme
-            .iter()
-            .map(|a| (crate::metrics::escape(a.domain()), a.status()))
+        let outcome = |o: &str, n: u64| (vec![("outcome", o.to_string())], n);
+        let mut out = vec![Family {
+            name: "larder_tls_handshakes",
+            help: "TLS handshakes on TLS listeners, by outcome.",
+            counter: true,
+            samples: vec![
+                outcome("done", c.handshakes),
+                outcome("failed", c.failed),
+                outcome("timed_out", c.timed_out),
+                outcome("plain_http", c.plain_http),
+            ],
+        }];
+        let acme: Vec<_> = (tls.iter())
+            .filter_map(|a| a.acme.as_ref())
+            .map(|a| (a.domain().to_string(), a.status()))
             .collect();
-        out.push_str(
-            "# HELP larder_acme_certificate_expiry_seconds When the ACME certificate in use expires (Unix time; 0: none yet).\n\
-             # TYPE larder_acme_certificate_expiry_seconds gauge\n",
-        );
-        for (domain, s) in &status {
-            let expiry = (s.not_after)
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs());
-            let _ = writeln!(
-                out,
-                "larder_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {expiry}"
-            );
+        if !acme.is_empty() {
+            let expiry = |s: &tls::acme::AcmeStatus| {
+                (s.not_after)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs())
+            };
+            out.push(Family {
+                name: "larder_acme_certificate_expiry_seconds",
+                help: "When the ACME certificate in use expires (Unix time; 0: none yet).",
+                counter: false,
+                samples: (acme.iter())
+                    .map(|(d, s)| (vec![("domain", d.clone())], expiry(s)))
+                    .collect(),
+            });
+            out.push(Family {
+                name: "larder_acme_failures",
+                help: "ACME orders that failed since start.",
+                counter: true,
+                samples: (acme.iter())
+                    .map(|(d, s)| (vec![("domain", d.clone())], s.failures))
+                    .collect(),
+            });
         }
-        out.push_str(
-            "# HELP larder_acme_failures_total ACME orders that failed since start.\n\
-             # TYPE larder_acme_failures_total counter\n",
-        );
-        for (domain, s) in &status {
-            let _ = writeln!(out, "larder_acme_failures_total{{domain=\"{domain}\"}} {}", s.failures);
-        }
+        out
     });
 }
 
