@@ -29,9 +29,11 @@ use http::Uri;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
+pub mod access_log;
 pub mod image_params;
 pub mod tls;
 
+pub use access_log::{AccessLogConfig, LogFormat, LogPiece, LOG_FIELDS};
 use image_params::{FormatChoice, Preset};
 pub use tls::{
     AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
@@ -108,6 +110,9 @@ pub struct Config {
     /// a route asks for it).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// One line per request, when set.
+    #[serde(default)]
+    pub access_log: Option<AccessLogConfig>,
     /// Where this configuration came from, to name keys and lines in errors found after
     /// parsing ([`Config::fit_open_files`]). Part of `==` like the rest: to see what changed
     /// between two configurations, compare their parts.
@@ -353,6 +358,7 @@ impl Config {
             cache: CacheConfig::default(),
             compression: CompressionConfig::default(),
             admin: AdminConfig::default(),
+            access_log: None,
             listeners: vec![ListenerConfig {
                 addr: listen,
                 tls: None,

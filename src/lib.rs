@@ -25,7 +25,9 @@
 //! Beside the path: [`config`] (typed settings), [`compress`] (codings and negotiation),
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
 //! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
-//! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`admin`] (who may purge, the admin API),
+//! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`metrics`] (requests
+//! counted per worker thread, the OpenMetrics exposition), [`access_log`] (a line per request,
+//! written by a thread of its own), [`admin`] (who may purge, the admin API),
 //! [`body`] (the response body type).
 //!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
@@ -40,15 +42,18 @@
 //!
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
-//!    [`body`]; [`memory`] (the count of freed memory the trim service reads).
+//!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`].
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
-//!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config).
+//!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
+//!    (config, metrics).
 //! 3. [`cache`] (compress, config, http).
-//! 4. [`deliver`] (cache, compress, http, range); [`admin`] (cache, config, http).
+//! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
+//!    metrics).
 //! 5. The handlers: [`proxy`], [`static_files`], [`images`] (the lines above).
-//! 6. [`route`] (the handlers, admin, interim, inbound), [`server`] (route, interim, memory,
-//!    tls), [`cli`] (config, tls).
+//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, tls), [`server`]
+//!    (route, interim, memory, tls, metrics, access_log), [`cli`] (config, tls).
 
+pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod cache;

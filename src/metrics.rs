@@ -327,11 +327,17 @@ fn request_index(route: u32, method: usize, status: usize, cache: usize) -> usiz
     ((route as usize * METHODS.len() + method) * STATUS_CLASSES + status) * CACHE.len() + cache
 }
 
-/// Counts one completed request of server `server` on `route` (this thread's shard): its
-/// method class, status and the cache result its handler noted, and its duration.
+/// The cache result the handler of the response just made noted (an index into [`CACHE`]),
+/// and forgets it.
 #[inline]
-pub fn record(server: u64, route: u32, method: usize, status: u16, started: Instant) {
-    let cache = NOTED.with(|n| n.replace(0)) as usize;
+pub fn take_cache() -> usize {
+    NOTED.with(|n| n.replace(0)) as usize
+}
+
+/// Counts one completed request of server `server` on `route` (this thread's shard): its
+/// method class, status, cache result ([`take_cache`]) and duration.
+#[inline]
+pub fn record(server: u64, route: u32, method: usize, status: u16, cache: usize, started: Instant) {
     let status = (usize::from(status / 100)).clamp(1, 5) - 1;
     let nanos = started.elapsed().as_nanos() as u64;
     SHARDS.with(|shards| {
@@ -390,12 +396,12 @@ mod tests {
         let id = m.id();
         let t0 = Instant::now();
         note_cache(CacheResult::Hit);
-        record(id, r, 0, 200, t0);
+        record(id, r, 0, 200, take_cache(), t0);
         std::thread::scope(|s| {
             s.spawn(|| {
                 note_cache(CacheResult::Hit);
-                record(id, r, 0, 200, t0);
-                record(id, r, 3, 404, t0);
+                record(id, r, 0, 200, take_cache(), t0);
+                record(id, r, 3, 404, take_cache(), t0);
             });
         });
         let text = m.render();

@@ -148,6 +148,51 @@ pub struct Router {
     http01: Option<Arc<crate::tls::acme::Http01>>,
     /// The server's metrics id, when requests are counted.
     counted: Option<u64>,
+    /// The server's access log id, when requests are logged.
+    logged: Option<u64>,
+    /// Each route's label (`{listener} {host}{prefix}`), by metrics id, when counted or logged.
+    labels: Vec<String>,
+}
+
+/// What is noted of a request at its start to count and log it when its response is ready
+/// (the server's completion point calls [`Observed::finish`]).
+pub struct Observed {
+    started: std::time::Instant,
+    /// Metrics id and method class.
+    counted: Option<(u64, usize)>,
+    /// Access log id and the request's part of the line.
+    logged: Option<(u64, Box<crate::access_log::Entry>)>,
+    route: u32,
+}
+
+impl Observed {
+    /// The route `dispatch_route` chose (and its label, for the log).
+    pub fn routed(mut self, route: u32, router: &Router) -> Observed {
+        self.route = route;
+        if let Some((_, e)) = &mut self.logged {
+            if let Some(l) = router.labels.get(route as usize) {
+                e.route.clone_from(l);
+            }
+        }
+        self
+    }
+
+    /// Counts and logs the request now that `response` is ready.
+    pub fn finish(self, response: &Response<Body>) {
+        let cache = crate::metrics::take_cache();
+        let status = response.status().as_u16();
+        if let Some((server, method)) = self.counted {
+            crate::metrics::record(server, self.route, method, status, cache, self.started);
+        }
+        if let Some((log, mut e)) = self.logged {
+            e.status = status;
+            e.cache = cache;
+            e.duration = self.started.elapsed();
+            e.bytes = (response.headers().get(header::CONTENT_LENGTH))
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            crate::access_log::log(log, *e);
+        }
+    }
 }
 
 impl Router {
@@ -183,6 +228,8 @@ impl Router {
             by_host,
             http01: None,
             counted: None,
+            logged: None,
+            labels: Vec::new(),
         }
     }
 
@@ -207,26 +254,61 @@ impl Router {
             by_host: false,
             http01: None,
             counted: None,
+            logged: None,
+            labels: Vec::new(),
         }
     }
 
-    /// Counts this router's requests in `metrics`, each route labelled `{listener} {host}{prefix}`.
-    pub fn count_into(&mut self, metrics: &crate::metrics::Metrics, listener: &str) {
-        for r in &mut self.routes {
+    /// Counts this router's requests in `metrics` and/or logs them in `log`, each route
+    /// labelled `{listener} {host}{prefix}`.
+    pub fn observe_into(
+        &mut self,
+        metrics: Option<&crate::metrics::Metrics>,
+        log: Option<u64>,
+        listener: &str,
+    ) {
+        for (i, r) in self.routes.iter_mut().enumerate() {
             let host = match &r.host {
                 HostPattern::Any => "*".to_string(),
                 HostPattern::Exact(h) => h.clone(),
                 HostPattern::Suffix(s) => format!("*{s}"),
             };
-            r.metric = metrics.route(format!("{listener} {host}{}", r.prefix));
+            let label = format!("{listener} {host}{}", r.prefix);
+            r.metric = match metrics {
+                Some(m) => m.route(label.clone()),
+                None => i as u32,
+            };
+            self.labels.push(label);
         }
-        self.counted = Some(metrics.id());
+        self.counted = metrics.map(|m| m.id());
+        self.logged = log;
     }
 
-    /// The server's metrics id and the route id `dispatch` gave, when requests are counted.
+    /// At a request's start: what its completion will count and log (None: neither is on).
     #[inline]
-    pub fn counted(&self) -> Option<u64> {
-        self.counted
+    pub fn observe<B>(&self, req: &Request<B>, peer: SocketAddr) -> Option<Observed> {
+        if self.counted.is_none() && self.logged.is_none() {
+            return None;
+        }
+        crate::metrics::note_cache(crate::metrics::CacheResult::None);
+        let logged = (self.logged)
+            .filter(|id| crate::access_log::wants(*id))
+            .map(|id| {
+                let e = crate::access_log::Entry::request(
+                    peer,
+                    req.method(),
+                    req.uri(),
+                    req.version(),
+                    req.headers(),
+                );
+                (id, Box::new(e))
+            });
+        Some(Observed {
+            started: std::time::Instant::now(),
+            counted: (self.counted).map(|id| (id, crate::metrics::method_class(req.method()))),
+            logged,
+            route: UNROUTED,
+        })
     }
 
     /// Answers ACME HTTP-01 challenges from `tokens` before routing.

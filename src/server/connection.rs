@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
@@ -142,14 +142,7 @@ pub async fn serve_connection<S: Stream>(
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
-        let counted = router.counted().map(|server| {
-            crate::metrics::note_cache(crate::metrics::CacheResult::None);
-            (
-                server,
-                crate::metrics::method_class(req.method()),
-                Instant::now(),
-            )
-        });
+        let observed = router.observe(&req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {
             Ok(()) => router.dispatch_route(req.map(RequestBody::Hyper), peer, sink.clone()),
@@ -161,12 +154,7 @@ pub async fn serve_connection<S: Stream>(
         InService {
             serving,
             _busy: busy,
-            counted: counted.map(|(server, method, started)| Counted {
-                server,
-                route,
-                method,
-                started,
-            }),
+            observed: observed.map(|o| o.routed(route, &router)),
         }
     });
     let io = TokioIo::new(Tracked::new(stream, Arc::clone(&activity), interim));
@@ -481,16 +469,8 @@ async fn drive_h2<C>(
 struct InService {
     serving: crate::route::Serving,
     _busy: InFlight,
-    /// Where the request is counted when it completes (metrics on).
-    counted: Option<Counted>,
-}
-
-/// What the metrics need of a request when its response is ready.
-struct Counted {
-    server: u64,
-    route: u32,
-    method: usize,
-    started: Instant,
+    /// Counted and logged when it completes (metrics or access log on).
+    observed: Option<crate::route::Observed>,
 }
 
 impl Future for InService {
@@ -498,8 +478,8 @@ impl Future for InService {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = std::task::ready!(Pin::new(&mut self.serving).poll(cx));
-        if let Some(c) = &self.counted {
-            crate::metrics::record(c.server, c.route, c.method, r.status().as_u16(), c.started);
+        if let Some(o) = self.observed.take() {
+            o.finish(&r);
         }
         Poll::Ready(Ok(r))
     }

@@ -117,14 +117,7 @@ async fn request(
     max_headers: usize,
 ) {
     let head_only = req.method() == Method::HEAD;
-    let counted = router.counted().map(|server| {
-        crate::metrics::note_cache(crate::metrics::CacheResult::None);
-        (
-            server,
-            crate::metrics::method_class(req.method()),
-            std::time::Instant::now(),
-        )
-    });
+    let observed = router.observe(&req, peer);
     let mut req = req.map(|()| RequestBody::Stream(upload(recv).boxed()));
     let (response, route) = match crate::inbound::admit(&mut req, max_headers) {
         Ok(()) => {
@@ -133,8 +126,8 @@ async fn request(
         }
         Err(refused) => (refused.response(), crate::route::UNROUTED),
     };
-    if let Some((server, method, started)) = counted {
-        crate::metrics::record(server, route, method, response.status().as_u16(), started);
+    if let Some(o) = observed {
+        o.routed(route, router).finish(&response);
     }
     let _ = respond(response, &mut send, head_only).await;
 }

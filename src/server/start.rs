@@ -31,6 +31,8 @@ pub enum Error {
         addr: SocketAddr,
         source: tls::Error,
     },
+    #[error("{0}")]
+    AccessLog(String),
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -52,6 +54,8 @@ pub struct Handle {
     tls: Vec<Arc<tls::Acceptor>>,
     /// Requests counted (when there is an admin listener to read them from).
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The access log, when configured (its writer stops once the last handle is gone).
+    access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 impl Handle {
@@ -87,6 +91,11 @@ impl Handle {
     /// there is no admin listener).
     pub fn metrics_text(&self) -> Option<String> {
         self.metrics.as_ref().map(|m| m.render())
+    }
+
+    /// Access log lines dropped so far (None: no access log).
+    pub fn access_log_dropped(&self) -> Option<u64> {
+        self.access_log.as_ref().map(|l| l.dropped())
     }
 
     /// TLS handshakes so far, by outcome, over every TLS listener.
@@ -145,6 +154,10 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let mut acceptors = Vec::new();
     // Requests are counted when there is an admin listener to read the counts from.
     let metrics = config.admin.listen.map(|_| crate::metrics::Metrics::new());
+    let access_log = match &config.access_log {
+        Some(cfg) => Some(crate::access_log::AccessLog::start(cfg).map_err(Error::AccessLog)?),
+        None => None,
+    };
     // HTTP-01 answers of ACME orders, served by every plain listener.
     let http01 = Arc::new(tls::acme::Http01::default());
     let answers_http01 = config.listeners.iter().any(|l| {
@@ -174,8 +187,9 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             source,
         })?);
         let mut router = Router::new(l, &config.admin, &cache);
-        if let Some(m) = &metrics {
-            router.count_into(m, &addrs[addrs.len() - 1].to_string());
+        if metrics.is_some() || access_log.is_some() {
+            let log = access_log.as_ref().map(|l| l.id());
+            router.observe_into(metrics.as_deref(), log, &addrs[addrs.len() - 1].to_string());
         }
         if answers_http01 && l.tls.is_none() {
             router.answer_http01(Arc::clone(&http01));
@@ -255,6 +269,23 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             &interim_dropped,
             &tls_acceptors,
         );
+        if let Some(log) = &access_log {
+            let log = Arc::clone(log);
+            m.families(move || {
+                vec![crate::metrics::Family::one(
+                    "larder_access_log_dropped",
+                    "Access log lines dropped because the writer fell behind.",
+                    true,
+                    log.dropped(),
+                )]
+            });
+        }
+    }
+    if let Some(log) = &access_log {
+        let log = Arc::clone(log);
+        background.register("access log reopen on SIGUSR1", move |stop| {
+            reopen_on_usr1(log, stop)
+        });
     }
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
@@ -281,6 +312,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         background,
         tls: tls_acceptors,
         metrics,
+        access_log,
     })
 }
 
@@ -351,6 +383,24 @@ fn listen_admin(
         None,
     ));
     Ok((bound, router))
+}
+
+/// Reopens the access log's file at each SIGUSR1 (after logrotate moved it).
+async fn reopen_on_usr1(
+    log: Arc<crate::access_log::AccessLog>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+        tracing::warn!("cannot watch SIGUSR1: the access log is not reopened on it");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = usr1.recv() => log.reopen(),
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 /// The figures read at scrape time: connections, the cache, origins' 1xx responses dropped,

@@ -61,6 +61,11 @@ impl Larder {
         self.handle.tls_counts()
     }
 
+    /// Access log lines dropped so far (None: no access log).
+    pub fn access_log_dropped(&self) -> Option<u64> {
+        self.handle.access_log_dropped()
+    }
+
     /// The Prometheus text `/metrics` serves, when requests are counted.
     pub fn metrics_text(&self) -> Option<String> {
         self.handle.metrics_text()

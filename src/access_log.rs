@@ -1,0 +1,447 @@
+//! The access log: one line per request, written off the request path. A completed request
+//! hands its fields ([`Entry`]) to a bounded queue without blocking; a writer thread formats
+//! them (`combined`, `json`, or a template of named fields) and appends them to the file (or
+//! standard output) through a buffer flushed when the queue runs dry. When the queue is full
+//! the line is dropped and counted, never a request held up. SIGUSR1 makes the writer reopen
+//! the file (after logrotate moved it).
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, Method, Version};
+
+use crate::config::{AccessLogConfig, LogFormat as Format, LogPiece as Piece};
+use crate::metrics::CACHE;
+
+/// What a completed request leaves for its line.
+pub struct Entry {
+    pub time: SystemTime,
+    pub remote: SocketAddr,
+    pub method: Method,
+    pub uri: String,
+    pub version: Version,
+    pub host: Option<String>,
+    pub referer: Option<String>,
+    pub user_agent: Option<String>,
+    pub status: u16,
+    /// The response body's length when the head says it.
+    pub bytes: Option<u64>,
+    pub duration: Duration,
+    /// An index into [`crate::metrics::CACHE`].
+    pub cache: usize,
+    pub route: String,
+}
+
+impl Entry {
+    /// The request's part of the entry, taken before it is handled.
+    pub fn request(
+        remote: SocketAddr,
+        method: &Method,
+        uri: &http::Uri,
+        version: Version,
+        h: &HeaderMap,
+    ) -> Entry {
+        let field = |n: http::header::HeaderName| {
+            h.get(n)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        Entry {
+            time: SystemTime::now(),
+            remote,
+            method: method.clone(),
+            uri: uri.to_string(),
+            version,
+            host: field(http::header::HOST).or_else(|| uri.authority().map(|a| a.to_string())),
+            referer: field(http::header::REFERER),
+            user_agent: field(http::header::USER_AGENT),
+            status: 0,
+            bytes: None,
+            duration: Duration::ZERO,
+            cache: 0,
+            route: String::new(),
+        }
+    }
+}
+
+/// A server's access log.
+pub struct AccessLog {
+    id: u64,
+    tx: SyncSender<Entry>,
+    /// Lines dropped because the writer fell behind.
+    dropped: AtomicU64,
+    /// Set by SIGUSR1: the writer reopens the file.
+    reopen: Arc<AtomicBool>,
+    sample: f64,
+}
+
+thread_local! {
+    /// Sampling credit of this thread: a request is logged each time it reaches 1.
+    static CREDIT: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    /// This thread's handle on each server's log (tests run many servers in one process): a
+    /// request logs through it without touching a shared reference count.
+    static SENDERS: std::cell::RefCell<Vec<Arc<AccessLog>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Every server's log, for a thread meeting a server for the first time.
+static LOGS: std::sync::Mutex<Vec<std::sync::Weak<AccessLog>>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` with the log `id` (None if it is gone).
+fn with_log<R>(id: u64, f: impl FnOnce(&AccessLog) -> R) -> Option<R> {
+    SENDERS.with(|s| {
+        let mut s = s.borrow_mut();
+        if let Some(l) = s.iter().find(|l| l.id == id) {
+            return Some(f(l));
+        }
+        let mut all = LOGS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        let l = all
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .find(|l| l.id == id)?;
+        s.retain(|l| Arc::strong_count(l) > 1);
+        s.push(l);
+        s.last().map(|l| f(l))
+    })
+}
+
+/// Whether a request is to be logged by log `id` (sampling).
+#[inline]
+pub fn wants(id: u64) -> bool {
+    with_log(id, |l| l.wants()).unwrap_or(false)
+}
+
+/// Queues `e`'s line in log `id`.
+pub fn log(id: u64, e: Entry) {
+    with_log(id, |l| l.log(e));
+}
+
+impl AccessLog {
+    /// Opens the log and starts its writer thread.
+    pub fn start(cfg: &AccessLogConfig) -> Result<Arc<AccessLog>, String> {
+        let format = cfg.format.clone();
+        let out = Output::open(&cfg.path)?;
+        let (tx, rx) = sync_channel(cfg.buffer.get() as usize);
+        let reopen = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&reopen);
+        std::thread::Builder::new()
+            .name("larder-access-log".into())
+            .spawn(move || write_lines(rx, out, format, flag))
+            .map_err(|e| format!("access log writer: {e}"))?;
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let log = Arc::new(AccessLog {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            tx,
+            dropped: AtomicU64::new(0),
+            reopen,
+            sample: cfg.sample.0,
+        });
+        (LOGS.lock().unwrap_or_else(|e| e.into_inner())).push(Arc::downgrade(&log));
+        Ok(log)
+    }
+
+    /// The id requests are logged under ([`log`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether this request is to be logged (sampling).
+    #[inline]
+    pub fn wants(&self) -> bool {
+        if self.sample >= 1.0 {
+            return true;
+        }
+        CREDIT.with(|c| {
+            let credit = c.get() + self.sample;
+            let log = credit >= 1.0;
+            c.set(if log { credit - 1.0 } else { credit });
+            log
+        })
+    }
+
+    /// Queues a line; drops (and counts) it when the writer is behind.
+    pub fn log(&self, e: Entry) {
+        match self.tx.try_send(e) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Lines dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Asks the writer to reopen the file (SIGUSR1).
+    pub fn reopen(&self) {
+        self.reopen.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Where lines go.
+enum Output {
+    Stdout(BufWriter<std::io::Stdout>),
+    File(PathBuf, BufWriter<File>),
+}
+
+impl Output {
+    fn open(path: &Path) -> Result<Output, String> {
+        if path == Path::new("-") {
+            return Ok(Output::Stdout(BufWriter::new(std::io::stdout())));
+        }
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(|e| format!("access log {}: {e}", path.display()))?;
+        Ok(Output::File(
+            path.to_path_buf(),
+            BufWriter::with_capacity(64 << 10, f),
+        ))
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Output::Stdout(w) => w,
+            Output::File(_, w) => w,
+        }
+    }
+}
+
+/// The writer thread: formats and writes lines until the log is dropped; flushes whenever
+/// the queue runs dry, so lines reach the file within a moment and a burst goes through the
+/// buffer.
+fn write_lines(rx: Receiver<Entry>, mut out: Output, format: Format, reopen: Arc<AtomicBool>) {
+    let mut line = String::with_capacity(512);
+    let mut write = |out: &mut Output, e: Entry| {
+        line.clear();
+        render(&format, &e, &mut line);
+        line.push('\n');
+        if let Err(err) = out.writer().write_all(line.as_bytes()) {
+            tracing::error!(error = %err, "cannot write the access log");
+        }
+    };
+    loop {
+        let first = match rx.recv_timeout(Duration::from_millis(250)) {
+            Ok(e) => Some(e),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = out.writer().flush();
+                return;
+            }
+        };
+        if reopen.swap(false, Ordering::Relaxed) {
+            let _ = out.writer().flush();
+            if let Output::File(path, _) = &out {
+                match Output::open(&path.clone()) {
+                    Ok(o) => out = o,
+                    Err(e) => tracing::error!(error = %e, "cannot reopen the access log"),
+                }
+            }
+        }
+        if let Some(e) = first {
+            write(&mut out, e);
+            while let Ok(e) = rx.try_recv() {
+                write(&mut out, e);
+            }
+        }
+        let _ = out.writer().flush();
+    }
+}
+
+fn render(format: &Format, e: &Entry, out: &mut String) {
+    use std::fmt::Write as _;
+    match format {
+        Format::Combined => {
+            let _ = write!(
+                out,
+                "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"",
+                e.remote.ip(),
+                clf_time(e.time),
+                e.method,
+                e.uri,
+                protocol(e.version),
+                e.status,
+                e.bytes.map_or("-".to_string(), |b| b.to_string()),
+                quoted(e.referer.as_deref().unwrap_or("-")),
+                quoted(e.user_agent.as_deref().unwrap_or("-")),
+            );
+        }
+        Format::Json => {
+            let v = serde_json::json!({
+                "time": httpdate::fmt_http_date(e.time),
+                "remote": e.remote.ip().to_string(),
+                "method": e.method.as_str(),
+                "uri": e.uri,
+                "protocol": protocol(e.version),
+                "host": e.host,
+                "status": e.status,
+                "bytes": e.bytes,
+                "referer": e.referer,
+                "user_agent": e.user_agent,
+                "duration_us": e.duration.as_micros() as u64,
+                "cache": CACHE[e.cache],
+                "route": e.route,
+            });
+            out.push_str(&v.to_string());
+        }
+        Format::Template(pieces) => {
+            for p in pieces {
+                match p {
+                    Piece::Text(t) => out.push_str(t),
+                    Piece::Field(f) => field(e, f, out),
+                }
+            }
+        }
+    }
+}
+
+fn field(e: &Entry, name: &str, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = match name {
+        "remote" => write!(out, "{}", e.remote.ip()),
+        "time" => write!(out, "{}", httpdate::fmt_http_date(e.time)),
+        "method" => write!(out, "{}", e.method),
+        "uri" => write!(out, "{}", e.uri),
+        "protocol" => write!(out, "{}", protocol(e.version)),
+        "status" => write!(out, "{}", e.status),
+        "bytes" => write!(
+            out,
+            "{}",
+            e.bytes.map_or("-".to_string(), |b| b.to_string())
+        ),
+        "referer" => write!(out, "{}", e.referer.as_deref().unwrap_or("-")),
+        "user_agent" => write!(out, "{}", e.user_agent.as_deref().unwrap_or("-")),
+        "host" => write!(out, "{}", e.host.as_deref().unwrap_or("-")),
+        "duration_ms" => write!(out, "{:.3}", e.duration.as_secs_f64() * 1000.0),
+        "duration_us" => write!(out, "{}", e.duration.as_micros()),
+        "cache" => write!(out, "{}", CACHE[e.cache]),
+        "route" => write!(out, "{}", e.route),
+        _ => Ok(()),
+    };
+}
+
+fn protocol(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/1.1",
+    }
+}
+
+/// A field inside double quotes: `"` and `\` escaped, control bytes as `\xHH` (as nginx does),
+/// so a client cannot forge lines.
+fn quoted(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                o.push('\\');
+                o.push(c);
+            }
+            c if c.is_control() => o.push_str(&format!("\\x{:02X}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// `10/Oct/2000:13:55:36 +0000` (the common log format's time, in UTC).
+fn clf_time(t: SystemTime) -> String {
+    // httpdate gives "Tue, 10 Oct 2000 13:55:36 GMT".
+    let d = httpdate::fmt_http_date(t);
+    let parts: Vec<&str> = d.split(' ').collect();
+    match parts[..] {
+        [_, day, mon, year, hms, _] => format!("{day}/{mon}/{year}:{hms} +0000"),
+        _ => d,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "user-agent",
+            "curl/8 \"x\"\n"
+                .parse()
+                .unwrap_or(http::HeaderValue::from_static("curl")),
+        );
+        h.insert("host", "example.com".parse().unwrap());
+        let mut e = Entry::request(
+            "10.0.0.1:5000".parse().unwrap(),
+            &Method::GET,
+            &"/a?b=1".parse().unwrap(),
+            Version::HTTP_11,
+            &h,
+        );
+        e.time = SystemTime::UNIX_EPOCH + Duration::from_secs(971_186_136);
+        e.status = 200;
+        e.bytes = Some(42);
+        e.duration = Duration::from_micros(1500);
+        e.cache = 1;
+        e.route = "127.0.0.1:80 */".into();
+        e
+    }
+
+    #[test]
+    fn combined_json_and_template() {
+        let e = entry();
+        let mut s = String::new();
+        render(&Format::Combined, &e, &mut s);
+        assert_eq!(
+            s,
+            "10.0.0.1 - - [10/Oct/2000:13:55:36 +0000] \"GET /a?b=1 HTTP/1.1\" 200 42 \"-\" \"curl\""
+        );
+        s.clear();
+        render(&Format::Json, &e, &mut s);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["cache"], "HIT");
+        assert_eq!(v["duration_us"], 1500);
+        s.clear();
+        let template: Format = "{method} {uri} {status} {cache} {duration_ms}"
+            .parse()
+            .unwrap();
+        render(&template, &e, &mut s);
+        assert_eq!(s, "GET /a?b=1 200 HIT 1.500");
+        assert!("{nope}".parse::<Format>().unwrap_err().contains("nope"));
+        assert!("{status".parse::<Format>().is_err());
+    }
+
+    /// A writer that falls behind costs lines, never a wait: with the queue full, `log`
+    /// returns at once and counts the line.
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let (tx, rx) = sync_channel(2);
+        let log = AccessLog {
+            id: 0,
+            tx,
+            dropped: AtomicU64::new(0),
+            reopen: Arc::default(),
+            sample: 1.0,
+        };
+        for _ in 0..5 {
+            log.log(entry());
+        }
+        assert_eq!(log.dropped(), 3);
+        assert_eq!(rx.try_iter().count(), 2);
+    }
+
+    #[test]
+    fn quotes_and_control_bytes_cannot_forge_lines() {
+        assert_eq!(quoted("a\"b\\c\nd"), "a\\\"b\\\\c\\x0Ad");
+    }
+}

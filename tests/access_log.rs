@@ -1,0 +1,173 @@
+//! The access log: one line per request in the configured format, written by a thread of its
+//! own; sampling; reopened on SIGUSR1 after the file was moved (logrotate); a bad template is
+//! a config error naming its line.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The lines of `path` once it has at least `n` (waits up to 5 s).
+async fn lines(path: &Path, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let l: Vec<String> = text.lines().map(String::from).collect();
+        if l.len() >= n || Instant::now() > deadline {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn origin() -> Origin {
+    Origin::start(|_, _| Reply::ok("hello").header("cache-control", "max-age=60")).await
+}
+
+fn config(origin: &str, log: &Path, keys: &str) -> String {
+    format!(
+        "[access_log]\npath = {:?}\n{keys}\n{}",
+        log.display().to_string(),
+        PROXY.replace("{origin}", origin)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn combined_json_and_template_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let c = client();
+    for (format, check) in [
+        ("combined", 0),
+        ("json", 1),
+        ("{method} {uri} {status} {cache} {bytes} {user_agent}", 2),
+    ] {
+        let log = dir.path().join(format!("{check}.log"));
+        let larder = Larder::start(&config(
+            &origin.url(),
+            &log,
+            &format!("format = {format:?}"),
+        ))
+        .await;
+        let headers = [
+            ("user-agent", "test-agent/1 \"quoted\""),
+            ("referer", "http://ref/"),
+        ];
+        get(&c, &larder.url("/a?x=1"), &headers).await;
+        get(&c, &larder.url("/a?x=1"), &headers).await;
+        send(&c, "POST", &larder.url("/b"), &[], b"body").await;
+        let got = lines(&log, 3).await;
+        assert_eq!(got.len(), 3, "{got:?}");
+        match check {
+            0 => {
+                assert!(got[0].starts_with("127.0.0.1 - - ["), "{}", got[0]);
+                assert!(
+                    got[0].ends_with("\"GET /a?x=1 HTTP/1.1\" 200 5 \"http://ref/\" \"test-agent/1 \\\"quoted\\\"\""),
+                    "{}",
+                    got[0]
+                );
+                assert!(got[2].contains("\"POST /b HTTP/1.1\" 200"), "{}", got[2]);
+            }
+            1 => {
+                let v: Vec<serde_json::Value> = got
+                    .iter()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                assert_eq!(v[0]["cache"], "MISS");
+                assert_eq!(v[1]["cache"], "HIT");
+                assert_eq!(v[2]["cache"], "BYPASS");
+                assert_eq!(v[1]["status"], 200);
+                assert_eq!(v[1]["uri"], "/a?x=1");
+                assert_eq!(v[1]["user_agent"], "test-agent/1 \"quoted\"");
+                assert!(v[1]["duration_us"].as_u64().is_some());
+                assert_eq!(v[1]["route"], format!("{} */", larder.addr));
+            }
+            _ => {
+                assert_eq!(got[0], "GET /a?x=1 200 MISS 5 test-agent/1 \"quoted\"");
+                assert_eq!(got[1], "GET /a?x=1 200 HIT 5 test-agent/1 \"quoted\"");
+            }
+        }
+        assert_eq!(larder_dropped(&larder), Some(0));
+    }
+}
+
+fn larder_dropped(l: &Larder) -> Option<u64> {
+    l.access_log_dropped()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sampling_logs_a_share_of_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let log = dir.path().join("sampled.log");
+    let larder = Larder::start(&config(&origin.url(), &log, "sample = 0.25")).await;
+    let c = client();
+    for _ in 0..40 {
+        get(&c, &larder.url("/a"), &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let got = lines(&log, 0).await;
+    // Each worker thread logs every fourth request it completes.
+    assert!((7..=10).contains(&got.len()), "{} lines", got.len());
+}
+
+#[test]
+fn a_bad_template_is_named_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("larder.toml");
+    let log = dir.path().join("x.log");
+    std::fs::write(
+        &file,
+        config("http://127.0.0.1:9", &log, "format = \"{method} {nope}\""),
+    )
+    .unwrap();
+    let out = larder_command().arg("check").arg(&file).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 3") && err.contains("{nope}"), "{err}");
+}
+
+/// logrotate moves the file and sends SIGUSR1: the running binary writes to a new file.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigusr1_reopens_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let log = dir.path().join("access.log");
+    let addr = free_port();
+    let file = dir.path().join("larder.toml");
+    let text = config(&origin.url(), &log, "").replace("127.0.0.1:0", &addr.to_string());
+    std::fs::write(&file, text).unwrap();
+    let child = Child(
+        larder_command()
+            .arg("--config")
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let c = client();
+    let url = format!("http://{addr}/a");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Raw::try_connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "larder did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    get(&c, &url, &[]).await;
+    assert_eq!(lines(&log, 1).await.len(), 1);
+    let rotated = dir.path().join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGUSR1) }, 0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    get(&c, &url, &[]).await;
+    let new = lines(&log, 1).await;
+    assert_eq!(new.len(), 1, "a new file after SIGUSR1");
+    assert_eq!(
+        lines(&rotated, 1).await.len(),
+        1,
+        "the moved file keeps its line"
+    );
+}
