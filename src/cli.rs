@@ -47,6 +47,13 @@ pub struct Cli {
     /// Where larder keeps what it makes (the self-signed certificate).
     #[arg(long, value_name = "DIR", default_value = "larder-state")]
     pub state_dir: PathBuf,
+    /// Serve the admin API (status, purge, /metrics) on this address, beside any other flags
+    /// (bind it to loopback unless the network in front is trusted).
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+    /// The admin API's bearer token; with --admin and none given, one is generated and printed.
+    #[arg(long, value_name = "TOKEN", requires = "admin")]
+    pub admin_token: Option<String>,
     /// Worker threads, 0 to 1024 (overrides the configuration; 0 = one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<config::Workers>,
@@ -112,10 +119,29 @@ impl Cli {
         if let Some(w) = self.workers {
             cfg.server.workers = w;
         }
+        if let Some(addr) = self.admin {
+            cfg.admin.listen = Some(addr);
+            if let Some(t) = &self.admin_token {
+                cfg.admin.token = Some(t.clone());
+            }
+        }
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key.clone()));
         }
         Ok((cfg, source))
+    }
+
+    /// With `--admin` and no token from the flags or the file: a new random token, set in
+    /// `cfg` and returned (to be printed).
+    pub fn generated_admin_token(&self, cfg: &mut Config) -> Option<String> {
+        if self.admin.is_none() || cfg.admin.token.as_deref().is_some_and(|t| !t.is_empty()) {
+            return None;
+        }
+        let mut bytes = [0u8; 24];
+        crate::tls::provider().secure_random.fill(&mut bytes).ok()?;
+        let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        cfg.admin.token = Some(token.clone());
+        Some(token)
     }
 
     /// With `--tls-self-signed`: makes (once) the certificate and key under the state

@@ -54,6 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let generated_token = cli.generated_admin_token(&mut cfg);
     let self_signed = match cli.self_signed(&mut cfg) {
         Ok(c) => c,
         Err(e) => {
@@ -99,6 +100,10 @@ fn main() -> ExitCode {
             for (host, prefix, what) in router.describe() {
                 tracing::info!("{scheme}://{addr}  host {host}  {prefix}  → {what}");
             }
+        }
+        if let (Some(admin), Some(token)) = (handle.admin_addr, &generated_token) {
+            println!("admin API on http://{admin} with the generated token {token}");
+            println!("  curl -s -H 'Authorization: Bearer {token}' http://{admin}/metrics");
         }
         if let Some(cert) = &self_signed {
             let port = handle.addrs[0].port();

@@ -148,3 +148,62 @@ async fn no_admin_listener_counts_nothing() {
     assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 200);
     assert!(larder.metrics_text().is_none());
 }
+
+/// The quick start: `--admin ADDR` beside other flags serves the admin API with a generated
+/// token, printed at start (or the one `--admin-token` gives).
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_flag_with_a_generated_or_given_token() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    for given in [None, Some("given-token")] {
+        let (listen, admin) = (free_port(), free_port());
+        let mut cmd = larder_command();
+        cmd.args(["--root", dir.path().to_str().unwrap()])
+            .args([
+                "--listen",
+                &listen.to_string(),
+                "--admin",
+                &admin.to_string(),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(t) = given {
+            cmd.args(["--admin-token", t]);
+        }
+        let mut child = Child(cmd.spawn().unwrap());
+        let token = match given {
+            Some(t) => t.to_string(),
+            None => {
+                let out = child.0.stdout.take().unwrap();
+                let said = (BufReader::new(out).lines().map_while(Result::ok))
+                    .find(|l| l.starts_with("admin API on"))
+                    .expect("the generated token is printed");
+                let token = said.rsplit(' ').next().unwrap().to_string();
+                assert_eq!(token.len(), 48, "{said}");
+                token
+            }
+        };
+        let c = client();
+        let url = format!("http://{admin}/metrics");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Raw::try_connect(admin).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "admin did not start");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            get(&c, &format!("http://{listen}/a.txt"), &[]).await.body,
+            "hello"
+        );
+        assert_eq!(get(&c, &url, &[]).await.status, 401);
+        let auth = format!("Bearer {token}");
+        let got = get(&c, &url, &[("authorization", &auth)]).await;
+        assert_eq!(got.status, 200);
+        assert!(
+            got.text().contains("larder_requests_total{"),
+            "{}",
+            got.text()
+        );
+    }
+}
