@@ -108,7 +108,14 @@ pub struct Admin {
     cache: Arc<Cache>,
     access: Access,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The server's part of the status (connections, TLS, ACME), from the server.
+    info: Option<ServerInfo>,
+    /// The running configuration's text, secrets redacted.
+    config: Option<String>,
 }
+
+/// What the server adds to `/_larder/status`.
+pub type ServerInfo = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 impl Admin {
     pub fn new(
@@ -119,11 +126,20 @@ impl Admin {
         Admin {
             cache,
             metrics,
+            info: None,
+            config: None,
             access: Access {
                 token,
                 allow: Vec::new(),
             },
         }
+    }
+
+    /// Adds the server's part of the status and the running configuration (its text).
+    pub fn with_server(mut self, info: ServerInfo, config_text: &str) -> Admin {
+        self.info = Some(info);
+        self.config = Some(redact(config_text));
+        self
     }
 
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
@@ -133,6 +149,15 @@ impl Admin {
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/_larder/status") => self.status(),
+            (&Method::GET, "/_larder/config") => {
+                let text = self.config.clone().unwrap_or_default();
+                let mut r = Response::new(Body::full(text));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/toml; charset=utf-8"),
+                );
+                r
+            }
             (&Method::GET, "/metrics") if self.metrics.is_some() => {
                 let text = self
                     .metrics
@@ -163,17 +188,22 @@ impl Admin {
     }
 
     fn status(&self) -> Response<Body> {
-        let s = &self.cache;
-        json_response(
-            StatusCode::OK,
-            format!(
-                "{{\"cache\":{{\"urls\":{},\"bytes\":{},\"capacity\":{},\"fills_in_flight\":{}}}}}",
-                s.len(),
-                s.weight(),
-                s.capacity(),
-                s.fills_in_flight()
-            ),
-        )
+        let c = &self.cache;
+        let mut v = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "cache": {
+                "urls": c.len(),
+                "bytes": c.weight(),
+                "capacity": c.capacity(),
+                "fills_in_flight": c.fills_in_flight(),
+            },
+        });
+        if let (Some(info), Some(o)) = (&self.info, v.as_object_mut()) {
+            if let serde_json::Value::Object(server) = info() {
+                o.extend(server);
+            }
+        }
+        json_response(StatusCode::OK, v.to_string())
     }
 
     async fn purge(&self, query: &str) -> Response<Body> {
@@ -289,4 +319,32 @@ mod tests {
             "http://ex.com/img/"
         );
     }
+}
+
+/// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
+/// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`.
+pub fn redact(text: &str) -> String {
+    let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
+        return String::new();
+    };
+    fn secret(k: &str) -> bool {
+        ["token", "password", "secret"]
+            .iter()
+            .any(|s| k == *s || k.ends_with(&format!("_{s}")))
+    }
+    fn walk(t: &mut dyn toml_edit::TableLike) {
+        for (k, item) in t.iter_mut() {
+            if secret(k.get()) && item.as_str().is_some() {
+                *item = toml_edit::value("<redacted>");
+            } else if let Some(sub) = item.as_table_like_mut() {
+                walk(sub);
+            } else if let Some(arr) = item.as_array_of_tables_mut() {
+                for t in arr.iter_mut() {
+                    walk(t);
+                }
+            }
+        }
+    }
+    walk(doc.as_table_mut());
+    doc.to_string()
 }

@@ -234,20 +234,12 @@ impl Router {
     }
 
     /// The admin listener's router: every request goes to the admin API.
-    pub fn admin(
-        cache: &Arc<Cache>,
-        token: Option<String>,
-        metrics: Option<Arc<crate::metrics::Metrics>>,
-    ) -> Router {
+    pub fn admin(admin: crate::admin::Admin) -> Router {
         Router {
             routes: vec![Route {
                 host: HostPattern::Any,
                 prefix: "/".into(),
-                handler: Handler::Admin(Arc::new(crate::admin::Admin::new(
-                    Arc::clone(cache),
-                    token,
-                    metrics,
-                ))),
+                handler: Handler::Admin(Arc::new(admin)),
                 extra: Vec::new(),
                 metric: 0,
             }],

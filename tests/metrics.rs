@@ -207,3 +207,41 @@ async fn admin_flag_with_a_generated_or_given_token() {
         );
     }
 }
+
+/// The admin API's status (JSON) and the running configuration with its secrets redacted.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_status_and_redacted_config() {
+    let origin = Origin::start(|_, _| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let config = format!(
+        "[admin]\ntoken = \"{TOKEN}\"\nlisten = \"127.0.0.1:0\"\n{}",
+        PROXY.replace("{origin}", &origin.url())
+    );
+    let larder = Larder::start(&config).await;
+    let c = client();
+    get(&c, &larder.url("/a"), &[]).await;
+    let auth = format!("Bearer {TOKEN}");
+    let status = get(
+        &c,
+        &larder.admin_url("/_larder/status"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&status.body).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["cache"]["urls"], 1);
+    assert!(v["connections"]["open"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["uptime_seconds"].as_u64().is_some());
+    let cfg = get(
+        &c,
+        &larder.admin_url("/_larder/config"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(cfg.status, 200);
+    let text = cfg.text();
+    assert!(text.contains("token = \"<redacted>\""), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+    assert!(text.contains("[[listener]]"), "{text}");
+    let denied = get(&c, &larder.admin_url("/_larder/config"), &[]).await;
+    assert_eq!(denied.status, 401);
+}

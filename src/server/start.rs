@@ -289,12 +289,15 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     }
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
+        let info = server_info(&conns, max_conns, &tls_acceptors);
         let (bound, router) = listen_admin(
             addr,
             config.admin.token.clone(),
             &cache,
             &serving,
             metrics.clone(),
+            info,
+            &config.source.text,
         )?;
         admin_addr = Some(bound);
         routers.push(router);
@@ -370,12 +373,16 @@ fn listen_admin(
     cache: &Arc<Cache>,
     serving: &Serving,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    info: crate::admin::ServerInfo,
+    config_text: &str,
 ) -> Result<(SocketAddr, Arc<Router>), Error> {
     let listener = bind(addr, false).map_err(|source| Error::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
-    let router = Arc::new(Router::admin(cache, token, metrics));
+    let admin =
+        crate::admin::Admin::new(Arc::clone(cache), token, metrics).with_server(info, config_text);
+    let router = Arc::new(Router::admin(admin));
     tokio::spawn(accept_loop(
         listener,
         Arc::clone(&router),
@@ -383,6 +390,42 @@ fn listen_admin(
         None,
     ));
     Ok((bound, router))
+}
+
+/// The server's part of the admin API's status: uptime, connections, TLS handshakes, ACME.
+fn server_info(
+    conns: &Arc<Semaphore>,
+    max_conns: usize,
+    tls: &[Arc<tls::Acceptor>],
+) -> crate::admin::ServerInfo {
+    let (conns, tls, started) = (Arc::clone(conns), tls.to_vec(), std::time::Instant::now());
+    Arc::new(move || {
+        let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
+        let unix = |t: Option<std::time::SystemTime>| {
+            t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+        };
+        let acme: Vec<serde_json::Value> = (tls.iter())
+            .filter_map(|a| a.acme.as_ref())
+            .map(|a| {
+                let s = a.status();
+                serde_json::json!({
+                    "domain": a.domain(), "orders": s.orders, "obtained": s.obtained,
+                    "failures": s.failures, "not_after": unix(s.not_after),
+                    "last_error": s.last_error,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "uptime_seconds": started.elapsed().as_secs(),
+            "connections": { "open": max_conns - conns.available_permits(), "max": max_conns },
+            "tls": {
+                "handshakes": c.handshakes, "failed": c.failed,
+                "timed_out": c.timed_out, "plain_http": c.plain_http,
+            },
+            "acme": acme,
+        })
+    })
 }
 
 /// Reopens the access log's file at each SIGUSR1 (after logrotate moved it).
