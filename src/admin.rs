@@ -276,6 +276,34 @@ fn normalize_url_prefix(prefix: &str) -> String {
     }
 }
 
+/// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
+/// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`.
+pub fn redact(text: &str) -> String {
+    let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
+        return String::new();
+    };
+    fn secret(k: &str) -> bool {
+        ["token", "password", "secret"]
+            .iter()
+            .any(|s| k == *s || k.ends_with(&format!("_{s}")))
+    }
+    fn walk(t: &mut dyn toml_edit::TableLike) {
+        for (k, item) in t.iter_mut() {
+            if secret(k.get()) && item.as_str().is_some() {
+                *item = toml_edit::value("<redacted>");
+            } else if let Some(sub) = item.as_table_like_mut() {
+                walk(sub);
+            } else if let Some(arr) = item.as_array_of_tables_mut() {
+                for t in arr.iter_mut() {
+                    walk(t);
+                }
+            }
+        }
+    }
+    walk(doc.as_table_mut());
+    doc.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,32 +347,4 @@ mod tests {
             "http://ex.com/img/"
         );
     }
-}
-
-/// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
-/// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`.
-pub fn redact(text: &str) -> String {
-    let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
-        return String::new();
-    };
-    fn secret(k: &str) -> bool {
-        ["token", "password", "secret"]
-            .iter()
-            .any(|s| k == *s || k.ends_with(&format!("_{s}")))
-    }
-    fn walk(t: &mut dyn toml_edit::TableLike) {
-        for (k, item) in t.iter_mut() {
-            if secret(k.get()) && item.as_str().is_some() {
-                *item = toml_edit::value("<redacted>");
-            } else if let Some(sub) = item.as_table_like_mut() {
-                walk(sub);
-            } else if let Some(arr) = item.as_array_of_tables_mut() {
-                for t in arr.iter_mut() {
-                    walk(t);
-                }
-            }
-        }
-    }
-    walk(doc.as_table_mut());
-    doc.to_string()
 }
