@@ -198,6 +198,18 @@ impl Admin {
                 "fills_in_flight": c.fills_in_flight(),
             },
         });
+        if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {
+            let t = m.totals_by_cache();
+            let by_cache: serde_json::Map<String, serde_json::Value> = (crate::metrics::CACHE
+                .iter())
+            .zip(t)
+            .map(|(k, n)| (k.to_string(), n.into()))
+            .collect();
+            o.insert(
+                "requests".into(),
+                serde_json::json!({ "total": t.iter().sum::<u64>(), "by_cache": by_cache }),
+            );
+        }
         if let (Some(info), Some(o)) = (&self.info, v.as_object_mut()) {
             if let serde_json::Value::Object(server) = info() {
                 o.extend(server);

@@ -68,6 +68,22 @@ pub enum Command {
         /// The file to check.
         file: PathBuf,
     },
+    /// Live statistics of a running larder from its admin API (like varnishstat): rates and
+    /// totals refreshed every second.
+    Stats {
+        /// The admin listener's address.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+        admin: SocketAddr,
+        /// The admin token (or the environment variable LARDER_ADMIN_TOKEN).
+        #[arg(long, value_name = "TOKEN", env = "LARDER_ADMIN_TOKEN")]
+        token: String,
+        /// Print once and exit.
+        #[arg(long)]
+        once: bool,
+        /// Print the admin API's status JSON as it is (with --once, for scripts).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Which configuration a command line selects.

@@ -27,8 +27,8 @@
 //! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
 //! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`metrics`] (requests
 //! counted per worker thread, the OpenMetrics exposition), [`access_log`] (a line per request,
-//! written by a thread of its own), [`admin`] (who may purge, the admin API),
-//! [`body`] (the response body type).
+//! written by a thread of its own), [`stats`] (`larder stats`), [`admin`] (who may purge, the
+//! admin API), [`body`] (the response and request body types).
 //!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
 //! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
@@ -73,6 +73,7 @@ pub mod respond;
 pub mod route;
 pub mod server;
 pub mod static_files;
+pub mod stats;
 pub mod tls;
 
 #[cfg(test)]

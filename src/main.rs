@@ -17,6 +17,31 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
 
+    if let Some(Command::Stats {
+        admin,
+        token,
+        once,
+        json,
+    }) = &cli.command
+    {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        return match rt.block_on(larder::stats::run(*admin, token, *once, *json)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Check { file }) = &cli.command {
         // The open-files limit is checked as `run` would, on this machine.
         let checked = Config::load(file)

@@ -188,6 +188,26 @@ impl Metrics {
         shard
     }
 
+    /// Requests answered so far by cache result (indexed as [`CACHE`]), over all routes.
+    pub fn totals_by_cache(&self) -> [u64; 7] {
+        let routes = lock(&self.state.routes).len();
+        let shards = lock(&self.state.shards).clone();
+        let mut t = [0u64; 7];
+        for s in &shards {
+            for r in 0..routes {
+                for m in 0..METHODS.len() {
+                    for st in 0..STATUS_CLASSES {
+                        for (c, slot) in t.iter_mut().enumerate() {
+                            *slot += s.requests[request_index(r as u32, m, st, c)]
+                                .load(Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+        t
+    }
+
     /// Everything counted, in the OpenMetrics text format (what `/metrics` serves).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8192);

@@ -245,3 +245,43 @@ async fn admin_status_and_redacted_config() {
     let denied = get(&c, &larder.admin_url("/_larder/config"), &[]).await;
     assert_eq!(denied.status, 401);
 }
+
+/// `larder stats --once --json` prints the admin API's status for scripts; `--once` alone, the
+/// table; a wrong token is a clear error.
+#[tokio::test(flavor = "multi_thread")]
+async fn larder_stats_once() {
+    let origin = Origin::start(|_, _| Reply::ok("x").header("cache-control", "max-age=60")).await;
+    let config = format!(
+        "[admin]\ntoken = \"{TOKEN}\"\nlisten = \"127.0.0.1:0\"\n{}",
+        PROXY.replace("{origin}", &origin.url())
+    );
+    let larder = Larder::start(&config).await;
+    let c = client();
+    for _ in 0..3 {
+        get(&c, &larder.url("/a"), &[]).await;
+    }
+    let admin = larder
+        .admin_url("")
+        .trim_start_matches("http://")
+        .to_string();
+    let stats = |args: &[&str]| {
+        let mut cmd = larder_command();
+        cmd.args(["stats", "--admin", &admin]).args(args);
+        cmd.output().unwrap()
+    };
+    let out = stats(&["--token", TOKEN, "--once", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"]["total"], 3);
+    assert_eq!(v["requests"]["by_cache"]["HIT"], 2);
+    let out = stats(&["--token", TOKEN, "--once"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("hit ratio 66.7%"), "{table}");
+    let out = stats(&["--token", "wrong", "--once"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+}

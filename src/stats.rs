@@ -1,0 +1,154 @@
+//! `larder stats`: a running larder's statistics from its admin API, as varnishstat shows
+//! Varnish's: totals and per-second rates of requests by cache result, the hit ratio,
+//! connections and the cache, refreshed every second; or the status JSON once, for scripts.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+/// `GET /_larder/status` from the admin listener at `admin`.
+pub async fn fetch(admin: SocketAddr, token: &str) -> Result<serde_json::Value, String> {
+    let tcp = tokio::net::TcpStream::connect(admin)
+        .await
+        .map_err(|e| format!("cannot reach the admin API at {admin}: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::get("/_larder/status")
+        .header(http::header::HOST, admin.to_string())
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "the admin API answered {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// Runs `larder stats`: once (`--once`, JSON with `--json`), or refreshed every second.
+pub async fn run(admin: SocketAddr, token: &str, once: bool, json: bool) -> Result<(), String> {
+    let mut last = fetch(admin, token).await?;
+    if once {
+        if json {
+            println!("{last}");
+        } else {
+            print!("{}", render(&last, None));
+        }
+        return Ok(());
+    }
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = fetch(admin, token).await?;
+        if json {
+            println!("{now}");
+        } else {
+            // Clear the screen and go home, as varnishstat redraws.
+            print!("\x1b[2J\x1b[H{}", render(&now, Some(&last)));
+        }
+        last = now;
+    }
+}
+
+/// The table of `now`, with per-second rates against `before` (one second earlier).
+pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> String {
+    use std::fmt::Write as _;
+    let n = |v: &serde_json::Value, path: &[&str]| {
+        path.iter()
+            .try_fold(v, |v, k| v.get(k))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "larder {}   up {}s   connections {} / {}",
+        now["version"].as_str().unwrap_or("?"),
+        n(now, &["uptime_seconds"]),
+        n(now, &["connections", "open"]),
+        n(now, &["connections", "max"])
+    );
+    let _ = writeln!(
+        out,
+        "cache: {} URLs, {} of {} bytes, {} fills in flight",
+        n(now, &["cache", "urls"]),
+        n(now, &["cache", "bytes"]),
+        n(now, &["cache", "capacity"]),
+        n(now, &["cache", "fills_in_flight"])
+    );
+    let _ = writeln!(out, "{:<14}{:>14}{:>12}", "requests", "total", "per second");
+    let mut keys: Vec<&str> = vec!["total"];
+    if let Some(m) = now["requests"]["by_cache"].as_object() {
+        keys.extend(m.keys().map(String::as_str));
+    }
+    for k in keys {
+        let path: Vec<&str> = if k == "total" {
+            vec!["requests", "total"]
+        } else {
+            vec!["requests", "by_cache", k]
+        };
+        let total = n(now, &path);
+        let rate = before.map(|b| total.saturating_sub(n(b, &path)));
+        let _ = writeln!(
+            out,
+            "{:<14}{:>14}{:>12}",
+            k,
+            total,
+            rate.map_or("-".into(), |r| r.to_string())
+        );
+    }
+    let hits = n(now, &["requests", "by_cache", "HIT"]);
+    let lookups: u64 = ["HIT", "MISS", "EXPIRED", "REVALIDATED", "STALE"]
+        .iter()
+        .map(|k| n(now, &["requests", "by_cache", k]))
+        .sum();
+    if lookups > 0 {
+        let _ = writeln!(
+            out,
+            "hit ratio {:.1}%",
+            100.0 * hits as f64 / lookups as f64
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_per_second_differences() {
+        let at = |hits: u64, misses: u64| {
+            serde_json::json!({
+                "version": "0.1.0", "uptime_seconds": 10,
+                "connections": {"open": 3, "max": 100},
+                "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0},
+                "requests": {"total": hits + misses, "by_cache": {"HIT": hits, "MISS": misses}},
+            })
+        };
+        let table = render(&at(150, 10), Some(&at(100, 9)));
+        assert!(
+            table.contains("HIT                      150          50"),
+            "{table}"
+        );
+        assert!(
+            table.contains("total                    160          51"),
+            "{table}"
+        );
+        assert!(table.contains("hit ratio 93.8%"), "{table}");
+    }
+}
