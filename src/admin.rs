@@ -3,6 +3,9 @@
 //! (`[admin] listen`, loopback by default in examples):
 //!
 //! - `GET /_larder/status`: cache size and counts, as JSON;
+//! - `GET /_larder/entries?prefix=`: the URLs stored under a prefix, their variants' sizes,
+//!   ages, TTLs and tags;
+//! - `GET /_larder/config`: the running configuration, secrets redacted;
 //! - `GET /metrics`: every metric in the OpenMetrics text format ([`crate::metrics`]);
 //! - `POST /_larder/purge?url=http://host/path`: every variant of one URL;
 //! - `POST /_larder/purge?prefix=http://host/path/`: every URL under a prefix;
@@ -149,6 +152,21 @@ impl Admin {
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/_larder/status") => self.status(),
+            (&Method::GET, "/_larder/entries") => {
+                // A scan of every shard: off the async workers, as purges by prefix are.
+                let (cache, query) = (
+                    Arc::clone(&self.cache),
+                    req.uri().query().unwrap_or("").to_string(),
+                );
+                tokio::task::spawn_blocking(move || entries(&cache, &query))
+                    .await
+                    .unwrap_or_else(|_| {
+                        json_response(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "{\"error\":\"listing failed\"}".into(),
+                        )
+                    })
+            }
             (&Method::GET, "/_larder/config") => {
                 let text = self.config.clone().unwrap_or_default();
                 let mut r = Response::new(Body::full(text));
@@ -217,7 +235,53 @@ impl Admin {
         }
         json_response(StatusCode::OK, v.to_string())
     }
+}
 
+/// `GET /_larder/entries?prefix=http://host/path/&limit=N`: the URLs under a prefix, each
+/// variant with its size per stored encoding, status, age, time to live and tags.
+fn entries(cache: &Cache, query: &str) -> Response<Body> {
+    let param = |name: &str| {
+        query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
+        })
+    };
+    let prefix = param("prefix").unwrap_or_default();
+    let limit = param("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(100usize)
+        .min(10_000);
+    let now = std::time::SystemTime::now();
+    let urls: Vec<serde_json::Value> = (cache.entries_under(&prefix, limit).into_iter())
+        .map(|(key, entries)| {
+            let variants: Vec<serde_json::Value> = entries
+                .iter()
+                .map(|e| {
+                    let sizes: serde_json::Map<String, serde_json::Value> =
+                        (crate::compress::Encoding::ALL.iter())
+                            .filter_map(|enc| {
+                                let v = e.variant(*enc)?;
+                                let name = enc.token().unwrap_or("identity");
+                                Some((name.to_string(), v.body.len().into()))
+                            })
+                            .collect();
+                    let age = e.freshness.current_age(now);
+                    serde_json::json!({
+                        "status": e.status.as_u16(),
+                        "bytes": sizes,
+                        "age_seconds": age.as_secs(),
+                        "ttl_seconds": e.freshness.lifetime.saturating_sub(age).as_secs(),
+                        "tags": e.tags.iter().map(|t| &**t).collect::<Vec<&str>>(),
+                    })
+                })
+                .collect();
+            serde_json::json!({ "key": key.as_str(), "variants": variants })
+        })
+        .collect();
+    json_response(StatusCode::OK, serde_json::Value::from(urls).to_string())
+}
+
+impl Admin {
     async fn purge(&self, query: &str) -> Response<Body> {
         let Some((kind, value)) = query.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=')?;

@@ -242,3 +242,65 @@ async fn regression_quick_start_routes_get_the_admin_token() {
     assert_eq!(ok.status, 200);
     assert_eq!(get(&c, &url, &[]).await.cache(), "MISS");
 }
+
+/// `GET /_larder/entries?prefix=`: the URLs under a prefix with each variant's size per
+/// encoding, age, time to live and tags.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_lists_the_entries_under_a_prefix() {
+    let origin = Origin::start(|seen, _| {
+        Reply::ok("listed body, listed body, listed body, listed body, listed body".repeat(20))
+            .header("cache-control", "max-age=600")
+            .header("content-type", "text/plain")
+            .header(
+                "surrogate-key",
+                if seen.path.starts_with("/blog/") {
+                    "blog"
+                } else {
+                    "other"
+                },
+            )
+    })
+    .await;
+    let larder = larder(&config(""), &origin.url()).await;
+    let c = client();
+    for p in ["/blog/1", "/blog/2", "/shop/1"] {
+        get(&c, &larder.url(p), &[("host", "site.test")]).await;
+    }
+    wait_for_encoding(&c, &larder.url("/blog/1"), "br").await;
+    let auth = [("authorization", "Bearer s3cret")];
+    let got = get(
+        &c,
+        &larder.admin_url("/_larder/entries?prefix=http://site.test/blog/"),
+        &auth,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    let mut keys: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["http://site.test/blog/1", "http://site.test/blog/2"]);
+    let one = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["key"] == "http://site.test/blog/1")
+        .unwrap();
+    let variant = &one["variants"][0];
+    assert_eq!(variant["bytes"]["identity"], 1260);
+    assert!(variant["bytes"]["br"].as_u64().unwrap() < 1260, "{variant}");
+    assert!(variant["ttl_seconds"].as_u64().unwrap() > 500);
+    assert_eq!(variant["tags"][0], "blog");
+    let limited = get(
+        &c,
+        &larder.admin_url("/_larder/entries?prefix=http://site.test/&limit=1"),
+        &auth,
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&limited.body).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+}

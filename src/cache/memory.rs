@@ -206,6 +206,30 @@ impl Store {
         removed.into_inner()
     }
 
+    /// The URLs whose key starts with `prefix` (at most `limit`), each with its entries (one,
+    /// or one per stored variant).
+    pub(super) fn entries_under(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Vec<(CacheKey, Vec<Arc<Entry>>)> {
+        let mut out = Vec::new();
+        for (k, slot) in self.entries.iter() {
+            if out.len() >= limit {
+                break;
+            }
+            if !k.as_str().starts_with(prefix) {
+                continue;
+            }
+            let entries = match &slot {
+                Slot::One(e) => vec![Arc::clone(e)],
+                Slot::Varied(v) => v.variants.iter().map(|(_, e)| Arc::clone(e)).collect(),
+            };
+            out.push((k, entries));
+        }
+        out
+    }
+
     /// Bytes held now.
     pub(super) fn weight(&self) -> u64 {
         self.entries.weight()

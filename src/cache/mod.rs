@@ -134,6 +134,12 @@ impl Cache {
         self.memory.purge_where(doomed)
     }
 
+    /// The URLs stored under `prefix` (at most `limit`, in no order), each with its entries.
+    /// Reads every shard once (the admin API's listing).
+    pub fn entries_under(&self, prefix: &str, limit: usize) -> Vec<(CacheKey, Vec<Arc<Entry>>)> {
+        self.memory.entries_under(prefix, limit)
+    }
+
     // Fills.
 
     /// The fill a miss for `request` joins: the URL's, or, when the URL is stored as varying,
