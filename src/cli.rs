@@ -21,9 +21,10 @@ pub struct Cli {
     /// Run from this TOML configuration file.
     #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images"])]
     pub config: Option<PathBuf>,
-    /// Cache this origin (http://host:port) with no configuration file.
+    /// Cache this origin (http://host:port or https://) with no configuration file; given
+    /// more than once, a round-robin pool of them with a health check, failing over.
     #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images"])]
-    pub upstream: Option<String>,
+    pub upstream: Vec<String>,
     /// Serve this directory as static files with no configuration file.
     #[arg(long, value_name = "DIR", conflicts_with = "images")]
     pub root: Option<PathBuf>,
@@ -98,15 +99,18 @@ impl Cli {
     pub fn config(&self) -> Result<(Config, Source), config::Error> {
         let (mut cfg, source) = if let Some(path) = &self.config {
             (Config::load(path)?, Source::File(path.clone()))
-        } else if let Some(up) = &self.upstream {
-            let upstream = up.parse().map_err(|message| config::Error::Semantic {
-                origin: "--upstream".into(),
-                message,
-            })?;
+        } else if !self.upstream.is_empty() {
+            let upstreams = (self.upstream.iter())
+                .map(|up| up.parse())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|message| config::Error::Semantic {
+                    origin: "--upstream".into(),
+                    message,
+                })?;
             (
                 Config::single_route(
                     self.listen,
-                    HandlerConfig::Proxy(ProxyConfig::new(upstream)),
+                    HandlerConfig::Proxy(ProxyConfig::pool_of(upstreams)),
                 ),
                 Source::Flags,
             )

@@ -31,10 +31,15 @@ use serde::Deserialize;
 
 pub mod access_log;
 pub mod image_params;
+pub mod pool;
 pub mod tls;
 
 pub use access_log::{AccessLogConfig, LogFormat, LogPiece, LOG_FIELDS};
 use image_params::{FormatChoice, Preset};
+pub use pool::{
+    BackendConfig, Balance, HashOn, HealthCheck, HealthConfig, PassiveConfig, PoolConfig,
+    UpstreamRef, UpstreamTlsConfig,
+};
 pub use tls::{
     AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
 };
@@ -106,6 +111,10 @@ pub struct Config {
     pub compression: CompressionConfig,
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+    /// Pools of backends that proxy routes name (`[pool.NAME]`); after parsing, also the
+    /// inline pool of every route's `upstream`, named `upstream URL...`.
+    #[serde(default, rename = "pool")]
+    pub pools: pool::Pools,
     /// Administration: the bearer token guarding admin operations (image DELETE, uploads when
     /// a route asks for it).
     #[serde(default)]
@@ -165,7 +174,37 @@ impl Config {
             text: text.into(),
         };
         cfg.check_semantics()?;
+        cfg.name_inline_pools();
         Ok(cfg)
+    }
+
+    /// Moves every route's inline pool (`upstream = ...`) into [`Config::pools`], named
+    /// `upstream URL...` (routes with the same backends and settings share one pool, with its
+    /// connections and health), so that every proxy route names its pool.
+    pub fn name_inline_pools(&mut self) {
+        for l in &mut self.listeners {
+            for r in &mut l.routes {
+                let HandlerConfig::Proxy(p) = &mut r.handler else {
+                    continue;
+                };
+                let UpstreamRef::Inline(backends) = &p.upstream else {
+                    continue;
+                };
+                let pool = p.inline_pool(backends);
+                let urls: Vec<String> = (backends.iter())
+                    .map(|b| format!("{}://{}", b.url.scheme, b.url.authority))
+                    .collect();
+                let base = format!("upstream {}", urls.join(" "));
+                let mut name = base.clone();
+                let mut n = 1;
+                while self.pools.get(&name).is_some_and(|other| *other != pool) {
+                    n += 1;
+                    name = format!("{base} #{n}");
+                }
+                self.pools.insert(name.clone(), pool);
+                p.upstream = UpstreamRef::Pool(name);
+            }
+        }
     }
 
     /// Reads and parses a configuration file.
@@ -291,6 +330,7 @@ impl Config {
                 }
             }
         }
+        self.check_pools()?;
         let cache = &self.cache;
         if cache.max_object_size.0 > cache.max_size.0 {
             return Err(src.error(
@@ -306,6 +346,58 @@ impl Config {
                     show_size(cache.max_size.0)
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// Pools: each has a backend, each route's named pool exists, client certificates come
+    /// with their keys.
+    fn check_pools(&self) -> Result<(), Error> {
+        let src = &self.source;
+        for (name, p) in &self.pools {
+            let at = |k: &'static str| [Key("pool"), Key(name), Key(k)];
+            if p.backends.is_empty() {
+                return Err(src.error(
+                    &[&at("backends"), &at("backends")[..2]],
+                    format!("pool `{name}` has no backend: every request would fail"),
+                ));
+            }
+            if p.backends.iter().all(|b| b.backup) {
+                return Err(src.error(
+                    &[&at("backends")],
+                    format!("pool `{name}` has only backup backends: one must be primary"),
+                ));
+            }
+            if p.tls.client_cert.is_some() != p.tls.client_key.is_some() {
+                return Err(src.error(
+                    &[&[Key("pool"), Key(name), Key("tls")]],
+                    "`client_cert` and `client_key` go together",
+                ));
+            }
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, r) in l.routes.iter().enumerate() {
+                let HandlerConfig::Proxy(p) = &r.handler else {
+                    continue;
+                };
+                if let UpstreamRef::Pool(name) = &p.upstream {
+                    if !self.pools.contains_key(name) {
+                        let route = [Key("listener"), Index(i), Key("route"), Index(j)];
+                        let known: Vec<&str> = self.pools.keys().map(String::as_str).collect();
+                        return Err(src.error(
+                            &[&[&route[..], &[Key("proxy"), Key("pool")]].concat(), &route],
+                            format!(
+                                "no [pool.{name}] (pools: {})",
+                                if known.is_empty() {
+                                    "none".into()
+                                } else {
+                                    known.join(", ")
+                                }
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -353,7 +445,7 @@ impl Config {
 
     /// A one-listener configuration proxying everything to `upstream` (the `--upstream` CLI form).
     pub fn single_route(listen: SocketAddr, handler: HandlerConfig) -> Config {
-        Config {
+        let mut cfg = Config {
             server: ServerConfig::default(),
             cache: CacheConfig::default(),
             compression: CompressionConfig::default(),
@@ -369,11 +461,14 @@ impl Config {
                     hsts: None,
                 }],
             }],
+            pools: Default::default(),
             source: Source {
                 origin: "command line".into(),
                 text: "".into(),
             },
-        }
+        };
+        cfg.name_inline_pools();
+        cfg
     }
 }
 
@@ -847,63 +942,142 @@ impl TryFrom<RawRoute> for RouteConfig {
     }
 }
 
-/// A caching reverse proxy to one upstream.
+/// A caching reverse proxy to a pool of backends.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawProxy")]
 pub struct ProxyConfig {
-    pub upstream: Upstream,
-    /// At least 1ms (0 failed every connection).
-    #[serde(default = "ProxyConfig::default_connect_timeout")]
-    pub connect_timeout: Dur<1>,
+    /// The backends: inline (`upstream`), or a named `[pool.NAME]`. After parsing always
+    /// `Pool`: [`Config::parse`] names each inline pool.
+    pub upstream: UpstreamRef,
+    /// Of an inline pool (`upstream`); a named pool sets its own.
+    pub connect_timeout: Option<Dur<1, HOUR_MS>>,
     /// Time until the upstream's response head arrives, counted once the request (with its
     /// body) has been sent; while a body is being sent, the longest time without progress of
     /// it. At least 1ms.
-    #[serde(default = "ProxyConfig::default_response_timeout")]
     pub response_timeout: Dur<1>,
     /// Longest silence while reading an upstream body (between two reads, like nginx's
     /// `proxy_read_timeout`). At least 1ms.
-    #[serde(default = "ProxyConfig::default_body_timeout")]
     pub body_timeout: Dur<1>,
     /// Set false to proxy without caching.
-    #[serde(default = "yes")]
     pub cache: bool,
     /// Whether clients' request directives that would make larder fetch more (no-cache,
     /// `Pragma: no-cache`, max-age, min-fresh) or serve staler (max-stale) are obeyed.
-    #[serde(default)]
     pub request_cache_control: RequestCacheControl,
     /// Addresses whose request directives are obeyed even when `request_cache_control` ignores
     /// everyone else's (an office, a deploy script).
-    #[serde(default)]
     pub request_cache_control_trusted: Vec<Cidr>,
-    /// Idle pooled connections kept per upstream host.
-    #[serde(default = "ProxyConfig::default_pool_idle")]
-    pub pool_max_idle: usize,
+    /// Idle pooled connections kept per backend, of an inline pool.
+    pub pool_max_idle: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    #[serde(default, deserialize_with = "pool::upstream_list")]
+    upstream: Option<Vec<BackendConfig>>,
+    pool: Option<String>,
+    connect_timeout: Option<Dur<1, HOUR_MS>>,
+    #[serde(default = "ProxyConfig::default_response_timeout")]
+    response_timeout: Dur<1>,
+    #[serde(default = "ProxyConfig::default_body_timeout")]
+    body_timeout: Dur<1>,
+    #[serde(default = "yes")]
+    cache: bool,
+    #[serde(default)]
+    request_cache_control: RequestCacheControl,
+    #[serde(default)]
+    request_cache_control_trusted: Vec<Cidr>,
+    pool_max_idle: Option<usize>,
+}
+
+impl TryFrom<RawProxy> for ProxyConfig {
+    type Error = String;
+    fn try_from(r: RawProxy) -> Result<Self, String> {
+        let upstream = match (r.upstream, r.pool) {
+            (Some(list), None) if list.is_empty() => {
+                return Err("`upstream` lists no backend".into())
+            }
+            (Some(list), None) => UpstreamRef::Inline(list),
+            (None, Some(name)) => {
+                if r.connect_timeout.is_some() || r.pool_max_idle.is_some() {
+                    return Err(format!(
+                        "`connect_timeout` and `pool_max_idle` of a route with `pool` are set \
+                         in [pool.{name}]"
+                    ));
+                }
+                UpstreamRef::Pool(name)
+            }
+            (Some(_), Some(_)) => {
+                return Err(
+                    "needs one of `upstream` (URLs) and `pool` (a [pool.NAME]), not both".into(),
+                )
+            }
+            (None, None) => {
+                return Err("needs `upstream` (a URL or a list) or `pool` (a [pool.NAME])".into())
+            }
+        };
+        Ok(ProxyConfig {
+            upstream,
+            connect_timeout: r.connect_timeout,
+            response_timeout: r.response_timeout,
+            body_timeout: r.body_timeout,
+            cache: r.cache,
+            request_cache_control: r.request_cache_control,
+            request_cache_control_trusted: r.request_cache_control_trusted,
+            pool_max_idle: r.pool_max_idle,
+        })
+    }
 }
 
 impl ProxyConfig {
+    /// A route to the backends `upstreams` (an inline pool), every other setting at its
+    /// default.
     pub fn new(upstream: Upstream) -> Self {
+        Self::pool_of(vec![upstream])
+    }
+
+    /// A route to an inline pool of `upstreams`.
+    pub fn pool_of(upstreams: Vec<Upstream>) -> Self {
         ProxyConfig {
-            upstream,
-            connect_timeout: Self::default_connect_timeout(),
+            upstream: UpstreamRef::Inline(upstreams.into_iter().map(BackendConfig::new).collect()),
+            connect_timeout: None,
             response_timeout: Self::default_response_timeout(),
             body_timeout: Self::default_body_timeout(),
             cache: true,
             request_cache_control: RequestCacheControl::default(),
             request_cache_control_trusted: Vec::new(),
-            pool_max_idle: Self::default_pool_idle(),
+            pool_max_idle: None,
         }
     }
-    fn default_connect_timeout() -> Dur<1> {
-        Dur(Duration::from_secs(5))
+
+    /// The name of the route's pool, once [`Config::parse`] named the inline ones.
+    pub fn pool_name(&self) -> &str {
+        match &self.upstream {
+            UpstreamRef::Pool(name) => name,
+            UpstreamRef::Inline(_) => "",
+        }
+    }
+
+    /// The pool an inline `upstream` makes: round-robin, with a TCP health check when it has
+    /// several backends (one alone has nothing to fail over to).
+    pub fn inline_pool(&self, backends: &[BackendConfig]) -> PoolConfig {
+        let mut pool = PoolConfig::of(backends.to_vec());
+        if backends.len() > 1 {
+            pool.health = Some(HealthConfig::tcp());
+        }
+        if let Some(t) = self.connect_timeout {
+            pool.connect_timeout = t;
+        }
+        if let Some(n) = self.pool_max_idle {
+            pool.max_idle = n;
+        }
+        pool
     }
     fn default_response_timeout() -> Dur<1> {
         Dur(Duration::from_secs(30))
     }
     fn default_body_timeout() -> Dur<1> {
         Dur(Duration::from_secs(60))
-    }
-    fn default_pool_idle() -> usize {
-        1024
     }
 }
 
@@ -1552,7 +1726,7 @@ impl<'de> Deserialize<'de> for HeaderValueCfg {
     }
 }
 
-/// An upstream origin: `http://host:port` (no path).
+/// An upstream origin: `http://host:port` or `https://host:port` (no path).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     /// `host:port` as sent in requests' authority.
@@ -1570,9 +1744,9 @@ impl FromStr for Upstream {
             .scheme()
             .cloned()
             .ok_or_else(|| format!("upstream `{s}` needs a scheme (http://)"))?;
-        if scheme != http::uri::Scheme::HTTP {
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(format!(
-                "upstream `{s}`: only http:// upstreams are supported so far"
+                "upstream `{s}`: the scheme must be http:// or https://"
             ));
         }
         let authority = uri
@@ -1665,6 +1839,57 @@ mod tests {
     }
 
     const MIN: &str = "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nproxy = { upstream = \"http://127.0.0.1:2\" }\n";
+
+    const POOLED: &str =
+        "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nproxy = { pool = \"app\" }\n";
+
+    #[test]
+    fn pools_are_checked_and_named() {
+        let e = err(&format!("{POOLED}[pool.app]\nbackends = []\n"));
+        assert!(
+            e.contains("line 6") && e.contains("pool `app` has no backend"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{POOLED}[pool.other]\nbackends = [\"http://a:1\"]\n"
+        ));
+        assert!(
+            e.contains("line 4") && e.contains("no [pool.app] (pools: other)"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{POOLED}[pool.app]\nbackends = [{{ url = \"http://a:1\", backup = true }}]\n"
+        ));
+        assert!(e.contains("only backup backends"), "{e}");
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nproxy = { pool = \"a\", upstream = \"http://a:1\" }\n");
+        assert!(e.contains("not both"), "{e}");
+        let e = err(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nproxy = { upstream = [] }\n",
+        );
+        assert!(e.contains("lists no backend"), "{e}");
+        let e = err(&format!(
+            "{POOLED}[pool.app]\nbackends = [\"http://a:1\"]\nbalance = \"random\"\n"
+        ));
+        assert!(e.contains("line 7") && e.contains("balance"), "{e}");
+        // Inline upstreams become pools named after their backends; equal ones are shared.
+        let two = "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/a\"\nproxy = { upstream = \"http://a:1\" }\n[[listener.route]]\nproxy = { upstream = \"http://a:1\" }\n[[listener.route]]\npath = \"/b\"\nproxy = { upstream = \"http://a:1\", connect_timeout = \"1s\" }\n";
+        let c = Config::parse(two, "t").unwrap();
+        let names: Vec<&str> = (c.listeners[0].routes.iter())
+            .map(|r| match &r.handler {
+                HandlerConfig::Proxy(p) => p.pool_name(),
+                _ => "",
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "upstream http://a:1",
+                "upstream http://a:1",
+                "upstream http://a:1 #2"
+            ]
+        );
+        assert_eq!(c.pools.len(), 2);
+    }
 
     #[test]
     fn embedded_default_parses() {
@@ -1937,9 +2162,10 @@ mod tests {
     }
 
     #[test]
-    fn upstream_rejects_paths_and_https() {
+    fn upstream_rejects_paths_and_other_schemes() {
         assert!("http://127.0.0.1:3000".parse::<Upstream>().is_ok());
         assert!("http://127.0.0.1:3000/x".parse::<Upstream>().is_err());
+        assert!("https://example.com".parse::<Upstream>().is_ok());
         assert!("ftp://x".parse::<Upstream>().is_err());
     }
 

@@ -14,7 +14,10 @@
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
 //! - [`route`]: pick the handler by host and path prefix.
 //! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fill (`proxy/fill.rs`, in
-//!   phases: fetch ([`proxy::upstream`]) → revalidate → admit → store and respond) → deliver.
+//!   phases: fetch → revalidate → admit → store and respond) → deliver.
+//! - [`upstream`]: the fetch: a route's pool of backends, one chosen by its balance among
+//!   those healthy (active checks, passive ejection), retried elsewhere when an idempotent
+//!   request failed before any answer; the exchange with it (plain, TLS, HTTP/2).
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
 //!   tier, immutable entries ([`cache::entry`]) and their versioned record ([`cache::record`]),
 //!   keys ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
@@ -46,12 +49,13 @@
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http).
+//! 3. [`cache`] (compress, config, http); [`upstream`] (body, config, http, interim).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics).
-//! 5. The handlers: [`proxy`], [`static_files`], [`images`] (the lines above).
-//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, tls), [`server`]
-//!    (route, interim, memory, tls, metrics, access_log), [`cli`] (config, tls).
+//! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`] (the lines above).
+//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, tls, upstream),
+//!    [`server`] (route, interim, memory, tls, metrics, access_log, upstream), [`cli`] (config,
+//!    tls).
 
 pub mod access_log;
 pub mod admin;
@@ -75,6 +79,7 @@ pub mod server;
 pub mod static_files;
 pub mod stats;
 pub mod tls;
+pub mod upstream;
 
 #[cfg(test)]
 mod layout {

@@ -17,13 +17,14 @@ use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::Cache;
-use crate::config::{AdminConfig, HandlerConfig, HostPattern, ListenerConfig};
+use crate::config::{AdminConfig, HandlerConfig, HostPattern, ListenerConfig, UpstreamRef};
 use crate::http::text_response;
 use crate::images::Images;
 use crate::interim::Sink;
 use crate::proxy::Proxy;
 use crate::respond::{RedirectHttps, Respond};
 use crate::static_files::StaticFiles;
+use crate::upstream::{Pool, Pools};
 
 /// What serves a route's requests. Handlers are shared with the futures serving requests.
 pub enum Handler {
@@ -61,13 +62,29 @@ impl Handler {
         prefix: &str,
         cache: &Arc<Cache>,
         admin: &AdminConfig,
+        pools: &Pools,
     ) -> Handler {
         match cfg {
-            HandlerConfig::Proxy(p) => Handler::Proxy(Arc::new(Proxy::new(
-                p.clone(),
-                Arc::clone(cache),
-                Access::purge(admin),
-            ))),
+            HandlerConfig::Proxy(p) => {
+                let pool = match &p.upstream {
+                    UpstreamRef::Pool(name) => Arc::clone(
+                        pools
+                            .get(name)
+                            .expect("the configuration names only pools it has"),
+                    ),
+                    // A configuration built in code rather than parsed: its own pool.
+                    UpstreamRef::Inline(backends) => {
+                        Pool::new("upstream", &p.inline_pool(backends))
+                            .expect("an inline pool reads no file")
+                    }
+                };
+                Handler::Proxy(Arc::new(Proxy::new(
+                    p.clone(),
+                    pool,
+                    Arc::clone(cache),
+                    Access::purge(admin),
+                )))
+            }
             HandlerConfig::Static(s) => Handler::Static(Arc::new(StaticFiles::new(
                 s.clone(),
                 prefix,
@@ -196,15 +213,21 @@ impl Observed {
 }
 
 impl Router {
-    /// The router of `listener`, its handlers built with the shared `cache` and `[admin]`.
-    pub fn new(listener: &ListenerConfig, admin: &AdminConfig, cache: &Arc<Cache>) -> Router {
+    /// The router of `listener`, its handlers built with the shared `cache`, `[admin]` and the
+    /// running `pools`.
+    pub fn new(
+        listener: &ListenerConfig,
+        admin: &AdminConfig,
+        cache: &Arc<Cache>,
+        pools: &Pools,
+    ) -> Router {
         let mut routes: Vec<Route> = listener
             .routes
             .iter()
             .map(|r| Route {
                 host: r.host.clone().unwrap_or(HostPattern::Any),
                 prefix: r.path.0.clone(),
-                handler: Handler::build(&r.handler, &r.path.0, cache, admin),
+                handler: Handler::build(&r.handler, &r.path.0, cache, admin, pools),
                 extra: (r.hsts.as_ref())
                     .filter(|_| listener.tls.is_some())
                     .map(|v| (header::STRICT_TRANSPORT_SECURITY, v.0.clone()))
@@ -476,7 +499,7 @@ addr = "127.0.0.1:1"
         )
         .unwrap();
         let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
-        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache);
+        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache, &Pools::default());
         let body = |host: &str, path: &str| match r.find(host, path) {
             Some(Handler::Respond(x)) => x.body_text(),
             _ => "none".into(),
@@ -505,7 +528,7 @@ addr = "127.0.0.1:1"
         built.admin.token = Some("s3cret".into());
         for c in [parsed, built] {
             let cache = Cache::new(c.cache.clone(), c.compression.clone());
-            let r = Router::new(&c.listeners[0], &c.admin, &cache);
+            let r = Router::new(&c.listeners[0], &c.admin, &cache, &Pools::default());
             let Some(Handler::Images(i)) = r.find("", "/img/x") else {
                 panic!("images route")
             };

@@ -24,7 +24,6 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{request, response, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 
-use super::upstream::{self, FetchError, UpstreamBody};
 use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
@@ -33,6 +32,7 @@ use crate::cache::{CacheKey, Entry, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 use crate::http::fields::{self, VIA};
+use crate::upstream::{FetchError, UpstreamBody};
 
 /// Conditional request fields a fill never forwards (the fill must get a full response).
 const CONDITIONALS: [HeaderName; 6] = [
@@ -157,7 +157,6 @@ impl Fill<'_> {
         let me = &self.proxy.0;
         let req = &self.req;
         let mut parts = super::clone_parts(&req.client);
-        upstream::prepare_request(&mut parts, &me.cfg.upstream, req.peer);
         for h in CONDITIONALS {
             parts.headers.remove(h);
         }
@@ -174,13 +173,15 @@ impl Fill<'_> {
             parts.method = Method::GET;
         }
         let request_time = SystemTime::now();
-        let resp = upstream::send(
-            &me.client,
-            Request::from_parts(parts, Body::empty()),
-            me.cfg.response_timeout.0,
-            me.cfg.body_timeout.0,
-        )
-        .await?;
+        let resp = (me.pool)
+            .send(
+                parts,
+                Body::empty(),
+                req.peer,
+                me.cfg.response_timeout.0,
+                me.cfg.body_timeout.0,
+            )
+            .await?;
         let ctx = FetchContext {
             method: Method::GET,
             has_authorization: req.client.headers.contains_key(header::AUTHORIZATION),
@@ -652,10 +653,9 @@ mod tests {
             Default::default(),
         );
         let upstream = format!("http://{origin}").parse().unwrap();
-        let proxy = Proxy::new(
+        let proxy = Proxy::for_test(
             crate::config::ProxyConfig::new(upstream),
             Arc::clone(&cache),
-            Default::default(),
         );
         for (path, reason) in [
             ("/no-store", Some(NoStoreReason::NoStore)),

@@ -26,7 +26,6 @@
 //! ```
 
 mod fill;
-pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,10 +43,10 @@ use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
 use crate::http::fields::{self, VIA};
 use crate::inbound;
+use crate::upstream::{FetchError, Pool};
 use fill::FillRequest;
-use upstream::FetchError;
 
-/// A proxy route: one upstream, one shared cache. Cheap to clone (background refreshes hold one).
+/// A proxy route: a pool of backends, one shared cache. Cheap to clone (background refreshes hold one).
 #[derive(Clone)]
 pub struct Proxy(Arc<Inner>);
 
@@ -55,15 +54,15 @@ struct Inner {
     cfg: ProxyConfig,
     /// Who may PURGE.
     access: Access,
-    client: upstream::Client,
+    pool: Arc<Pool>,
     cache: Arc<Cache>,
     status_header: HeaderName,
 }
 
 impl Proxy {
-    pub fn new(cfg: ProxyConfig, cache: Arc<Cache>, access: Access) -> Proxy {
+    pub fn new(cfg: ProxyConfig, pool: Arc<Pool>, cache: Arc<Cache>, access: Access) -> Proxy {
         Proxy(Arc::new(Inner {
-            client: upstream::client(&cfg),
+            pool,
             access,
             status_header: cache.config().status_header.0.clone(),
             cfg,
@@ -71,12 +70,19 @@ impl Proxy {
         }))
     }
 
-    /// The upstream's URL, for logs.
+    /// A route to the inline pool of `cfg` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(cfg: ProxyConfig, cache: Arc<Cache>) -> Proxy {
+        let crate::config::UpstreamRef::Inline(backends) = &cfg.upstream else {
+            panic!("an inline upstream")
+        };
+        let pool = Pool::new("test", &cfg.inline_pool(backends)).expect("a pool");
+        Proxy::new(cfg, pool, cache, Default::default())
+    }
+
+    /// The backends' URLs, for logs.
     pub fn upstream(&self) -> String {
-        format!(
-            "{}://{}",
-            self.0.cfg.upstream.scheme, self.0.cfg.upstream.authority
-        )
+        self.0.pool.describe()
     }
 
     /// Serves one request. A fresh hit is answered synchronously; everything else (stale,
@@ -334,16 +340,17 @@ impl Proxy {
         status: CacheStatus,
     ) -> Response<Body> {
         let me = &self.0;
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
-        upstream::prepare_request(&mut parts, &me.cfg.upstream, peer);
-        match upstream::send(
-            &me.client,
-            Request::from_parts(parts, body),
-            me.cfg.response_timeout.0,
-            me.cfg.body_timeout.0,
-        )
-        .await
+        match (me.pool)
+            .send(
+                parts,
+                body,
+                peer,
+                me.cfg.response_timeout.0,
+                me.cfg.body_timeout.0,
+            )
+            .await
         {
             Ok(resp) => {
                 let (mut rparts, rbody) = resp.into_parts();
@@ -760,10 +767,9 @@ mod size_probe {
     #[tokio::test]
     async fn hit_future_stays_small() {
         let cache = crate::cache::Cache::new(Default::default(), Default::default());
-        let p = super::Proxy::new(
+        let p = super::Proxy::for_test(
             crate::config::ProxyConfig::new("http://127.0.0.1:1".parse().unwrap()),
             cache,
-            Default::default(),
         );
         let size = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&size);

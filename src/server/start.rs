@@ -33,6 +33,8 @@ pub enum Error {
     },
     #[error("{0}")]
     AccessLog(String),
+    #[error("{0}")]
+    Pool(String),
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -54,6 +56,7 @@ pub struct Handle {
     tls: Vec<Arc<tls::Acceptor>>,
     /// Requests counted (when there is an admin listener to read them from).
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    pools: SharedPools,
     /// The access log, when configured (its writer stops once the last handle is gone).
     access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
@@ -116,6 +119,12 @@ impl Handle {
         self.tls.iter().try_for_each(|a| a.certs.reload())
     }
 
+    /// Every upstream pool's state: its backends' health and counts (as the admin API's
+    /// status shows it).
+    pub fn pools_status(&self) -> serde_json::Value {
+        self.pools.read().expect("not poisoned").status()
+    }
+
     /// The background services running beside the connections, by name.
     pub fn background_services(&self) -> Vec<&'static str> {
         self.background.names().collect()
@@ -149,6 +158,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     };
     let reuse_port = extra_threads > 0;
 
+    let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
+    let pools = Arc::new(std::sync::RwLock::new(pools));
     let mut addrs = Vec::new();
     let mut routers = Vec::new();
     let mut acceptors = Vec::new();
@@ -186,7 +197,12 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             addr: l.addr,
             source,
         })?);
-        let mut router = Router::new(l, &config.admin, &cache);
+        let mut router = Router::new(
+            l,
+            &config.admin,
+            &cache,
+            &pools.read().expect("not poisoned"),
+        );
         if metrics.is_some() || access_log.is_some() {
             let log = access_log.as_ref().map(|l| l.id());
             router.observe_into(metrics.as_deref(), log, &addrs[addrs.len() - 1].to_string());
@@ -289,7 +305,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     }
     let mut admin_addr = None;
     if let Some(addr) = config.admin.listen {
-        let info = server_info(&conns, max_conns, &tls_acceptors);
+        let info = server_info(&conns, max_conns, &tls_acceptors, &pools);
         let (bound, router) = listen_admin(
             addr,
             config.admin.token.clone(),
@@ -316,6 +332,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         tls: tls_acceptors,
         metrics,
         access_log,
+        pools,
     })
 }
 
@@ -397,8 +414,10 @@ fn server_info(
     conns: &Arc<Semaphore>,
     max_conns: usize,
     tls: &[Arc<tls::Acceptor>],
+    pools: &SharedPools,
 ) -> crate::admin::ServerInfo {
     let (conns, tls, started) = (Arc::clone(conns), tls.to_vec(), std::time::Instant::now());
+    let pools = Arc::clone(pools);
     Arc::new(move || {
         let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
         let unix = |t: Option<std::time::SystemTime>| {
@@ -424,9 +443,13 @@ fn server_info(
                 "timed_out": c.timed_out, "plain_http": c.plain_http,
             },
             "acme": acme,
+            "pools": pools.read().expect("not poisoned").status(),
         })
     })
 }
+
+/// The running pools, replaced whole by a reload.
+type SharedPools = Arc<std::sync::RwLock<crate::upstream::Pools>>;
 
 /// Reopens the access log's file at each SIGUSR1 (after logrotate moved it).
 async fn reopen_on_usr1(

@@ -56,6 +56,22 @@ impl Larder {
         self.handle.addrs[i]
     }
 
+    /// Every upstream pool's state (backends' health and counts), as JSON.
+    pub fn pools(&self) -> serde_json::Value {
+        self.handle.pools_status()
+    }
+
+    /// The states of pool `name`'s backends ("up", "down", "ejected", "probing").
+    pub fn backend_states(&self, name: &str) -> Vec<String> {
+        let pools = self.pools();
+        let pool = (pools.as_array().unwrap().iter())
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no pool {name} in {pools}"));
+        (pool["backends"].as_array().unwrap().iter())
+            .map(|b| b["state"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// TLS handshakes so far, by outcome.
     pub fn tls_counts(&self) -> larder::tls::Counts {
         self.handle.tls_counts()

@@ -116,6 +116,7 @@ pub struct Origin {
     count: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<Seen>>>,
     task: tokio::task::JoinHandle<()>,
+    killed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Origin {
@@ -127,12 +128,14 @@ impl Origin {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let handler: Arc<Handler> = Arc::new(handler);
         let (c, s) = (count.clone(), seen.clone());
+        let (killed, alive) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let (c, s, h) = (c.clone(), s.clone(), handler.clone());
+                let mut alive = alive.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let (c, s, h) = (c.clone(), s.clone(), h.clone());
@@ -162,10 +165,13 @@ impl Origin {
                         }
                     });
                     // More fields than hyper's default 100: larder's own bound is under test.
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let conn = hyper::server::conn::http1::Builder::new()
                         .max_headers(1000)
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = alive.wait_for(|k| *k) => {}
+                    }
                 });
             }
         });
@@ -174,6 +180,7 @@ impl Origin {
             count,
             seen,
             task,
+            killed,
         }
     }
 
@@ -193,6 +200,12 @@ impl Origin {
 
     pub fn stop(&self) {
         self.task.abort();
+    }
+
+    /// Stops accepting and closes every open connection, as a crashed server would.
+    pub fn kill(&self) {
+        self.task.abort();
+        let _ = self.killed.send(true);
     }
 }
 

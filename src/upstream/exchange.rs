@@ -1,7 +1,7 @@
-//! Talking to the upstream: the pooled keep-alive client, the client request rewritten into the
-//! upstream's (with the proxy fields of [`crate::http::fields`]: hop-by-hop fields, Via,
-//! X-Forwarded-*), the idle timeout on upstream bodies ([`UpstreamBody`]), and upstream errors as
-//! 502/504 responses.
+//! One exchange with a backend: the client request rewritten into the backend's (with the
+//! proxy fields of [`crate::http::fields`]: hop-by-hop fields, Via, X-Forwarded-*), the
+//! timeouts on the response head and on the body ([`UpstreamBody`]), and the one resend of a
+//! request whose pooled connection the origin had closed.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,31 +16,13 @@ use http::header::{self, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
+use super::{Client, InFlight};
 use crate::body::Body;
-use crate::config::{ProxyConfig, Upstream};
+use crate::config::Upstream;
 use crate::http::fields;
-pub use crate::http::FetchError;
-
-/// The pooled HTTP/1.1 client to upstreams.
-pub type Client = hyper_util::client::legacy::Client<HttpConnector, Body>;
-
-/// Builds the upstream client of one proxy route.
-pub fn client(cfg: &ProxyConfig) -> Client {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(cfg.connect_timeout.0));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(cfg.pool_max_idle)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
-}
+use crate::http::FetchError;
 
 /// Sends `req` upstream and waits for the response head: at most `timeout` once the request
 /// (with its body) has been sent, and while a body is being sent, at most `timeout` without
@@ -57,6 +39,7 @@ pub async fn send(
     req: Request<Body>,
     timeout: Duration,
     body_timeout: Duration,
+    inflight: InFlight,
 ) -> Result<Response<UpstreamBody>, FetchError> {
     let result = exchange(client, req, timeout).await;
     if let Err(e) = &result {
@@ -65,7 +48,7 @@ pub async fn send(
             _ => tracing::warn!(error = %e, "upstream request failed"),
         }
     }
-    result.map(|r| r.map(|body| UpstreamBody::new(body, body_timeout)))
+    result.map(|r| r.map(|body| UpstreamBody::new(body, body_timeout, inflight)))
 }
 
 async fn exchange(
@@ -210,15 +193,23 @@ pub struct UpstreamBody {
     // Boxed so the body stays Unpin (one allocation per upstream response, not per hit).
     silence: Pin<Box<tokio::time::Sleep>>,
     idle: Duration,
+    /// The backend counts this request in flight until the body is dropped.
+    _inflight: InFlight,
 }
 
 impl UpstreamBody {
-    fn new(inner: Incoming, idle: Duration) -> Self {
+    fn new(inner: Incoming, idle: Duration, inflight: InFlight) -> Self {
         UpstreamBody {
             inner,
             silence: Box::pin(tokio::time::sleep(idle)),
             idle,
+            _inflight: inflight,
         }
+    }
+
+    /// The body as hyper received it, for an upgraded connection's handover.
+    pub fn into_inner(self) -> Incoming {
+        self.inner
     }
 }
 

@@ -1,0 +1,183 @@
+//! A pool's HTTP client: keep-alive connections per backend, plain TCP or TLS (rustls through
+//! hyper-rustls: the system's roots and the pool's `ca`, SNI, a client certificate, or no
+//! verification when the pool says `insecure`), HTTP/1.1 or HTTP/2.
+
+use std::sync::{Arc, OnceLock};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Error;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+use crate::body::Body;
+use crate::config::{PoolConfig, UpstreamTlsConfig};
+
+/// The client of one pool: a plain one when no backend speaks TLS (no TLS layer on the pass
+/// path), else one whose connector speaks both.
+#[derive(Clone)]
+pub enum Client {
+    Plain(hyper_util::client::legacy::Client<HttpConnector, Body>),
+    Tls(hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Body>),
+}
+
+impl Client {
+    /// Builds the client of `cfg`; an unreadable CA or client certificate is an error naming
+    /// the file.
+    pub fn new(cfg: &PoolConfig) -> Result<Client, String> {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(cfg.connect_timeout.0));
+        http.set_nodelay(true);
+        let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(cfg.idle_timeout.0)
+            .pool_max_idle_per_host(cfg.max_idle)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new());
+        if !cfg.uses_tls() {
+            builder.http2_only(cfg.http2);
+            return Ok(Client::Plain(builder.build(http)));
+        }
+        http.enforce_http(false);
+        let tls = tls_config(&cfg.tls)?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let connector = match &cfg.tls.sni {
+            Some(name) => {
+                let name = ServerName::try_from(name.clone())
+                    .map_err(|_| format!("sni `{name}` is not a DNS name or address"))?;
+                connector
+                    .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+            }
+            None => connector,
+        };
+        let connector = if cfg.http2 {
+            connector.enable_all_versions().wrap_connector(http)
+        } else {
+            connector.enable_http1().wrap_connector(http)
+        };
+        Ok(Client::Tls(builder.build(connector)))
+    }
+
+    pub async fn request(&self, req: Request<Body>) -> Result<Response<Incoming>, Error> {
+        match self {
+            Client::Plain(c) => c.request(req).await,
+            Client::Tls(c) => c.request(req).await,
+        }
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// The system's trusted roots, read once.
+fn native_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "reading the system's trusted certificates");
+        }
+        found.certs
+    })
+}
+
+fn tls_config(tls: &UpstreamTlsConfig) -> Result<ClientConfig, String> {
+    let provider = provider();
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = if tls.insecure {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+    } else {
+        let mut roots = RootCertStore::empty();
+        roots.add_parsable_certificates(native_roots().iter().cloned());
+        if let Some(ca) = &tls.ca {
+            let certs = CertificateDer::pem_file_iter(ca)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{}: no certificate in it", ca.display()));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+        }
+        builder.with_root_certificates(roots)
+    };
+    // ALPN (h2, http/1.1) is hyper-rustls's to set, from the versions enabled.
+    let config = match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", cert.display()))?;
+            let key =
+                PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("{}: {e}", cert.display()))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(config)
+}
+
+/// `insecure = true`: any certificate is accepted (the handshake's signatures are still
+/// checked, so the connection is encrypted, but to whoever answers).
+#[derive(Debug)]
+struct NoVerify(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

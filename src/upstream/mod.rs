@@ -1,0 +1,540 @@
+//! Upstream pools: the backends a proxy route sends to, how one is chosen for a request
+//! (`balance.rs`), whether each is fit to take it (active checks in `health.rs`, passive
+//! ejection from real requests' failures here), the retry of a failed idempotent request on
+//! another backend, the pool's connections (`connect.rs`: plain, TLS, HTTP/2) and one exchange
+//! with a backend (`exchange.rs`: the request rewritten, timeouts, the response body).
+//!
+//! ```text
+//! send ─▶ choose (balance over backends up, not yet tried) ─▶ exchange ─▶ response
+//!            │ none up: backups; none either: every primary (better a try than a 502)
+//!            ▼
+//!          failed before any response byte, idempotent, no body, tries and time left
+//!            └─▶ counted against the backend (ejected after max_fails) ─▶ choose again
+//! ```
+//!
+//! Pools are shared by every route that names them and by every worker thread; their state is
+//! atomics. [`Pools::build`] keeps a pool whose configuration did not change across a reload,
+//! with its connections and health.
+
+mod balance;
+mod connect;
+pub mod exchange;
+mod health;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{header, request, Request, Response};
+
+use crate::body::Body;
+use crate::config::{Balance, HashOn, PassiveConfig, PoolConfig, Upstream};
+pub use crate::http::FetchError;
+pub use connect::Client;
+pub use exchange::{prepare_request, UpstreamBody};
+
+/// The running pools, by name.
+#[derive(Clone, Default)]
+pub struct Pools(BTreeMap<String, Arc<Pool>>);
+
+impl Pools {
+    /// Builds the pools of `cfg`, taking over from `old` every pool whose configuration is
+    /// unchanged (its connections and health state with it). Health checks start here (on the
+    /// current tokio runtime). An unreadable certificate file is an error naming the pool.
+    pub fn build(cfg: &crate::config::pool::Pools, old: Option<&Pools>) -> Result<Pools, String> {
+        let mut pools = BTreeMap::new();
+        for (name, pc) in cfg {
+            let kept = old
+                .and_then(|o| o.0.get(name))
+                .filter(|p| p.cfg == *pc)
+                .cloned();
+            let pool = match kept {
+                Some(p) => p,
+                None => Pool::new(name, pc).map_err(|e| format!("[pool.{name}]: {e}"))?,
+            };
+            pools.insert(name.clone(), pool);
+        }
+        Ok(Pools(pools))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.0.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.0.values()
+    }
+
+    /// Every pool's state, for the admin API.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::Value::Array(self.iter().map(|p| p.status()).collect())
+    }
+}
+
+/// A pool of backends.
+pub struct Pool {
+    name: String,
+    cfg: PoolConfig,
+    backends: Box<[Backend]>,
+    /// (index, weight) of the primaries.
+    primaries: Box<[(usize, u32)]>,
+    round_robin: balance::RoundRobin,
+    backup_round_robin: balance::RoundRobin,
+    ring: Option<balance::Ring>,
+    rotate: AtomicUsize,
+    client: Client,
+    /// The zero of the millisecond clock the health atomics count in.
+    epoch: Instant,
+    checker: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// One backend and its health.
+pub struct Backend {
+    pub url: Upstream,
+    pub weight: u32,
+    pub backup: bool,
+    health: Health,
+}
+
+/// A backend's health, shared by every thread: the active checks' verdict, passive ejection
+/// (consecutive failures, until when it is out, the probe in progress), and counts.
+#[derive(Default)]
+struct Health {
+    /// The active checks' verdict (up while there are none).
+    down: AtomicBool,
+    /// Active checks in a row: > 0 passed, < 0 failed.
+    streak: AtomicI32,
+    /// Consecutive failed requests.
+    fails: AtomicU32,
+    /// Ejected until this time (pool milliseconds).
+    ejected_until: AtomicU64,
+    /// When the probe of an ejected backend started (0: none).
+    probe_since: AtomicU64,
+    inflight: AtomicUsize,
+    requests: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Pool {
+    /// Builds a pool (and starts its health checks, if any, on the current runtime).
+    pub fn new(name: &str, cfg: &PoolConfig) -> Result<Arc<Pool>, String> {
+        let client = Client::new(cfg)?;
+        let backends: Box<[Backend]> = (cfg.backends.iter())
+            .map(|b| Backend {
+                url: b.url.clone(),
+                weight: b.weight,
+                backup: b.backup,
+                health: Health::default(),
+            })
+            .collect();
+        let members = |backup: bool| -> Box<[(usize, u32)]> {
+            (backends.iter().enumerate())
+                .filter(|(_, b)| b.backup == backup)
+                .map(|(i, b)| (i, b.weight))
+                .collect()
+        };
+        let (primaries, backups) = (members(false), members(true));
+        let ring = (cfg.balance == Balance::Hash).then(|| {
+            let members: Vec<(usize, String, u32)> = (primaries.iter())
+                .map(|&(i, w)| (i, backends[i].url.authority.to_string(), w))
+                .collect();
+            balance::Ring::new(&members)
+        });
+        let pool = Arc::new(Pool {
+            name: name.to_string(),
+            round_robin: balance::RoundRobin::new(&primaries),
+            backup_round_robin: balance::RoundRobin::new(&backups),
+            primaries,
+            ring,
+            rotate: AtomicUsize::new(0),
+            client,
+            backends,
+            cfg: cfg.clone(),
+            epoch: Instant::now(),
+            checker: Mutex::new(None),
+        });
+        if let Some(h) = &cfg.health {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let task = rt.spawn(health::run(Arc::downgrade(&pool), h.clone()));
+                *pool.checker.lock().expect("not poisoned") = Some(task.abort_handle());
+            }
+        }
+        Ok(pool)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn backends(&self) -> &[Backend] {
+        &self.backends
+    }
+
+    /// The backends' URLs, for logs and the startup banner.
+    pub fn describe(&self) -> String {
+        let urls: Vec<String> = (self.backends.iter())
+            .map(|b| format!("{}://{}", b.url.scheme, b.url.authority))
+            .collect();
+        urls.join(", ")
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+    }
+
+    /// Sends a client's request (`parts`, `body`; not yet rewritten for a backend) to a
+    /// backend of the pool and waits for the response head, within `timeout` (see
+    /// [`exchange::send`]). An idempotent request without a body whose exchange failed before
+    /// any of a response came back goes to another backend, up to `retries` more times and
+    /// while `retry_timeout` lasts; anything else fails at once.
+    pub async fn send(
+        self: &Arc<Self>,
+        parts: request::Parts,
+        body: Body,
+        peer: SocketAddr,
+        timeout: Duration,
+        body_timeout: Duration,
+    ) -> Result<Response<UpstreamBody>, FetchError> {
+        use http_body::Body as _;
+        let retryable = parts.method.is_idempotent() && body.is_end_stream();
+        let key = self.hash_key(&parts, peer);
+        let started = Instant::now();
+        let mut tried = 0u128;
+        let mut attempt = 0;
+        let (mut parts, mut body) = (Some(parts), Some(body));
+        loop {
+            let i = self.choose(key.as_deref(), tried);
+            let backend = &self.backends[i];
+            let last = !retryable
+                || attempt >= self.cfg.retries.get()
+                || started.elapsed() >= self.cfg.retry_timeout.0
+                || (tried | bit(i)).count_ones() as usize >= self.backends.len();
+            let (mut p, b) = if last {
+                (parts.take().expect("kept"), body.take().expect("kept"))
+            } else {
+                (clone_parts(parts.as_ref().expect("kept")), Body::empty())
+            };
+            prepare_request(&mut p, &backend.url, peer);
+            backend.health.inflight.fetch_add(1, Ordering::Relaxed);
+            backend.health.requests.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight {
+                pool: Arc::clone(self),
+                backend: i,
+            };
+            let result = exchange::send(
+                &self.client,
+                Request::from_parts(p, b),
+                timeout,
+                body_timeout,
+                guard,
+            )
+            .await;
+            match &result {
+                Ok(resp) => {
+                    let failed = self.cfg.passive.on_5xx
+                        && matches!(resp.status().as_u16(), 500 | 502 | 503 | 504);
+                    self.outcome(i, !failed);
+                }
+                Err(FetchError::RequestBody(_)) => {}
+                Err(_) => self.outcome(i, false),
+            }
+            match result {
+                Err(e) if !last && retry_after(&e) => {
+                    tracing::warn!(pool = %self.name, backend = %backend.url.authority, error = %e,
+                        "retrying on another backend");
+                    tried |= bit(i);
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// What `balance = "hash"` hashes for this request (None: nothing to hash, round-robin).
+    fn hash_key(&self, parts: &request::Parts, peer: SocketAddr) -> Option<Vec<u8>> {
+        self.ring.as_ref()?;
+        match &self.cfg.hash_on {
+            HashOn::Uri => {
+                let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                Some(pq.as_bytes().to_vec())
+            }
+            HashOn::Client => Some(peer.ip().to_string().into_bytes()),
+            HashOn::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
+            HashOn::Cookie(name) => cookie(&parts.headers, name).map(|v| v.as_bytes().to_vec()),
+        }
+    }
+
+    /// The backend for the next try: chosen by the pool's balance among the primaries up and
+    /// not yet tried; else a backup; else (every backend down) any primary not yet tried, as
+    /// Envoy's panic mode does: a request to a backend thought down may still succeed, a 502
+    /// never does.
+    fn choose(&self, key: Option<&[u8]>, tried: u128) -> usize {
+        let now = self.now_ms();
+        let passive = &self.cfg.passive;
+        let ok = |i: usize| tried & bit(i) == 0 && self.backends[i].health.admit(now, passive);
+        let chosen = match (self.cfg.balance, &self.ring, key) {
+            (Balance::Hash, Some(ring), Some(key)) => ring.pick(key, ok),
+            (Balance::LeastConn, _, _) => balance::least_loaded(
+                &self.primaries,
+                &self.rotate,
+                |i| self.backends[i].health.inflight.load(Ordering::Relaxed),
+                ok,
+            ),
+            _ => self.round_robin.pick(ok),
+        };
+        chosen
+            .or_else(|| self.backup_round_robin.pick(ok))
+            .or_else(|| {
+                tracing::debug!(pool = %self.name, "no backend up: trying one anyway");
+                self.round_robin.pick(|i| tried & bit(i) == 0)
+            })
+            .or_else(|| self.round_robin.pick(|_| true))
+            .unwrap_or(0)
+    }
+
+    /// A request to backend `i` succeeded or failed.
+    fn outcome(&self, i: usize, success: bool) {
+        let b = &self.backends[i];
+        let h = &b.health;
+        let max = self.cfg.passive.max_fails.get() as u32;
+        if success {
+            let was = h.fails.swap(0, Ordering::Relaxed);
+            if max > 0 && was >= max {
+                tracing::info!(pool = %self.name, backend = %b.url.authority,
+                    "backend answered its probe: back in service");
+            }
+            h.probe_since.store(0, Ordering::Relaxed);
+            return;
+        }
+        h.failures.fetch_add(1, Ordering::Relaxed);
+        let fails = h.fails.fetch_add(1, Ordering::Relaxed) + 1;
+        if max > 0 && fails >= max {
+            let out = self.cfg.passive.fail_timeout.0;
+            let until = self.now_ms() + u64::try_from(out.as_millis()).unwrap_or(u64::MAX);
+            h.ejected_until.store(until, Ordering::Relaxed);
+            h.probe_since.store(0, Ordering::Relaxed);
+            tracing::warn!(pool = %self.name, backend = %b.url.authority, fails,
+                "backend ejected for {out:?} after failed requests");
+        }
+    }
+
+    /// The pool's state: each backend's health and counts.
+    pub fn status(&self) -> serde_json::Value {
+        let now = self.now_ms();
+        let backends: Vec<serde_json::Value> = (self.backends.iter())
+            .map(|b| {
+                let h = &b.health;
+                serde_json::json!({
+                    "url": format!("{}://{}", b.url.scheme, b.url.authority),
+                    "weight": b.weight,
+                    "backup": b.backup,
+                    "state": h.state(now, &self.cfg.passive),
+                    "in_flight": h.inflight.load(Ordering::Relaxed),
+                    "requests": h.requests.load(Ordering::Relaxed),
+                    "failures": h.failures.load(Ordering::Relaxed),
+                    "consecutive_failures": h.fails.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "name": self.name,
+            "balance": format!("{:?}", self.cfg.balance),
+            "health_checks": self.cfg.health.as_ref().map(|h| format!("{:?}", h.check)),
+            "backends": backends,
+        })
+    }
+
+    /// Each backend's state name (for tests and the admin API): "up", "down" (active checks),
+    /// "ejected" (passive), "probing".
+    pub fn states(&self) -> Vec<&'static str> {
+        let now = self.now_ms();
+        (self.backends.iter())
+            .map(|b| b.health.state(now, &self.cfg.passive))
+            .collect()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(task) = self.checker.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+impl Health {
+    /// Whether a request may go to this backend now. An ejected backend whose time out is
+    /// over takes one request, its probe (claimed here, by one caller); until that answers,
+    /// or if it hangs for as long as an ejection, no other.
+    fn admit(&self, now: u64, passive: &PassiveConfig) -> bool {
+        if self.down.load(Ordering::Relaxed) {
+            return false;
+        }
+        let max = passive.max_fails.get() as u32;
+        if max == 0 || self.fails.load(Ordering::Relaxed) < max {
+            return true;
+        }
+        if now < self.ejected_until.load(Ordering::Relaxed) {
+            return false;
+        }
+        let since = self.probe_since.load(Ordering::Relaxed);
+        let out = u64::try_from(passive.fail_timeout.0.as_millis()).unwrap_or(u64::MAX);
+        if since != 0 && now < since.saturating_add(out) {
+            return false;
+        }
+        (self.probe_since)
+            .compare_exchange(since, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn state(&self, now: u64, passive: &PassiveConfig) -> &'static str {
+        let max = passive.max_fails.get() as u32;
+        if self.down.load(Ordering::Relaxed) {
+            "down"
+        } else if max == 0 || self.fails.load(Ordering::Relaxed) < max {
+            "up"
+        } else if now < self.ejected_until.load(Ordering::Relaxed) {
+            "ejected"
+        } else {
+            "probing"
+        }
+    }
+}
+
+/// A request in flight to a backend, counted until its response body is done with (the
+/// pool held: a reload may drop the route while the body still streams).
+pub struct InFlight {
+    pool: Arc<Pool>,
+    backend: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let h = &self.pool.backends[self.backend].health;
+        h.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn bit(i: usize) -> u128 {
+    if i < 128 {
+        1 << i
+    } else {
+        0
+    }
+}
+
+/// Whether a failed exchange may be tried again elsewhere: nothing of a response came back
+/// (the connection failed, closed or reset, or no head in time).
+fn retry_after(e: &FetchError) -> bool {
+    matches!(
+        e,
+        FetchError::Connect(_) | FetchError::Timeout(_) | FetchError::Upstream(_)
+    )
+}
+
+/// The value of cookie `name` in the request's Cookie fields.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    (headers.get_all(header::COOKIE).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// A copy of a request's head (without its extensions), for another try.
+pub fn clone_parts(p: &request::Parts) -> request::Parts {
+    let mut b = Request::builder()
+        .method(p.method.clone())
+        .uri(p.uri.clone())
+        .version(p.version);
+    if let Some(h) = b.headers_mut() {
+        *h = p.headers.clone();
+    }
+    b.body(()).expect("parts are valid").into_parts().0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendConfig;
+
+    fn pool(n: usize, cfg: impl FnOnce(&mut PoolConfig)) -> Arc<Pool> {
+        let backends = (0..n)
+            .map(|i| BackendConfig::new(format!("http://127.0.0.1:{}", 1000 + i).parse().unwrap()))
+            .collect();
+        let mut c = PoolConfig::of(backends);
+        cfg(&mut c);
+        Pool::new("t", &c).unwrap()
+    }
+
+    #[test]
+    fn ejects_after_max_fails_then_probes_once() {
+        let p = pool(2, |c| {
+            c.passive.fail_timeout = crate::config::Dur(Duration::from_millis(30))
+        });
+        for _ in 0..3 {
+            assert_eq!(p.states()[0], "up");
+            p.outcome(0, false);
+        }
+        assert_eq!(p.states(), ["ejected", "up"]);
+        for _ in 0..10 {
+            assert_eq!(p.choose(None, 0), 1);
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(p.states()[0], "probing");
+        // One request probes it; the others keep going to the healthy one meanwhile.
+        let picks: Vec<usize> = (0..6).map(|_| p.choose(None, 0)).collect();
+        assert_eq!(picks.iter().filter(|&&i| i == 0).count(), 1, "{picks:?}");
+        p.outcome(0, true);
+        assert_eq!(p.states(), ["up", "up"]);
+    }
+
+    #[test]
+    fn a_failed_probe_ejects_again() {
+        let p = pool(2, |c| {
+            c.passive.fail_timeout = crate::config::Dur(Duration::from_millis(20))
+        });
+        for _ in 0..3 {
+            p.outcome(0, false);
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(p.backends[0].health.admit(p.now_ms(), &p.cfg.passive));
+        p.outcome(0, false);
+        assert_eq!(p.states()[0], "ejected");
+    }
+
+    #[test]
+    fn all_down_still_tries_and_backups_come_first() {
+        let p = pool(2, |c| c.backends[1].backup = true);
+        assert_eq!(p.choose(None, 0), 0);
+        for _ in 0..3 {
+            p.outcome(0, false);
+        }
+        assert_eq!(p.choose(None, 0), 1);
+        for _ in 0..3 {
+            p.outcome(1, false);
+        }
+        // Everything is out: a primary is tried anyway.
+        assert_eq!(p.choose(None, 0), 0);
+    }
+
+    #[test]
+    fn tried_backends_are_skipped() {
+        let p = pool(3, |_| {});
+        for _ in 0..10 {
+            let i = p.choose(None, bit(1));
+            assert_ne!(i, 1);
+        }
+    }
+
+    #[test]
+    fn cookie_values() {
+        let mut h = http::HeaderMap::new();
+        h.append(header::COOKIE, "a=1; sid=xyz".parse().unwrap());
+        assert_eq!(cookie(&h, "sid"), Some("xyz"));
+        assert_eq!(cookie(&h, "b"), None);
+    }
+}
