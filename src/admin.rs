@@ -113,12 +113,26 @@ pub struct Admin {
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The server's part of the status (connections, TLS, ACME), from the server.
     info: Option<ServerInfo>,
-    /// The running configuration's text, secrets redacted.
-    config: Option<String>,
+    /// The running configuration's text (it changes with each reload).
+    config: Option<ConfigText>,
+    /// Reloads the configuration (`POST /_larder/reload`).
+    reload: Option<ReloadFn>,
 }
 
 /// What the server adds to `/_larder/status`.
 pub type ServerInfo = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// The running configuration's text.
+pub type ConfigText = Arc<dyn Fn() -> Arc<str> + Send + Sync>;
+
+/// Reloads the configuration from its file: what needs a restart to apply, or why the new
+/// file was refused (the running configuration then stays).
+pub type ReloadFn = Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Vec<String>, String>> + Send>,
+        > + Send
+        + Sync,
+>;
 
 impl Admin {
     pub fn new(
@@ -131,6 +145,7 @@ impl Admin {
             metrics,
             info: None,
             config: None,
+            reload: None,
             access: Access {
                 token,
                 allow: Vec::new(),
@@ -139,9 +154,15 @@ impl Admin {
     }
 
     /// Adds the server's part of the status and the running configuration (its text).
-    pub fn with_server(mut self, info: ServerInfo, config_text: &str) -> Admin {
+    pub fn with_server(mut self, info: ServerInfo, config_text: ConfigText) -> Admin {
         self.info = Some(info);
-        self.config = Some(redact(config_text));
+        self.config = Some(config_text);
+        self
+    }
+
+    /// Adds `POST /_larder/reload`.
+    pub fn with_reload(mut self, reload: ReloadFn) -> Admin {
+        self.reload = Some(reload);
         self
     }
 
@@ -167,8 +188,30 @@ impl Admin {
                         )
                     })
             }
+            (&Method::POST, "/_larder/reload") => match &self.reload {
+                Some(reload) => match reload().await {
+                    Ok(warnings) => json_response(
+                        StatusCode::OK,
+                        serde_json::json!({ "reloaded": true, "needs_restart": warnings })
+                            .to_string(),
+                    ),
+                    Err(e) => json_response(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        serde_json::json!({ "reloaded": false, "error": e }).to_string(),
+                    ),
+                },
+                None => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "{\"error\":\"this larder runs without a configuration file to reload\"}"
+                        .into(),
+                ),
+            },
             (&Method::GET, "/_larder/config") => {
-                let text = self.config.clone().unwrap_or_default();
+                let text = self
+                    .config
+                    .as_ref()
+                    .map(|c| redact(&c()))
+                    .unwrap_or_default();
                 let mut r = Response::new(Body::full(text));
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,

@@ -85,6 +85,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Reload the running larder's configuration file through its admin API (as SIGHUP does):
+    /// the new file is checked first, and a bad one is refused with the reason.
+    Reload {
+        /// The admin listener's address.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+        admin: SocketAddr,
+        /// The admin token (or the environment variable LARDER_ADMIN_TOKEN).
+        #[arg(long, value_name = "TOKEN", env = "LARDER_ADMIN_TOKEN")]
+        token: String,
+    },
 }
 
 /// Which configuration a command line selects.

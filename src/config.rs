@@ -149,6 +149,8 @@ pub struct AdminConfig {
 pub struct Source {
     pub origin: String,
     pub text: Arc<str>,
+    /// The file it was read from (what a reload reads again).
+    pub path: Option<PathBuf>,
 }
 
 impl Source {
@@ -172,6 +174,7 @@ impl Config {
         cfg.source = Source {
             origin: origin.to_string(),
             text: text.into(),
+            path: None,
         };
         cfg.check_semantics()?;
         cfg.name_inline_pools();
@@ -213,7 +216,9 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut cfg = Self::parse(&text, &path.display().to_string())?;
+        cfg.source.path = Some(path.to_path_buf());
+        Ok(cfg)
     }
 
     /// Checks that span several keys (each key alone was checked while parsing); an error names
@@ -465,6 +470,7 @@ impl Config {
             source: Source {
                 origin: "command line".into(),
                 text: "".into(),
+                path: None,
             },
         };
         cfg.name_inline_pools();
@@ -695,6 +701,9 @@ pub struct ServerConfig {
     /// Work-stealing runtime: poll the global task queue every this many tasks. Low values keep
     /// service fair across thousands of connections (tail latency); tokio's default is 31.
     pub global_queue_interval: Bounded<1, 255>,
+    /// How often the configuration file is checked for changes, reloaded when it changed (as
+    /// SIGHUP does); "0s": never.
+    pub watch_config: Dur<0, HOUR_MS>,
 }
 
 impl ServerConfig {
@@ -733,6 +742,7 @@ impl Default for ServerConfig {
             h2c: true,
             threading: Threading::WorkStealing,
             global_queue_interval: Bounded(2),
+            watch_config: Dur(Duration::ZERO),
         }
     }
 }

@@ -42,6 +42,28 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Reload { admin, token }) = &cli.command {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        return match rt.block_on(larder::stats::reload(*admin, token)) {
+            Ok(said) => {
+                println!("{said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Check { file }) = &cli.command {
         // The open-files limit is checked as `run` would, on this machine.
         let checked = Config::load(file)
@@ -50,6 +72,8 @@ fn main() -> ExitCode {
                 let fit = server::fit_open_files(&mut cfg).map_err(|e| e.to_string())?;
                 // Certificates are read as starting would read them.
                 larder::tls::check(&cfg).map_err(|e| e.to_string())?;
+                // So are the pools' CA and client certificates.
+                larder::upstream::Pools::build(&cfg.pools, None)?;
                 Ok((cfg, fit))
             });
         return match checked {
@@ -151,8 +175,8 @@ fn main() -> ExitCode {
             );
             println!("  curl -s --compressed http://{a}/ ");
         }
-        // SIGHUP re-reads the TLS certificates (as nginx's reload does for them); the rest of
-        // the configuration stays as started.
+        // SIGHUP reloads the configuration file (routes, pools, listeners; certificates
+        // re-read), or without a file re-reads the TLS certificates.
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             Ok(s) => Some(s),
@@ -172,10 +196,16 @@ fn main() -> ExitCode {
             };
             tokio::select! {
                 _ = &mut stop => break,
-                _ = hup_received => match handle.reload_certificates() {
+                _ = hup_received => if handle.has_config_file() {
+                    match handle.reload_from_file() {
+                        Ok(restart) if restart.is_empty() => tracing::info!("SIGHUP: configuration reloaded"),
+                        Ok(restart) => tracing::warn!(needs_restart = ?restart, "SIGHUP: configuration reloaded; some changes apply only at the next start"),
+                        Err(e) => tracing::error!(error = %e, "SIGHUP: the configuration does not load; the running one stays"),
+                    }
+                } else { match handle.reload_certificates() {
                     Ok(()) => tracing::info!("SIGHUP: certificates re-read"),
                     Err(e) => tracing::error!(error = %e, "SIGHUP: cannot re-read certificates; serving the ones loaded before"),
-                },
+                } },
             }
         }
         tracing::info!("shutting down; finishing in-flight requests");

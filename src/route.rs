@@ -212,6 +212,10 @@ impl Observed {
     }
 }
 
+/// A listener's current router: read once per request (an `ArcSwap` load: no lock, no
+/// reference count), replaced whole by a reload. A request keeps the router it started with.
+pub type LiveRouter = Arc<arc_swap::ArcSwap<Router>>;
+
 impl Router {
     /// The router of `listener`, its handlers built with the shared `cache`, `[admin]` and the
     /// running `pools`.

@@ -11,6 +11,23 @@ use hyper_util::rt::TokioIo;
 
 /// `GET /_larder/status` from the admin listener at `admin`.
 pub async fn fetch(admin: SocketAddr, token: &str) -> Result<serde_json::Value, String> {
+    let (status, body) = admin_request(admin, token, http::Method::GET, "/_larder/status").await?;
+    if !status.is_success() {
+        return Err(format!(
+            "the admin API answered {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// One request to the admin API at `admin` with the bearer `token`: its status and body.
+pub async fn admin_request(
+    admin: SocketAddr,
+    token: &str,
+    method: http::Method,
+    path: &str,
+) -> Result<(http::StatusCode, Bytes), String> {
     let tcp = tokio::net::TcpStream::connect(admin)
         .await
         .map_err(|e| format!("cannot reach the admin API at {admin}: {e}"))?;
@@ -18,7 +35,9 @@ pub async fn fetch(admin: SocketAddr, token: &str) -> Result<serde_json::Value, 
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = http::Request::get("/_larder/status")
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
         .header(http::header::HOST, admin.to_string())
         .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
         .body(Empty::<Bytes>::new())
@@ -31,13 +50,37 @@ pub async fn fetch(admin: SocketAddr, token: &str) -> Result<serde_json::Value, 
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    if !status.is_success() {
-        return Err(format!(
+    Ok((status, body))
+}
+
+/// `larder reload`: asks the running larder to reload its configuration file; the answer
+/// says what needs a restart, or why the file was refused.
+pub async fn reload(admin: SocketAddr, token: &str) -> Result<String, String> {
+    let (status, body) = admin_request(admin, token, http::Method::POST, "/_larder/reload").await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|_| {
+        format!(
             "the admin API answered {status}: {}",
             String::from_utf8_lossy(&body).trim()
-        ));
+        )
+    })?;
+    if status.is_success() {
+        let restart: Vec<&str> = (v["needs_restart"].as_array().into_iter().flatten())
+            .filter_map(|x| x.as_str())
+            .collect();
+        Ok(if restart.is_empty() {
+            "configuration reloaded".into()
+        } else {
+            format!(
+                "configuration reloaded; these changes apply at the next start: {}",
+                restart.join(", ")
+            )
+        })
+    } else {
+        Err(format!(
+            "reload refused, the running configuration stays: {}",
+            v["error"].as_str().unwrap_or("unknown error")
+        ))
     }
-    serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
 }
 
 /// Runs `larder stats`: once (`--once`, JSON with `--json`), or refreshed every second.

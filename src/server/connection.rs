@@ -25,7 +25,7 @@ use crate::body::{Body, RequestBody};
 use crate::config::ServerConfig;
 use crate::interim;
 use crate::memory;
-use crate::route::Router;
+use crate::route::LiveRouter;
 
 /// The protocol a connection speaks, as its acceptor found out: a plain-TCP listener by
 /// peeking at the first bytes (h2c prior knowledge), a TLS listener by ALPN.
@@ -116,7 +116,7 @@ pub struct Accepted<S> {
 /// Serves one connection until the peer closes, it idles out, or shutdown completes.
 pub async fn serve_connection<S: Stream>(
     accepted: Accepted<S>,
-    router: Arc<Router>,
+    router: LiveRouter,
     builder: Arc<Builders>,
     idle: Idle,
     mut shutdown: watch::Receiver<bool>,
@@ -142,6 +142,8 @@ pub async fn serve_connection<S: Stream>(
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
+        // The router in force now serves this request to its end, whatever reloads come.
+        let router = router.load();
         let observed = router.observe(&req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {

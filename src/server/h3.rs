@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{Body, BoxError, RequestBody};
-use crate::route::Router;
+use crate::route::{LiveRouter, Router};
 use crate::tls::Acceptor;
 
 type H3Conn = h3::server::Connection<h3_quinn::Connection, Bytes>;
@@ -44,7 +44,7 @@ pub fn bind(
 /// Accepts QUIC connections on `endpoint` until shutdown.
 pub async fn serve(
     endpoint: quinn::Endpoint,
-    router: Arc<Router>,
+    router: LiveRouter,
     conns: Arc<Semaphore>,
     max_headers: usize,
     mut shutdown: watch::Receiver<bool>,
@@ -71,7 +71,7 @@ pub async fn serve(
 /// One QUIC connection: its requests, each on a task of its own.
 async fn connection(
     incoming: quinn::Incoming,
-    router: Arc<Router>,
+    router: LiveRouter,
     _permit: OwnedSemaphorePermit,
     max_headers: usize,
     mut shutdown: watch::Receiver<bool>,
@@ -96,7 +96,7 @@ async fn connection(
             Ok(Some(r)) => r,
             Ok(None) | Err(_) => return,
         };
-        let router = Arc::clone(&router);
+        let router = router.load_full();
         tokio::spawn(async move {
             let Ok((req, stream)) = resolver.resolve_request().await else {
                 return;

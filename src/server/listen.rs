@@ -18,7 +18,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::connection::{serve_connection, Accepted, Builders, Idle, Protocol};
 use crate::config::{Config, ServerConfig};
-use crate::route::Router;
+use crate::route::LiveRouter;
 use crate::tls::Acceptor;
 
 /// A listening socket with SO_REUSEADDR (and SO_REUSEPORT for per-core workers) and a deep
@@ -54,13 +54,16 @@ pub struct Serving {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// Accepts connections on `listener` until shutdown, each served by `router` on a task of its
-/// own once its protocol is known (after the TLS handshake, on a listener with `tls`).
+/// Accepts connections on `listener` until shutdown or `stop` (a reload removed the listener:
+/// the socket closes, its connections go on until they end), each served by `router` (the
+/// one in force at each request) on a task of its own once its protocol is known (after the
+/// TLS handshake, on a listener with `tls`).
 pub async fn accept_loop(
     listener: TcpListener,
-    router: Arc<Router>,
+    router: LiveRouter,
     serving: Serving,
     tls: Option<Arc<Acceptor>>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let Serving {
         builder,
@@ -73,6 +76,7 @@ pub async fn accept_loop(
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = shutdown.changed() => return,
+            _ = stop.wait_for(|s| *s) => return,
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,

@@ -30,6 +30,7 @@ mod connection;
 mod h3;
 mod io;
 mod listen;
+mod reload;
 mod start;
 
 pub use io::Stream;

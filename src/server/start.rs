@@ -14,11 +14,12 @@ use tokio::sync::{watch, Semaphore};
 use super::background::Background;
 use super::connection::connection_builder;
 use super::listen::{accept_loop, bind, bind_std, Serving};
+use super::reload::{Reloader, RouterParts, Slot};
 use crate::cache::Cache;
 use crate::config::{Config, ServerConfig, Threading};
 use crate::interim;
 use crate::memory::return_freed_memory;
-use crate::route::Router;
+use crate::route::{LiveRouter, Router};
 use crate::tls;
 
 /// Errors starting the server.
@@ -57,6 +58,7 @@ pub struct Handle {
     /// Requests counted (when there is an admin listener to read them from).
     metrics: Option<Arc<crate::metrics::Metrics>>,
     pools: SharedPools,
+    reloader: Arc<Reloader>,
     /// The access log, when configured (its writer stops once the last handle is gone).
     access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
@@ -119,6 +121,27 @@ impl Handle {
         self.tls.iter().try_for_each(|a| a.certs.reload())
     }
 
+    /// Applies a new configuration while serving (see [`Reloader::reload`]): what needs a
+    /// restart to apply, or why it was refused (nothing changed then).
+    pub fn reload(&self, config: Config) -> Result<Vec<String>, String> {
+        self.reloader.reload(config)
+    }
+
+    /// Reads the configuration file again and applies it (SIGHUP, `larder reload`).
+    pub fn reload_from_file(&self) -> Result<Vec<String>, String> {
+        self.reloader.reload_from_file()
+    }
+
+    /// Whether larder runs from a configuration file (which a reload reads again).
+    pub fn has_config_file(&self) -> bool {
+        self.reloader.path().is_some()
+    }
+
+    /// Bound addresses of the listeners now (after reloads), in configuration order.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.reloader.addrs()
+    }
+
     /// Every upstream pool's state: its backends' health and counts (as the admin API's
     /// status shows it).
     pub fn pools_status(&self) -> serde_json::Value {
@@ -171,11 +194,6 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     };
     // HTTP-01 answers of ACME orders, served by every plain listener.
     let http01 = Arc::new(tls::acme::Http01::default());
-    let answers_http01 = config.listeners.iter().any(|l| {
-        (l.tls.as_ref()).is_some_and(|t| {
-            (t.acme.as_ref()).is_some_and(|a| a.challenge == crate::config::AcmeChallenge::Http01)
-        })
-    });
     for l in &config.listeners {
         let tls = match &l.tls {
             Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg, &http01).map_err(
@@ -188,29 +206,24 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         };
         acceptors.push(tls);
     }
+    let parts = RouterParts {
+        cache: Arc::clone(&cache),
+        pools: Arc::clone(&pools),
+        metrics: metrics.clone(),
+        access_log: access_log.as_ref().map(|l| l.id()),
+        http01: Arc::clone(&http01),
+    };
+    let mut slots = Vec::new();
     for (l, tls) in config.listeners.iter().zip(&acceptors) {
         let listener = bind(l.addr, reuse_port).map_err(|source| Error::Bind {
             addr: l.addr,
             source,
         })?;
-        addrs.push(listener.local_addr().map_err(|source| Error::Bind {
+        let bound = listener.local_addr().map_err(|source| Error::Bind {
             addr: l.addr,
             source,
-        })?);
-        let mut router = Router::new(
-            l,
-            &config.admin,
-            &cache,
-            &pools.read().expect("not poisoned"),
-        );
-        if metrics.is_some() || access_log.is_some() {
-            let log = access_log.as_ref().map(|l| l.id());
-            router.observe_into(metrics.as_deref(), log, &addrs[addrs.len() - 1].to_string());
-        }
-        if answers_http01 && l.tls.is_none() {
-            router.answer_http01(Arc::clone(&http01));
-        }
-        let bound = addrs[addrs.len() - 1];
+        })?;
+        addrs.push(bound);
         let h3 = match tls
             .as_ref()
             .filter(|_| l.tls.as_ref().is_some_and(|t| t.http3))
@@ -224,33 +237,53 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
                         }
                     })?;
                 let alt_svc = format!("h3=\":{}\"; ma=86400", bound.port());
-                router.advertise(http::HeaderValue::try_from(alt_svc).expect("a valid field"));
-                Some(endpoint)
+                Some((
+                    endpoint,
+                    http::HeaderValue::try_from(alt_svc).expect("a valid field"),
+                ))
             }
             None => None,
         };
-        let router = Arc::new(router);
-        if let Some(endpoint) = h3 {
+        let alt_svc = h3.as_ref().map(|(_, v)| v.clone());
+        let router = Arc::new(parts.router(l, &config, bound, alt_svc.as_ref()));
+        let live: LiveRouter = Arc::new(arc_swap::ArcSwap::new(Arc::clone(&router)));
+        if let Some((endpoint, _)) = h3 {
             tokio::spawn(super::h3::serve(
                 endpoint,
-                Arc::clone(&router),
+                Arc::clone(&live),
                 Arc::clone(&conns),
                 server.max_headers.get() as usize,
                 serving.shutdown.clone(),
             ));
         }
-        routers.push(Arc::clone(&router));
-        tokio::spawn(accept_loop(listener, router, serving.clone(), tls.clone()));
+        routers.push(router);
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(accept_loop(
+            listener,
+            Arc::clone(&live),
+            serving.clone(),
+            tls.clone(),
+            stopped,
+        ));
+        slots.push(Slot {
+            addr: l.addr,
+            bound,
+            live,
+            tls: tls.clone(),
+            alt_svc,
+            stop,
+        });
     }
     for i in 1..=extra_threads {
         // Bind on this thread so that errors are reported by `start`.
         let mut listeners = Vec::with_capacity(addrs.len());
-        for ((addr, router), tls) in addrs.iter().zip(&routers).zip(&acceptors) {
-            let std = bind_std(*addr, true).map_err(|source| Error::Bind {
-                addr: *addr,
+        for slot in &slots {
+            let std = bind_std(slot.bound, true).map_err(|source| Error::Bind {
+                addr: slot.bound,
                 source,
             })?;
-            listeners.push((std, Arc::clone(router), tls.clone()));
+            let stopped = slot.stop.subscribe();
+            listeners.push((std, Arc::clone(&slot.live), slot.tls.clone(), stopped));
         }
         let serving = serving.clone();
         std::thread::Builder::new()
@@ -303,18 +336,30 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             reopen_on_usr1(log, stop)
         });
     }
+    let admin_listen = config.admin.listen;
+    let admin_token = config.admin.token.clone();
+    let watch_config = config.server.watch_config.0;
+    let reloader = Arc::new(Reloader::new(config, slots, parts, serving.clone()));
+    if !watch_config.is_zero() && reloader.path().is_some() {
+        let r = Arc::clone(&reloader);
+        background.register(
+            "reload on a change of the configuration file",
+            move |stop| watch_config_file(r, watch_config, stop),
+        );
+    }
     let mut admin_addr = None;
-    if let Some(addr) = config.admin.listen {
+    if let Some(addr) = admin_listen {
         let info = server_info(&conns, max_conns, &tls_acceptors, &pools);
-        let (bound, router) = listen_admin(
-            addr,
-            config.admin.token.clone(),
-            &cache,
-            &serving,
-            metrics.clone(),
-            info,
-            &config.source.text,
-        )?;
+        let text = Arc::clone(&reloader);
+        let reload = Arc::clone(&reloader);
+        let reload: crate::admin::ReloadFn = Arc::new(move || {
+            let r = Arc::clone(&reload);
+            Box::pin(async move { r.reload_from_file() })
+        });
+        let admin = crate::admin::Admin::new(Arc::clone(&cache), admin_token, metrics.clone())
+            .with_server(info, Arc::new(move || text.text()))
+            .with_reload(reload);
+        let (bound, router) = listen_admin(addr, admin, &serving)?;
         admin_addr = Some(bound);
         routers.push(router);
     }
@@ -333,20 +378,56 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         metrics,
         access_log,
         pools,
+        reloader,
     })
 }
+
+/// Reloads the configuration when its file changes (its length or modification time), checked
+/// every `every`. A file that does not load is logged and the running configuration stays.
+async fn watch_config_file(
+    reloader: Arc<Reloader>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(path) = reloader.path() else { return };
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    let mut seen = stamp(&path);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match reloader.reload_from_file() {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "configuration file changed but does not load; the running configuration stays")
+            }
+        }
+    }
+}
+
+/// A listener as a per-core worker serves it: its own socket, the listener's live router and
+/// TLS, and the switch that stops it.
+type WorkerListener = (
+    std::net::TcpListener,
+    LiveRouter,
+    Option<Arc<tls::Acceptor>>,
+    watch::Receiver<bool>,
+);
 
 /// A per-core worker thread: a single-threaded runtime serving its own sockets until shutdown
 /// (or until the [`Handle`] is dropped), then until this process's connections drain or the
 /// grace period ends: dropping the runtime earlier would cut this thread's connections short.
-fn run_worker(
-    listeners: Vec<(
-        std::net::TcpListener,
-        Arc<Router>,
-        Option<Arc<tls::Acceptor>>,
-    )>,
-    serving: Serving,
-) {
+fn run_worker(listeners: Vec<WorkerListener>, serving: Serving) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -358,10 +439,10 @@ fn run_worker(
         }
     };
     rt.block_on(async move {
-        for (std, router, tls) in listeners {
+        for (std, router, tls, stopped) in listeners {
             match TcpListener::from_std(std) {
                 Ok(l) => {
-                    tokio::spawn(accept_loop(l, router, serving.clone(), tls));
+                    tokio::spawn(accept_loop(l, router, serving.clone(), tls, stopped));
                 }
                 Err(e) => tracing::error!(error = %e, "cannot register listener"),
             }
@@ -386,25 +467,20 @@ fn run_worker(
 /// listener on the current runtime.
 fn listen_admin(
     addr: SocketAddr,
-    token: Option<String>,
-    cache: &Arc<Cache>,
+    admin: crate::admin::Admin,
     serving: &Serving,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    info: crate::admin::ServerInfo,
-    config_text: &str,
 ) -> Result<(SocketAddr, Arc<Router>), Error> {
     let listener = bind(addr, false).map_err(|source| Error::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
-    let admin =
-        crate::admin::Admin::new(Arc::clone(cache), token, metrics).with_server(info, config_text);
     let router = Arc::new(Router::admin(admin));
     tokio::spawn(accept_loop(
         listener,
-        Arc::clone(&router),
+        Arc::new(arc_swap::ArcSwap::new(Arc::clone(&router))),
         serving.clone(),
         None,
+        serving.shutdown.clone(),
     ));
     Ok((bound, router))
 }

@@ -56,6 +56,18 @@ impl Larder {
         self.handle.addrs[i]
     }
 
+    /// Reloads larder with a new configuration (TOML text): what needs a restart, or why
+    /// it was refused.
+    pub fn reload(&self, toml: &str) -> Result<Vec<String>, String> {
+        let cfg = larder::config::Config::parse(toml, "reload").map_err(|e| e.to_string())?;
+        self.handle.reload(cfg)
+    }
+
+    /// The listeners' bound addresses now (after reloads).
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.handle.listener_addrs()
+    }
+
     /// Every upstream pool's state (backends' health and counts), as JSON.
     pub fn pools(&self) -> serde_json::Value {
         self.handle.pools_status()
