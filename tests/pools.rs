@@ -387,3 +387,27 @@ addr = "127.0.0.1:0"
     let pools = l.pools();
     assert_eq!(pools[0]["health_checks"], "Tcp");
 }
+
+/// Backends' health and counts are in /metrics.
+#[tokio::test]
+async fn backends_are_in_the_metrics() {
+    let o = named_origins(2).await;
+    let text = format!(
+        "[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:0\"\n{}",
+        pooled(&backends(&o))
+    );
+    let l = Larder::start(&text).await;
+    answers(&l, 4, "/x", &[]).await;
+    o[1].kill();
+    answers(&l, 10, "/x", &[]).await;
+    let m = l.metrics_text().unwrap();
+    let (a, b) = (o[0].url(), o[1].url());
+    for line in [
+        format!("larder_upstream_up{{pool=\"app\",backend=\"{a}\"}} 1"),
+        format!("larder_upstream_up{{pool=\"app\",backend=\"{b}\"}} 0"),
+        format!("larder_upstream_requests_total{{pool=\"app\",backend=\"{a}\"}} 12"),
+        format!("larder_upstream_failures_total{{pool=\"app\",backend=\"{b}\"}} 3"),
+    ] {
+        assert!(m.contains(&line), "{line} not in\n{m}");
+    }
+}

@@ -72,11 +72,33 @@ pub async fn accept_loop(
         mut shutdown,
     } = serving;
     let mut warned_full = false;
+    let mut listener = Some(listener);
+    // Once stopped: the socket in blocking-free std form, emptied of the connections its
+    // backlog holds (clients that connected before the stop are served, not reset).
+    let mut draining: Option<std::net::TcpListener> = None;
     loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.changed() => return,
-            _ = stop.wait_for(|s| *s) => return,
+        let accepted = if let Some(std) = &draining {
+            match std.accept() {
+                Ok((s, peer)) => s
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(s))
+                    .map(|s| (s, peer)),
+                Err(_) => return,
+            }
+        } else {
+            let l = listener.as_ref().expect("accepting");
+            tokio::select! {
+                r = l.accept() => r,
+                _ = shutdown.changed() => return,
+                _ = stop.wait_for(|s| *s) => {
+                    let std = listener.take().expect("accepting").into_std();
+                    match std.and_then(|s| s.set_nonblocking(true).map(|()| s)) {
+                        Ok(s) => draining = Some(s),
+                        Err(_) => return,
+                    }
+                    continue;
+                }
+            }
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,

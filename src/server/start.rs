@@ -318,6 +318,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
             &interim_dropped,
             &tls_acceptors,
         );
+        let running = Arc::clone(&pools);
+        m.families(move || running.read().expect("not poisoned").metric_families());
         if let Some(log) = &access_log {
             let log = Arc::clone(log);
             m.families(move || {

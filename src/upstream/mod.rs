@@ -67,6 +67,58 @@ impl Pools {
         self.0.values()
     }
 
+    /// Every backend's health and counts as metric families (`/metrics`).
+    pub fn metric_families(&self) -> Vec<crate::metrics::Family> {
+        use crate::metrics::Family;
+        if self.0.is_empty() {
+            return Vec::new();
+        }
+        let family = |name, help, counter| Family {
+            name,
+            help,
+            counter,
+            samples: Vec::new(),
+        };
+        let mut up = family(
+            "larder_upstream_up",
+            "Whether a backend takes requests (1) or is down or ejected (0).",
+            false,
+        );
+        let mut requests = family(
+            "larder_upstream_requests",
+            "Requests sent to a backend (each try).",
+            true,
+        );
+        let mut failures = family("larder_upstream_failures", "Requests to a backend that failed (connection, timeout, garbage, or a 5xx counted by passive health).", true);
+        let mut in_flight = family(
+            "larder_upstream_in_flight",
+            "Requests in flight to a backend.",
+            false,
+        );
+        for p in self.iter() {
+            let now = p.now_ms();
+            for b in p.backends.iter() {
+                let labels = vec![
+                    ("pool", p.name.clone()),
+                    ("backend", format!("{}://{}", b.url.scheme, b.url.authority)),
+                ];
+                let h = &b.health;
+                let state = h.state(now, &p.cfg.passive);
+                up.samples.push((labels.clone(), u64::from(state == "up")));
+                requests
+                    .samples
+                    .push((labels.clone(), h.requests.load(Ordering::Relaxed)));
+                failures
+                    .samples
+                    .push((labels.clone(), h.failures.load(Ordering::Relaxed)));
+                in_flight
+                    .samples
+                    .push((labels, h.inflight.load(Ordering::Relaxed) as u64));
+            }
+        }
+        vec![up, requests, failures, in_flight]
+    }
+
     /// Every pool's state, for the admin API.
     pub fn status(&self) -> serde_json::Value {
         serde_json::Value::Array(self.iter().map(|p| p.status()).collect())
