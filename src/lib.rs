@@ -33,6 +33,9 @@
 //! written by a thread of its own), [`stats`] (`larder stats`), [`admin`] (who may purge, the
 //! admin API), [`body`] (the response and request body types).
 //!
+//! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
+//! answered it (WebSocket pass-through).
+//!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
 //! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
 //! X-Forwarded-* fields ([`http::fields`]), short text and JSON responses, and why an upstream
@@ -45,7 +48,8 @@
 //!
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
-//!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`].
+//!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`];
+//!    [`upgrade`].
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
@@ -79,6 +83,7 @@ pub mod server;
 pub mod static_files;
 pub mod stats;
 pub mod tls;
+pub mod upgrade;
 pub mod upstream;
 
 #[cfg(test)]

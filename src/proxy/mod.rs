@@ -340,8 +340,13 @@ impl Proxy {
         status: CacheStatus,
     ) -> Response<Body> {
         let me = &self.0;
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
+        // A WebSocket (or other) upgrade: the client's connection, claimed now, is handed over
+        // once larder's 101 is written, and joined to the backend's.
+        let slot = (parts.extensions.remove::<crate::upgrade::Slot>())
+            .filter(|_| crate::upgrade::wanted(&parts.headers));
+        let client = slot.as_ref().map(|s| s.claim());
         match (me.pool)
             .send(
                 parts,
@@ -352,13 +357,60 @@ impl Proxy {
             )
             .await
         {
+            Ok(mut resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                let Some(client) = client else {
+                    // The backend switched protocols unasked.
+                    return me.tag(
+                        FetchError::Upstream("101 to a request that asked no upgrade".into())
+                            .response(),
+                        status,
+                    );
+                };
+                let backend = hyper::upgrade::on(&mut resp);
+                tokio::spawn(tunnel(client, backend, peer));
+                let (rparts, _) = resp.into_parts();
+                let mut out = Response::new(Body::empty());
+                *out.status_mut() = rparts.status;
+                *out.headers_mut() = rparts.headers;
+                out
+            }
             Ok(resp) => {
+                if let Some(slot) = &slot {
+                    // No upgrade after all: the connection stays with its server.
+                    slot.take();
+                }
                 let (mut rparts, rbody) = resp.into_parts();
                 fields::strip_hop_by_hop(&mut rparts.headers);
                 me.pass_on(rparts, Body::stream(rbody), &asked, status)
             }
             Err(e) => me.tag(e.response(), status),
         }
+    }
+}
+
+/// Joins an upgraded client connection to the backend's, bytes both ways, until either side
+/// closes.
+async fn tunnel(
+    client: tokio::sync::oneshot::Receiver<crate::upgrade::Upgraded>,
+    backend: hyper::upgrade::OnUpgrade,
+    peer: SocketAddr,
+) {
+    use tokio::io::AsyncWriteExt;
+    let (client, backend) = match tokio::join!(client, backend) {
+        (Ok(c), Ok(b)) => (c, b),
+        (c, b) => {
+            tracing::debug!(%peer, client = c.is_ok(), backend = ?b.err(), "upgrade not completed");
+            return;
+        }
+    };
+    let mut backend = hyper_util::rt::TokioIo::new(backend);
+    let mut io = client.io;
+    if !client.read_ahead.is_empty() && backend.write_all(&client.read_ahead).await.is_err() {
+        return;
+    }
+    match tokio::io::copy_bidirectional(&mut io, &mut backend).await {
+        Ok((up, down)) => tracing::debug!(%peer, up, down, "upgraded connection closed"),
+        Err(e) => tracing::debug!(%peer, error = %e, "upgraded connection ended"),
     }
 }
 

@@ -136,12 +136,20 @@ pub async fn serve_connection<S: Stream>(
     // HTTP/1.1 only: interim responses are written on the connection between responses, which
     // HTTP/2's framing does not allow.
     let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(Arc::clone(&interim)));
+    // HTTP/1.1 only: where the connection hands itself over after a 101 (`crate::upgrade`).
+    let upgrades = (protocol == Protocol::Http1).then(crate::upgrade::Slot::default);
+    let upgrade_slot = upgrades.clone();
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `serve_h1`).
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
+        if let Some(slot) = &upgrade_slot {
+            if crate::upgrade::wanted(req.headers()) {
+                req.extensions_mut().insert(slot.clone());
+            }
+        }
         // The router in force now serves this request to its end, whatever reloads come.
         let router = router.load();
         let observed = router.observe(&req, peer);
@@ -171,7 +179,17 @@ pub async fn serve_connection<S: Stream>(
                 permits: permit.semaphore(),
                 max: idle.max_conns,
             };
-            serve_h1(io, service, peer, &builder.h1, idle, open, &mut shutdown).await;
+            serve_h1(
+                io,
+                service,
+                peer,
+                &builder.h1,
+                idle,
+                open,
+                &mut shutdown,
+                upgrades.expect("HTTP/1.1 has an upgrade slot"),
+            )
+            .await;
         }
     }
 }
@@ -189,7 +207,8 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     Switching,
 }
 
-/// Serves HTTP/1.1 on a connection until the peer closes, it idles out, or shutdown completes.
+/// Serves HTTP/1.1 on a connection until the peer closes, it idles out, shutdown completes, or
+/// it is handed over after a 101 (`upgrades`).
 ///
 /// While requests come, a hyper connection serves them. Between requests the connection may
 /// *park*: hyper hands the socket back (with any bytes it read ahead) and its state (two 8 KiB
@@ -204,6 +223,7 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
 ///
 /// The watchdog (one timer, re-armed at its ticks, and the shutdown signal) is polled only
 /// when one of them woke the task (see [`Activity`]), not at every request.
+#[allow(clippy::too_many_arguments)] // The connection's parts, each passed once.
 async fn serve_h1<T, S>(
     io: H1Io<T>,
     service: S,
@@ -212,6 +232,7 @@ async fn serve_h1<T, S>(
     idle: Idle,
     open: Open<'_>,
     shutdown: &mut watch::Receiver<bool>,
+    upgrades: crate::upgrade::Slot,
 ) where
     T: Stream,
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
@@ -297,6 +318,24 @@ async fn serve_h1<T, S>(
             Poll::Pending
         })
         .await;
+        // hyper wrote a 101 and stopped: the socket goes to the handler that claimed it.
+        if let Watch::Done(Ok(())) = &event {
+            if let Some(to) = upgrades.take() {
+                let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
+                    unreachable!("hyper finished, so it was serving")
+                };
+                let parts = conn.into_parts();
+                let handed = crate::upgrade::Upgraded {
+                    io: Box::new(parts.io.into_inner()),
+                    read_ahead: parts.read_buf,
+                };
+                if let Err(back) = to.send(handed) {
+                    let mut io = back.io;
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
+                }
+                return;
+            }
+        }
         match event {
             Watch::Done(Ok(())) if releasing && !closing => {
                 let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
@@ -561,7 +600,17 @@ mod tests {
                 max: 1,
             };
             let peer = "127.0.0.1:1".parse().unwrap();
-            serve_h1(io, service, peer, &builder.h1, idle, open, &mut shutdown).await;
+            serve_h1(
+                io,
+                service,
+                peer,
+                &builder.h1,
+                idle,
+                open,
+                &mut shutdown,
+                Default::default(),
+            )
+            .await;
         });
         Served {
             client,

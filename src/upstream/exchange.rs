@@ -314,7 +314,24 @@ pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: So
         .expect("scheme, authority and path are valid");
     parts.version = http::Version::HTTP_11;
     let h = &mut parts.headers;
+    // An upgrade (WebSocket) is asked of the backend too: its fields are hop-by-hop, but the
+    // tunnel goes on to the backend (crate::upgrade).
+    let upgrade = crate::upgrade::wanted(h)
+        .then(|| h.get(header::UPGRADE).cloned())
+        .flatten();
+    // `TE: trailers` says the client takes trailers (gRPC needs it said to the backend too).
+    let trailers = (h.get_all(header::TE).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
     fields::strip_hop_by_hop(h);
+    if trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(protocol) = upgrade {
+        h.insert(header::UPGRADE, protocol);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     let host_field =
         (host.clone()).or_else(|| HeaderValue::from_str(upstream.authority.as_str()).ok());
     if let Some(v) = host_field {
