@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh LARDER_BINARY [static|proxy ...]: instructions per request of a hit, counted
+# bench/callgrind.sh LARDER_BINARY [static|proxy|pass ...]: instructions per request, counted
 # by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
 # "The per-request path").
 #
@@ -9,7 +9,9 @@
 # - static: the 100-byte page bench/data/small.html from a static route (held in memory);
 # - proxy:  the same page through a caching proxy route, from an origin that is a second larder
 #           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
-#           measured request is a cache hit.
+#           measured request is a cache hit;
+# - pass:   the same route with `cache = false`: every request goes to the origin (the
+#           proxy's pass path, without the origin's own cost, which runs outside valgrind).
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
@@ -34,12 +36,15 @@ wait_port() { for _ in $(seq 1 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev
 for cell in "${cells[@]}"; do
   case "$cell" in
     static) route="static = { root = \"$data\" }" ;;
-    proxy)  route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
+    proxy|pass)
+            route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
+            # pass: nothing stored, every request goes to the origin (the pass path's cost).
+            [ "$cell" = pass ] && route="proxy = { upstream = \"http://127.0.0.1:$origin\", cache = false }"
             if ! (exec 3<>"/dev/tcp/127.0.0.1/$origin") 2>/dev/null; then
               "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
               wait_port "$origin"
             fi ;;
-    *) echo "unknown cell $cell (static, proxy)" >&2; exit 2 ;;
+    *) echo "unknown cell $cell (static, proxy, pass)" >&2; exit 2 ;;
   esac
   admin=""
   # ADMIN=1: an admin listener, so that requests are counted for /metrics.

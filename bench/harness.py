@@ -54,6 +54,14 @@ PORTS = {
     "nginx-tls": 18085,
     "nginx-hs-rsa": 18086,
     "nginx-hs-ecdsa": 18087,
+    # scenario pools: pools of three backends (two more origin ports, and origin-b, a
+    # backend of its own that the failover cell kills)
+    "larder-pool": 18096,
+    "larder-pool-admin": 18100,
+    "nginx-pool": 18089,
+    "origin2": 18097,
+    "origin3": 18098,
+    "origin-b": 18099,
 }
 # Ports that speak HTTPS (the harness's own requests to them skip certificate checks: the
 # certificates are made per run for 127.0.0.1, and nothing here leaves loopback).
@@ -63,7 +71,7 @@ LOAD_CPU = 1  # wrk (and the origin)
 WRK_THREADS = 1
 NOFILE = 65536
 BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
-SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls"]
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls", "pools"]
 SUITE_BUDGET_S = 15 * 60
 WARMUP_S = 1
 MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to
@@ -330,7 +338,8 @@ def http_req(port, path, headers=None, method="GET", body=None, timeout=10):
     else:
         c = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
-        c.putrequest(method, path, skip_accept_encoding=True)
+        c.putrequest(method, path, skip_accept_encoding=True,
+                     skip_host=any(k.lower() == "host" for k in (headers or {})))
         for k, v in (headers or {}).items():
             c.putheader(k, v)
         if body is not None:
@@ -489,7 +498,9 @@ class Env:
         self.busy_pct = 0.0
         self.origin_pid = None
         self.subst = {"RUN": self.run, "DATA": DATA, "GEN": self.gen,
-                      "ORIGIN_PORT": PORTS["origin"]}
+                      "ORIGIN_PORT": PORTS["origin"], "ORIGIN_PORT2": PORTS["origin2"],
+                      "ORIGIN_PORT3": PORTS["origin3"], "ORIGIN_B_PORT": PORTS["origin-b"]}
+        self.origin_b = None
 
     def cleanup(self):
         shutil.rmtree(self.run, ignore_errors=True)
@@ -518,6 +529,32 @@ class Env:
             raise RuntimeError(f"origin nginx did not start: {why} {self.tail('origin')}")
         st, h, _ = http_req(PORTS["origin"], "/nocache/page.html")
         assert st == 200 and h.get("cache-control") == "no-store", (st, h)
+
+    def start_origin_b(self):
+        """(Re)start origin-b, the backend the failover cell kills."""
+        if self.origin_b and self.origin_b.poll() is None:
+            return
+        conf = fill(BENCH / "conf/origin-b.nginx.conf", self.run / "origin-b.conf", self.subst)
+        p = self.procs.spawn("origin-b", ["nginx", "-p", str(self.run), "-c", str(conf),
+                                          "-e", str(self.run / "origin-b-error.log")],
+                             self.logfile("origin-b"), cpu=LOAD_CPU)
+        ok, why = wait_http(PORTS["origin-b"], "/nocache/small.html", proc=p)
+        if not ok:
+            raise RuntimeError(f"origin-b did not start: {why} {self.tail('origin-b')}")
+        self.origin_b = p
+
+    def kill_origin_b(self):
+        """SIGKILL origin-b's master and workers: its port refuses, its connections reset."""
+        p = self.origin_b
+        if p is None:
+            return
+        for pid in [p.pid] + descendants(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=10)
+        self.origin_b = None
 
     # -- systems ------------------------------------------------------------
     def get(self, name):
@@ -667,6 +704,33 @@ class Env:
             self.procs.stop(s.proc)
             raise SkipSystem(f"/ping answered {st} {body[:80]!r}")
         return s
+
+    # -- pools (scenario pools) ---------------------------------------------------
+    def _start_larder_pool(self):
+        self.start_origin_b()
+        return self._larder("larder-pool", "larder-pool.toml", "/bench-static/small.html",
+                            extra={"ADMIN_PORT": PORTS["larder-pool-admin"]})
+
+    def _start_nginx_pool(self):
+        self.start_origin_b()
+        return self._nginx("nginx-pool", "nginx-pool.conf")
+
+    def failover_probe(self, sysm):
+        """For larder, a function telling whether origin-b is out of the failover pool (its
+        admin API's status); None for systems that do not say."""
+        if sysm.name != "larder-pool":
+            return None
+
+        def ejected():
+            try:
+                st, _, body = http_req(PORTS["larder-pool-admin"], "/_larder/status",
+                                       headers={"Authorization": "Bearer bench"}, timeout=2)
+                pools = json.loads(body)["pools"]
+                fo = next(p for p in pools if p["name"] == "failover")
+                return fo["backends"][2]["state"] != "up"
+            except Exception:
+                return False
+        return ejected
 
     # -- HTTPS (scenario tls) -------------------------------------------------
     def _cert(self, kind):
@@ -876,7 +940,7 @@ AE = {"gzip": {"Accept-Encoding": "gzip"},
 
 
 def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, goals=(),
-      tool="wrk"):
+      tool="wrk", kill_at=None):
     """One cell: the same request at the same concurrency on each system.
 
     kind: hit (must be a cache hit), static, fixed, pass (uncacheable), image
@@ -891,7 +955,8 @@ def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, go
     if "ceiling" in systems:
         paths.setdefault("ceiling", "/")
     return dict(id=cid, label=label, conns=conns, systems=systems, paths=paths, kind=kind,
-                headers=headers or {}, expect_enc=expect_enc, goals=list(goals), tool=tool)
+                headers=headers or {}, expect_enc=expect_enc, goals=list(goals), tool=tool,
+                kill_at=kill_at)
 
 
 # What a goal row compares: larder's figure, and the figure of the best system in
@@ -901,9 +966,11 @@ def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, go
 #   cpu      larder's server CPU per request <= target x that of `against`
 #   p99      larder's p99 <= target x that of `against`
 #   errors   larder's socket errors (connect/read/write) == 0
+#   lost     larder's failed requests (socket errors, timeouts, non-2xx) == 0
 # target None: the ratio is shown for information, nothing is judged.
 METRICS = {"rps": ("rps", max, ">="), "rps_abs": ("rps", max, ">="),
-           "cpu": ("cpu_us", min, "<="), "p99": ("p99_ms", min, "<="), "errors": (None, None, "==")}
+           "cpu": ("cpu_us", min, "<="), "p99": ("p99_ms", min, "<="), "errors": (None, None, "=="),
+           "lost": (None, None, "==")}
 
 
 def G(text, metric, against=(), target=None):
@@ -1037,6 +1104,21 @@ def scenario_cells(name):
                      G(f"tls full handshakes {label}: CPU per handshake against nginx (no goal)",
                        "cpu", [f"nginx-hs-{kind}"])])
             for kind, label in (("rsa", "RSA-2048"), ("ecdsa", "ECDSA P-256"))]
+    if name == "pools":
+        page = {s: "/nocache/page.html" for s in ("larder-pool", "nginx-pool")}
+        return [
+            C("pools-rr3", "/nocache/page.html 8 KB uncacheable, round-robin over 3 backends", 10,
+              ["larder-pool", "nginx-pool"], page, "pass",
+              goals=[G("pools round-robin of 3, uncached 8 KB: larder >= 1.0x nginx upstream",
+                       "rps", ["nginx-pool"], 1.0),
+                     G("pools round-robin of 3: CPU per request against nginx (no goal)", "cpu",
+                       ["nginx-pool"])]),
+            C("pools-failover", "the same through the failover pool, its third backend killed "
+              "a third into each run", 10, ["larder-pool", "nginx-pool"], page, "pass",
+              {"Host": "fo.test"}, kill_at=1 / 3,
+              goals=[G("pools failover: no request lost when a backend dies", "lost"),
+                     G("pools failover: req/s against nginx (no goal)", "rps", ["nginx-pool"])]),
+        ]
     raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
 
@@ -1233,6 +1315,8 @@ def summarize(runs):
     s["cpu_us"] = sum(r["server_cpu_s"] for r in ok) * 1e6 / good if good else None
     s["cpu_us_runs"] = [None if r["cpu_us"] is None else round(r["cpu_us"], 2) for r in ok]
     s["rss_peak_kb"] = max(r["rss_peak_kb"] for r in ok)
+    if any("eject_s" in r for r in ok):
+        s["eject_s"] = [r.get("eject_s") for r in ok]
     s["rss_after_kb"] = ok[-1]["rss_after_kb"]
     o = [r["origin_requests"] for r in ok if r["origin_requests"] is not None]
     s["origin_requests"] = sum(o) if o else None
@@ -1292,9 +1376,16 @@ def run_scenario(name, env, args, duration):
             time.sleep(1.0 if cell["conns"] >= 1000 else 0.2)
         for rep in range(args.reps):
             for sname, sysm, path in active:
+                killer = failover_killer(env, cell, sysm, path, duration)
                 r = run_wrk(sysm.port, path, cell["conns"], duration, cell["headers"],
                             timeout_s, env.procs, sysm, env.origin_pid,
                             tool=cell.get("tool", "wrk"))
+                if killer:
+                    killer.join()
+                    r["eject_s"] = killer.eject_s
+                    log(f"    {sname:13s} run {rep + 1}: backend killed; "
+                        + (f"ejected after {killer.eject_s * 1000:.0f} ms"
+                           if killer.eject_s is not None else "ejection not observable"))
                 res[sname]["runs"].append(r)
                 if "error" in r:
                     log(f"    {sname:13s} run {rep + 1}: ERROR {r['error']}")
@@ -1315,6 +1406,45 @@ def run_scenario(name, env, args, duration):
                 res[sname]["check_after"] = after
         results.append(dict(cell, results=res))
     return results
+
+
+# Passive ejection lasts this long in both failover pools (larder's default fail_timeout,
+# nginx's fail_timeout=10s): a backend started again is probed after it.
+FAIL_TIMEOUT_S = 10
+
+
+def failover_killer(env, cell, sysm, path, duration):
+    """For a cell with kill_at: starts origin-b again, waits out any ejection left from the
+    previous run (so both systems start with three healthy backends), then returns a started
+    thread that kills origin-b kill_at into the run and, where the system says (larder's
+    admin API), times how long until the backend is out (its .eject_s)."""
+    if not cell.get("kill_at"):
+        return None
+    env.start_origin_b()
+    time.sleep(FAIL_TIMEOUT_S + 1)
+    for _ in range(12):  # the probe after an ejection, and connections to each backend
+        try:
+            http_req(sysm.port, path, cell["headers"], timeout=2)
+        except OSError:
+            pass
+    probe = env.failover_probe(sysm)
+
+    class Killer(threading.Thread):
+        eject_s = None
+
+        def run(self):
+            time.sleep(duration * cell["kill_at"])
+            env.kill_origin_b()
+            t = time.monotonic()
+            while probe and time.monotonic() - t < duration:
+                if probe():
+                    self.eject_s = time.monotonic() - t
+                    return
+                time.sleep(0.005)
+
+    k = Killer(daemon=True)
+    k.start()
+    return k
 
 
 # --------------------------------------------------------------------------
@@ -1347,6 +1477,20 @@ def goals(name, cells):
             if metric == "errors":
                 row["larder"] = lsum["connect"] + lsum["read"] + lsum["write"]
                 row["met"] = row["larder"] == 0
+                continue
+            if metric == "lost":
+                lost = lambda x: x["connect"] + x["read"] + x["write"] + x["timeout"] + x["non2xx"]  # noqa: E731
+                row["larder"] = lost(lsum)
+                row["met"] = row["larder"] == 0
+                notes = []
+                ej = [e for e in lsum.get("eject_s", []) if e is not None]
+                if ej:
+                    notes.append("larder ejected the dead backend after "
+                                 + ", ".join(f"{e * 1000:.0f} ms" for e in ej))
+                for s in res:
+                    if s != lname and _ok_summary(res.get(s)):
+                        notes.append(f"{s} lost {lost(_ok_summary(res[s]))}")
+                row["note"] = "; ".join(notes)
                 continue
             if key == "p99_ms" and not lsum["requests"]:
                 row["note"] = "larder answered nothing"
@@ -1399,7 +1543,8 @@ def fmt_goal(metric, v):
     if v is None:
         return "-"
     return {"rps": f"{v:,.0f} req/s", "rps_abs": f"{v:,.0f} req/s", "cpu": f"{v:.1f} µs/req",
-            "p99": f"{v:.2f} ms p99", "errors": f"{v} socket errors"}[metric]
+            "p99": f"{v:.2f} ms p99", "errors": f"{v} socket errors",
+            "lost": f"{v} lost"}[metric]
 
 
 def goals_table(rows, scenario):

@@ -212,9 +212,70 @@ impl Observed {
     }
 }
 
-/// A listener's current router: read once per request (an `ArcSwap` load: no lock, no
-/// reference count), replaced whole by a reload. A request keeps the router it started with.
-pub type LiveRouter = Arc<arc_swap::ArcSwap<Router>>;
+/// A listener's current router, replaced whole by a reload. A request keeps the router it
+/// started with.
+pub type LiveRouter = Arc<Live>;
+
+/// A listener's current router and a count of its replacements, so that a connection keeps a
+/// copy ([`RouterCache`]) and checks one counter per request.
+pub struct Live {
+    current: arc_swap::ArcSwap<Router>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Live {
+    pub fn new(router: Arc<Router>) -> LiveRouter {
+        Arc::new(Live {
+            current: arc_swap::ArcSwap::new(router),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Replaces the router: requests from now on get the new one.
+    pub fn store(&self, router: Arc<Router>) {
+        self.current.store(router);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The router in force now.
+    pub fn load_full(&self) -> Arc<Router> {
+        self.current.load_full()
+    }
+}
+
+/// A connection's copy of its listener's router: one atomic load per request sees whether a
+/// reload replaced it (then the copy is refreshed).
+pub struct RouterCache {
+    live: LiveRouter,
+    seen: std::cell::Cell<u64>,
+    router: std::cell::RefCell<Arc<Router>>,
+}
+
+impl RouterCache {
+    pub fn new(live: LiveRouter) -> RouterCache {
+        let seen = live.generation.load(std::sync::atomic::Ordering::Acquire);
+        let router = live.load_full();
+        RouterCache {
+            live,
+            seen: std::cell::Cell::new(seen),
+            router: std::cell::RefCell::new(router),
+        }
+    }
+
+    /// The router in force for a request starting now.
+    pub fn current(&self) -> std::cell::Ref<'_, Arc<Router>> {
+        let now = self
+            .live
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if now != self.seen.get() {
+            *self.router.borrow_mut() = self.live.load_full();
+            self.seen.set(now);
+        }
+        self.router.borrow()
+    }
+}
 
 impl Router {
     /// The router of `listener`, its handlers built with the shared `cache`, `[admin]` and the

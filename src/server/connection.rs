@@ -139,6 +139,7 @@ pub async fn serve_connection<S: Stream>(
     // HTTP/1.1 only: where the connection hands itself over after a 101 (`crate::upgrade`).
     let upgrades = (protocol == Protocol::Http1).then(crate::upgrade::Slot::default);
     let upgrade_slot = upgrades.clone();
+    let routers = crate::route::RouterCache::new(router);
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `serve_h1`).
@@ -151,7 +152,7 @@ pub async fn serve_connection<S: Stream>(
             }
         }
         // The router in force now serves this request to its end, whatever reloads come.
-        let router = router.load();
+        let router = routers.current();
         let observed = router.observe(&req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {

@@ -257,7 +257,7 @@ impl Reloader {
                 None => {
                     let (listener, bound, acceptor) = fresh.next().expect("bound above");
                     let router = self.parts.router(l, &new, bound, None);
-                    let live: LiveRouter = Arc::new(arc_swap::ArcSwap::new(Arc::new(router)));
+                    let live: LiveRouter = crate::route::Live::new(Arc::new(router));
                     let (stop, stopped) = watch::channel(false);
                     tokio::spawn(accept_loop(
                         listener,

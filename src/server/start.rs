@@ -246,7 +246,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         };
         let alt_svc = h3.as_ref().map(|(_, v)| v.clone());
         let router = Arc::new(parts.router(l, &config, bound, alt_svc.as_ref()));
-        let live: LiveRouter = Arc::new(arc_swap::ArcSwap::new(Arc::clone(&router)));
+        let live: LiveRouter = crate::route::Live::new(Arc::clone(&router));
         if let Some((endpoint, _)) = h3 {
             tokio::spawn(super::h3::serve(
                 endpoint,
@@ -479,7 +479,7 @@ fn listen_admin(
     let router = Arc::new(Router::admin(admin));
     tokio::spawn(accept_loop(
         listener,
-        Arc::new(arc_swap::ArcSwap::new(Arc::clone(&router))),
+        crate::route::Live::new(Arc::clone(&router)),
         serving.clone(),
         None,
         serving.shutdown.clone(),
