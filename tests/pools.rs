@@ -411,3 +411,34 @@ async fn backends_are_in_the_metrics() {
         assert!(m.contains(&line), "{line} not in\n{m}");
     }
 }
+
+/// Keep-alive to backends: sequential requests reuse one connection, whatever their answer
+/// (a body read to its end, a HEAD's, a 304's); a backend that closes gets a new one.
+#[tokio::test]
+async fn backend_connections_are_reused() {
+    let o = Origin::start(|seen, _| match seen.path.as_str() {
+        "/304" => Reply::ok("").status(304),
+        "/close" => Reply::ok("bye").header("connection", "close"),
+        _ => Reply::ok("x".repeat(20_000)),
+    })
+    .await;
+    let l = Larder::start(&pooled(&backends(std::slice::from_ref(&o)))).await;
+    let c = client();
+    for path in ["/a", "/b", "/304", "/c"] {
+        for _ in 0..5 {
+            let g = get(&c, &l.url(path), &[]).await;
+            assert!(g.status == 200 || g.status == 304, "{path}: {}", g.status);
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(send(&c, "HEAD", &l.url("/h"), &[], b"").await.status, 200);
+    }
+    assert_eq!(o.connections(), 1, "one keep-alive connection for 25 requests");
+    for _ in 0..3 {
+        assert_eq!(get(&c, &l.url("/close"), &[]).await.text(), "bye");
+    }
+    // The first used the open connection; each close makes the next request open one.
+    assert_eq!(o.connections(), 3, "a new connection after each close");
+    assert_eq!(get(&c, &l.url("/a"), &[]).await.status, 200);
+    assert_eq!(o.connections(), 4);
+}

@@ -117,6 +117,7 @@ pub struct Origin {
     seen: Arc<Mutex<Vec<Seen>>>,
     task: tokio::task::JoinHandle<()>,
     killed: tokio::sync::watch::Sender<bool>,
+    accepted: Arc<AtomicUsize>,
 }
 
 impl Origin {
@@ -129,11 +130,14 @@ impl Origin {
         let handler: Arc<Handler> = Arc::new(handler);
         let (c, s) = (count.clone(), seen.clone());
         let (killed, alive) = tokio::sync::watch::channel(false);
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                counted.fetch_add(1, Ordering::SeqCst);
                 let (c, s, h) = (c.clone(), s.clone(), handler.clone());
                 let mut alive = alive.clone();
                 tokio::spawn(async move {
@@ -181,12 +185,18 @@ impl Origin {
             seen,
             task,
             killed,
+            accepted,
         }
     }
 
     /// Requests served so far.
     pub fn hits(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Requests seen so far.
