@@ -106,6 +106,9 @@ pub fn purge_method(
     json_response(status, format!("{{\"purged\":{n}}}"))
 }
 
+/// The dashboard: one page, its script and style inline, no CDN (assets/dashboard.html).
+const DASHBOARD: &str = include_str!("../assets/dashboard.html");
+
 /// The admin API handler.
 pub struct Admin {
     cache: Arc<Cache>,
@@ -167,11 +170,28 @@ impl Admin {
     }
 
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
+        // The dashboard's page holds no data: it asks for the token, then the API.
+        if req.method() == Method::GET && matches!(req.uri().path(), "/" | "/_larder/dashboard") {
+            let mut r = Response::new(Body::full(DASHBOARD));
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+                ),
+            );
+            return r;
+        }
         if !self.access.bearer_ok(req.headers()) {
             return refused();
         }
         let path = req.uri().path();
         match (req.method(), path) {
+            (&Method::GET, "/_larder/events") => self.events(),
             (&Method::GET, "/_larder/status") => self.status(),
             (&Method::GET, "/_larder/entries") => {
                 // A scan of every shard: off the async workers, as purges by prefix are.
@@ -249,6 +269,74 @@ impl Admin {
     }
 
     fn status(&self) -> Response<Body> {
+        json_response(StatusCode::OK, self.status_value().to_string())
+    }
+
+    /// `/_larder/events`: the status, as Server-Sent Events, every second until the client
+    /// goes (the dashboard's live view).
+    fn events(&self) -> Response<Body> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(2);
+        let source = StatusSource {
+            cache: Arc::clone(&self.cache),
+            metrics: self.metrics.clone(),
+            info: self.info.clone(),
+        };
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let event = format!("data: {}\n\n", source.value());
+                if tx.send(event.into()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut r = Response::new(Body::stream(Events(rx)));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r
+    }
+
+    fn status_value(&self) -> serde_json::Value {
+        StatusSource {
+            cache: Arc::clone(&self.cache),
+            metrics: self.metrics.clone(),
+            info: self.info.clone(),
+        }
+        .value()
+    }
+}
+
+/// What the status is made of, owned (the event stream outlives the request).
+struct StatusSource {
+    cache: Arc<Cache>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    info: Option<ServerInfo>,
+}
+
+/// An event stream's body: the events the producing task sends.
+struct Events(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for Events {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|e| e.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+impl StatusSource {
+    fn value(&self) -> serde_json::Value {
         let c = &self.cache;
         let mut v = serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -271,12 +359,21 @@ impl Admin {
                 serde_json::json!({ "total": t.iter().sum::<u64>(), "by_cache": by_cache }),
             );
         }
+        if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {
+            o.insert(
+                "latency".into(),
+                serde_json::json!({
+                    "le_seconds": crate::metrics::BUCKETS,
+                    "counts": m.durations().to_vec(),
+                }),
+            );
+        }
         if let (Some(info), Some(o)) = (&self.info, v.as_object_mut()) {
             if let serde_json::Value::Object(server) = info() {
                 o.extend(server);
             }
         }
-        json_response(StatusCode::OK, v.to_string())
+        v
     }
 }
 

@@ -31,7 +31,7 @@
 //! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`metrics`] (requests
 //! counted per worker thread, the OpenMetrics exposition), [`access_log`] (a line per request,
 //! written by a thread of its own), [`stats`] (`larder stats`), [`admin`] (who may purge, the
-//! admin API), [`body`] (the response and request body types).
+//! admin API and its dashboard), [`body`] (the response and request body types).
 //!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through).

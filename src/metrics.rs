@@ -208,6 +208,19 @@ impl Metrics {
         t
     }
 
+    /// Requests by duration over every route and cache result: one count per bucket of
+    /// [`BUCKETS`] (not cumulative), the last for longer ones.
+    pub fn durations(&self) -> [u64; BUCKETS.len() + 1] {
+        let shards = lock(&self.state.shards).clone();
+        let mut out = [0u64; BUCKETS.len() + 1];
+        for s in &shards {
+            for (i, c) in s.buckets.iter().enumerate() {
+                out[i % (BUCKETS.len() + 1)] += c.load(Ordering::Relaxed);
+            }
+        }
+        out
+    }
+
     /// Everything counted, in the OpenMetrics text format (what `/metrics` serves).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8192);

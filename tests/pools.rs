@@ -433,7 +433,11 @@ async fn backend_connections_are_reused() {
     for _ in 0..5 {
         assert_eq!(send(&c, "HEAD", &l.url("/h"), &[], b"").await.status, 200);
     }
-    assert_eq!(o.connections(), 1, "one keep-alive connection for 25 requests");
+    assert_eq!(
+        o.connections(),
+        1,
+        "one keep-alive connection for 25 requests"
+    );
     for _ in 0..3 {
         assert_eq!(get(&c, &l.url("/close"), &[]).await.text(), "bye");
     }
