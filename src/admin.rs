@@ -120,6 +120,8 @@ pub struct Admin {
     config: Option<ConfigText>,
     /// Reloads the configuration (`POST /_larder/reload`).
     reload: Option<ReloadFn>,
+    /// Drains and undrains backends (`POST /_larder/drain`, `/_larder/undrain`).
+    drain: Option<DrainFn>,
 }
 
 /// What the server adds to `/_larder/status`.
@@ -127,6 +129,9 @@ pub type ServerInfo = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The running configuration's text.
 pub type ConfigText = Arc<dyn Fn() -> Arc<str> + Send + Sync>;
+
+/// Drains (true) or undrains a backend: (pool, backend URL, drain) → why not.
+pub type DrainFn = Arc<dyn Fn(&str, &str, bool) -> Result<(), String> + Send + Sync>;
 
 /// Reloads the configuration from its file: what needs a restart to apply, or why the new
 /// file was refused (the running configuration then stays).
@@ -149,6 +154,7 @@ impl Admin {
             info: None,
             config: None,
             reload: None,
+            drain: None,
             access: Access {
                 token,
                 allow: Vec::new(),
@@ -160,6 +166,12 @@ impl Admin {
     pub fn with_server(mut self, info: ServerInfo, config_text: ConfigText) -> Admin {
         self.info = Some(info);
         self.config = Some(config_text);
+        self
+    }
+
+    /// Adds `POST /_larder/drain` and `/_larder/undrain`.
+    pub fn with_drain(mut self, drain: DrainFn) -> Admin {
+        self.drain = Some(drain);
         self
     }
 
@@ -207,6 +219,37 @@ impl Admin {
                             "{\"error\":\"listing failed\"}".into(),
                         )
                     })
+            }
+            (&Method::POST, "/_larder/drain" | "/_larder/undrain") => {
+                let query = req.uri().query().unwrap_or("");
+                let param = |name: &str| {
+                    query.split('&').find_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
+                    })
+                };
+                let drain = path == "/_larder/drain";
+                match (&self.drain, param("pool"), param("backend")) {
+                    (None, _, _) => json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "{\"error\":\"no pools\"}".into(),
+                    ),
+                    (Some(f), Some(pool), Some(backend)) => match f(&pool, &backend, drain) {
+                        Ok(()) => json_response(
+                            StatusCode::OK,
+                            serde_json::json!({ "pool": pool, "backend": backend, "drained": drain })
+                                .to_string(),
+                        ),
+                        Err(e) => json_response(
+                            StatusCode::NOT_FOUND,
+                            serde_json::json!({ "error": e }).to_string(),
+                        ),
+                    },
+                    _ => json_response(
+                        StatusCode::BAD_REQUEST,
+                        "{\"error\":\"needs pool=NAME and backend=URL\"}".into(),
+                    ),
+                }
             }
             (&Method::POST, "/_larder/reload") => match &self.reload {
                 Some(reload) => match reload().await {

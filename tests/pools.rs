@@ -446,3 +446,43 @@ async fn backend_connections_are_reused() {
     assert_eq!(get(&c, &l.url("/a"), &[]).await.status, 200);
     assert_eq!(o.connections(), 4);
 }
+
+/// The admin API drains a backend (no new request goes to it, not even when the others fail)
+/// and brings it back.
+#[tokio::test]
+async fn the_admin_api_drains_and_undrains_a_backend() {
+    let o = named_origins(3).await;
+    let text = format!(
+        "[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:0\"\n{}",
+        pooled(&backends(&o))
+    );
+    let l = Larder::start(&text).await;
+    let c = client();
+    let auth = [("authorization", "Bearer t")];
+    let call = |what: &str, backend: &str| {
+        l.admin_url(&format!("/_larder/{what}?pool=app&backend={backend}"))
+    };
+    assert_eq!(
+        send(&c, "POST", &call("drain", &o[1].url()), &[], b"")
+            .await
+            .status,
+        401
+    );
+    let g = send(&c, "POST", &call("drain", &o[1].url()), &auth, b"").await;
+    assert_eq!(g.status, 200, "{}", g.text());
+    assert_eq!(l.backend_states("app"), ["up", "drained", "up"]);
+    let got = answers(&l, 12, "/x", &[]).await;
+    assert!(!got.contains(&"o1".to_string()), "{got:?}");
+    // Drained stays drained when everything else is down.
+    o[0].kill();
+    o[2].kill();
+    let g = get(&c, &l.url("/x"), &[]).await;
+    assert_eq!(g.status, 502);
+    assert_eq!(o[1].hits(), 0, "nothing went to the drained backend");
+    let g = send(&c, "POST", &call("undrain", &o[1].url()), &auth, b"").await;
+    assert_eq!(g.status, 200);
+    assert_eq!(get(&c, &l.url("/x"), &[]).await.text(), "o1");
+    let g = send(&c, "POST", &call("drain", "http://127.0.0.1:1"), &auth, b"").await;
+    assert_eq!(g.status, 404);
+    assert!(g.text().contains("no backend"), "{}", g.text());
+}

@@ -360,7 +360,16 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         });
         let admin = crate::admin::Admin::new(Arc::clone(&cache), admin_token, metrics.clone())
             .with_server(info, Arc::new(move || text.text()))
-            .with_reload(reload);
+            .with_reload(reload)
+            .with_drain({
+                let pools = Arc::clone(&pools);
+                Arc::new(move |pool: &str, backend: &str, drain: bool| {
+                    pools
+                        .read()
+                        .expect("not poisoned")
+                        .drain(pool, backend, drain)
+                })
+            });
         let (bound, router) = listen_admin(addr, admin, &serving)?;
         admin_addr = Some(bound);
         routers.push(router);

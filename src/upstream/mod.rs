@@ -119,6 +119,17 @@ impl Pools {
         vec![up, requests, failures, in_flight]
     }
 
+    /// Drains or undrains backend `backend` (its URL) of pool `pool`; an error says which is
+    /// unknown.
+    pub fn drain(&self, pool: &str, backend: &str, drain: bool) -> Result<(), String> {
+        let p = self.get(pool).ok_or_else(|| format!("no pool `{pool}`"))?;
+        if p.drain(backend, drain) {
+            Ok(())
+        } else {
+            Err(format!("pool `{pool}` has no backend `{backend}`"))
+        }
+    }
+
     /// Every pool's state, for the admin API.
     pub fn status(&self) -> serde_json::Value {
         serde_json::Value::Array(self.iter().map(|p| p.status()).collect())
@@ -150,10 +161,19 @@ pub struct Backend {
     health: Health,
 }
 
+impl Backend {
+    fn drained(&self) -> bool {
+        self.health.drained.load(Ordering::Relaxed)
+    }
+}
+
 /// A backend's health, shared by every thread: the active checks' verdict, passive ejection
 /// (consecutive failures, until when it is out, the probe in progress), and counts.
 #[derive(Default)]
 struct Health {
+    /// Taken out by the operator (the admin API's drain): no new requests, even when every
+    /// other backend is down.
+    drained: AtomicBool,
     /// The active checks' verdict (up while there are none).
     down: AtomicBool,
     /// Active checks in a row: > 0 passed, < 0 failed.
@@ -340,10 +360,26 @@ impl Pool {
             .or_else(|| self.backup_round_robin.pick(ok))
             .or_else(|| {
                 tracing::debug!(pool = %self.name, "no backend up: trying one anyway");
-                self.round_robin.pick(|i| tried & bit(i) == 0)
+                self.round_robin
+                    .pick(|i| tried & bit(i) == 0 && !self.backends[i].drained())
             })
+            .or_else(|| self.round_robin.pick(|i| !self.backends[i].drained()))
             .or_else(|| self.round_robin.pick(|_| true))
             .unwrap_or(0)
+    }
+
+    /// Drains (`true`) or undrains the backend whose URL is `url`: a drained backend gets no
+    /// new request (those in flight finish). False when the pool has no such backend.
+    pub fn drain(&self, url: &str, drain: bool) -> bool {
+        let url = url.trim_end_matches('/');
+        let Some(b) = (self.backends.iter())
+            .find(|b| format!("{}://{}", b.url.scheme, b.url.authority) == url)
+        else {
+            return false;
+        };
+        b.health.drained.store(drain, Ordering::Relaxed);
+        tracing::info!(pool = %self.name, backend = %url, drain, "backend drained by the admin API");
+        true
     }
 
     /// A request to backend `i` succeeded or failed.
@@ -421,7 +457,7 @@ impl Health {
     /// over takes one request, its probe (claimed here, by one caller); until that answers,
     /// or if it hangs for as long as an ejection, no other.
     fn admit(&self, now: u64, passive: &PassiveConfig) -> bool {
-        if self.down.load(Ordering::Relaxed) {
+        if self.down.load(Ordering::Relaxed) || self.drained.load(Ordering::Relaxed) {
             return false;
         }
         let max = passive.max_fails.get() as u32;
@@ -443,7 +479,9 @@ impl Health {
 
     fn state(&self, now: u64, passive: &PassiveConfig) -> &'static str {
         let max = passive.max_fails.get() as u32;
-        if self.down.load(Ordering::Relaxed) {
+        if self.drained.load(Ordering::Relaxed) {
+            "drained"
+        } else if self.down.load(Ordering::Relaxed) {
             "down"
         } else if max == 0 || self.fails.load(Ordering::Relaxed) < max {
             "up"
