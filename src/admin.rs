@@ -269,6 +269,24 @@ impl Admin {
                         .into(),
                 ),
             },
+            (&Method::GET, "/_larder/top") => {
+                let limit = (req.uri().query().unwrap_or(""))
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("limit="))
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(10usize)
+                    .min(1000);
+                let cache = Arc::clone(&self.cache);
+                let top = tokio::task::spawn_blocking(move || cache.top(limit))
+                    .await
+                    .unwrap_or_default();
+                let v: Vec<serde_json::Value> = (top.into_iter())
+                    .map(|(k, hits, bytes)| {
+                        serde_json::json!({ "key": k.as_str(), "hits": hits, "bytes": bytes })
+                    })
+                    .collect();
+                json_response(StatusCode::OK, serde_json::Value::from(v).to_string())
+            }
             (&Method::GET, "/_larder/config") => {
                 let text = self
                     .config
@@ -451,6 +469,7 @@ fn entries(cache: &Cache, query: &str) -> Response<Body> {
                     let age = e.freshness.current_age(now);
                     serde_json::json!({
                         "status": e.status.as_u16(),
+                        "hits": e.hits(),
                         "bytes": sizes,
                         "age_seconds": age.as_secs(),
                         "ttl_seconds": e.freshness.lifetime.saturating_sub(age).as_secs(),

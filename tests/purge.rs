@@ -304,3 +304,37 @@ async fn admin_lists_the_entries_under_a_prefix() {
     let v: serde_json::Value = serde_json::from_slice(&limited.body).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1);
 }
+
+/// Lookups per entry, and `GET /_larder/top`: the most looked-up URLs first.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_counts_hits_per_entry_and_lists_the_top_keys() {
+    let origin = Origin::start(|_, _| Reply::ok("x").header("cache-control", "max-age=600")).await;
+    let larder = larder(&config(""), &origin.url()).await;
+    let c = client();
+    for (path, n) in [("/a", 3), ("/b", 7), ("/c", 1)] {
+        for _ in 0..n {
+            get(&c, &larder.url(path), &[("host", "site.test")]).await;
+        }
+    }
+    let auth = [("authorization", "Bearer s3cret")];
+    let got = get(&c, &larder.admin_url("/_larder/top?limit=2"), &auth).await;
+    assert_eq!(got.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    let top: Vec<(&str, u64)> = (v.as_array().unwrap().iter())
+        .map(|t| (t["key"].as_str().unwrap(), t["hits"].as_u64().unwrap()))
+        .collect();
+    // The first request of each URL was its miss (the fill's own lookups found nothing).
+    assert_eq!(top, [("http://site.test/b", 6), ("http://site.test/a", 2)]);
+    let got = get(
+        &c,
+        &larder.admin_url("/_larder/entries?prefix=http://site.test/c"),
+        &auth,
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(v[0]["variants"][0]["hits"], 0);
+    assert_eq!(
+        get(&c, &larder.admin_url("/_larder/top"), &[]).await.status,
+        401
+    );
+}

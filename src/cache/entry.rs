@@ -55,6 +55,10 @@ pub struct Entry {
     /// Set while compressed variants of this response are being built and published (a hit
     /// that would get identity may wait for one); None once the last is published.
     pub pending: Option<Arc<Pending>>,
+    /// Lookups that found this entry (for the admin API's top keys). Counted without a locked
+    /// instruction ([`Entry::count_hit`]): concurrent hits on two cores may lose a count, the
+    /// hit path never waits on one.
+    hits: std::sync::atomic::AtomicU64,
 }
 
 /// Headers an entry never stores: hop-by-hop fields and those larder recomputes.
@@ -132,7 +136,21 @@ impl Entry {
             selection: Selection::default(),
             weight,
             pending: None,
+            hits: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Counts a lookup that found this entry.
+    #[inline]
+    pub fn count_hit(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.hits
+            .store(self.hits.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// Lookups that found this entry so far (approximate under concurrency).
+    pub fn hits(&self) -> u64 {
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The same response with another set of bodies (compressed variants added); it shares
@@ -149,6 +167,7 @@ impl Entry {
         e.tags = self.tags.clone();
         e.pending = self.pending.clone();
         e.selection = self.selection.clone();
+        e.hits = std::sync::atomic::AtomicU64::new(self.hits());
         e
     }
 
@@ -166,6 +185,7 @@ impl Entry {
         // keeps them, so purge by tag still finds it.
         e.tags = self.tags.clone();
         e.selection = self.selection.clone();
+        e.hits = std::sync::atomic::AtomicU64::new(self.hits());
         e
     }
 

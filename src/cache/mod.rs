@@ -87,13 +87,21 @@ impl Cache {
     /// increment.
     #[inline]
     pub fn lookup(&self, key: &CacheKey, request: &HeaderMap) -> Option<Arc<Entry>> {
-        self.memory.lookup(key, request)
+        let found = self.memory.lookup(key, request);
+        if let Some(e) = &found {
+            e.count_hit();
+        }
+        found
     }
 
     /// The entry stored under `key`, if it does not vary on request fields (files, images).
     #[inline]
     pub fn get(&self, key: &CacheKey) -> Option<Arc<Entry>> {
-        self.memory.get(key)
+        let found = self.memory.get(key);
+        if let Some(e) = &found {
+            e.count_hit();
+        }
+        found
     }
 
     // Store.
@@ -138,6 +146,26 @@ impl Cache {
     /// Reads every shard once (the admin API's listing).
     pub fn entries_under(&self, prefix: &str, limit: usize) -> Vec<(CacheKey, Vec<Arc<Entry>>)> {
         self.memory.entries_under(prefix, limit)
+    }
+
+    /// The `limit` URLs whose entries were looked up most (every variant counted), most first,
+    /// with their lookups and bytes: a scan of every entry (call it off the async workers).
+    pub fn top(&self, limit: usize) -> Vec<(CacheKey, u64, u64)> {
+        let mut all: Vec<(CacheKey, u64, u64)> = (self.memory.entries_under("", usize::MAX))
+            .into_iter()
+            .map(|(k, es)| {
+                let hits = es.iter().map(|e| e.hits()).sum();
+                let bytes = es.iter().map(|e| e.weight).sum();
+                (k, hits, bytes)
+            })
+            .collect();
+        let n = limit.min(all.len());
+        if n < all.len() && n > 0 {
+            all.select_nth_unstable_by(n - 1, |a, b| b.1.cmp(&a.1));
+        }
+        all.truncate(n);
+        all.sort_by_key(|t| std::cmp::Reverse(t.1));
+        all
     }
 
     // Fills.

@@ -41,6 +41,8 @@ try {
   await page.waitForFunction(() => document.querySelector("#rps").textContent !== "–");
   out.hit_ratio = await page.textContent("#hit-ratio");
   out.pools = await page.textContent("#pools");
+  await page.waitForFunction(() => document.querySelectorAll("#top tr td").length >= 3 * 3, null, { timeout: 10000 });
+  out.top = await page.textContent("#top");
 
   await page.click("#browse");
   const row = 'tr[data-key$="/page1"]';
