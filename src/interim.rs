@@ -63,6 +63,9 @@ pub struct Shared {
     dropped: Dropped,
     /// Wakes the connection task to write what was queued.
     wake: Waker,
+    /// Where the connection hands itself over after a 101, when a handler claimed it
+    /// (`crate::upgrade`).
+    upgrade: Mutex<Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>>>,
 }
 
 impl Shared {
@@ -75,7 +78,13 @@ impl Shared {
             seen: AtomicU32::new(0),
             dropped,
             wake,
+            upgrade: Mutex::new(None),
         }
+    }
+
+    /// The connection's side of an upgrade: the claim, if a handler made one.
+    pub fn take_upgrade(&self) -> Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>> {
+        self.upgrade.lock().ok()?.take()
     }
 
     /// Interim bytes wait to be written.
@@ -195,6 +204,21 @@ impl Sink {
     /// The sink of the request being handled on this task, if any.
     pub fn current() -> Option<Sink> {
         SINK.try_with(Sink::clone).ok()
+    }
+
+    /// Claims the connection for an upgrade: it arrives on the receiver once the 101 is
+    /// written (see `crate::upgrade`).
+    pub fn claim_upgrade(&self) -> tokio::sync::oneshot::Receiver<crate::upgrade::Upgraded> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Ok(mut slot) = self.shared.upgrade.lock() {
+            *slot = Some(tx);
+        }
+        rx
+    }
+
+    /// Gives up a claim (the backend did not switch protocols).
+    pub fn unclaim_upgrade(&self) {
+        self.shared.take_upgrade();
     }
 
     /// Sends one interim response on to the client: queues it and wakes the connection.

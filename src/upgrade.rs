@@ -4,17 +4,14 @@
 //! and the handlers (which answer the 101) both use it.
 //!
 //! The server runs hyper's connection through its low-level parts (to park idle connections),
-//! under which hyper does not complete an upgrade itself; so the connection puts a [`Slot`] into
-//! each request that asks for one, the handler claims it before answering 101, and once hyper
-//! has written the 101 the connection sends the socket (and any bytes hyper read past the
-//! request) through it.
-
-use std::sync::{Arc, Mutex};
+//! under which hyper does not complete an upgrade itself; so the handler claims the connection
+//! before answering 101 (through the connection's `crate::interim::Sink`, which it already
+//! reaches), and once hyper has written the 101 the connection sends the socket (and any bytes
+//! hyper read past the request) to the claim. Requests that ask for no upgrade cost nothing.
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::oneshot;
 
 /// A connection's byte stream.
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -25,24 +22,6 @@ pub struct Upgraded {
     pub io: Box<dyn Io>,
     /// What the client sent past the request, already read.
     pub read_ahead: Bytes,
-}
-
-/// Where a connection hands itself over, if a handler claimed it.
-#[derive(Clone, Default)]
-pub struct Slot(Arc<Mutex<Option<oneshot::Sender<Upgraded>>>>);
-
-impl Slot {
-    /// The handler's side: the connection arrives here once the 101 is written.
-    pub fn claim(&self) -> oneshot::Receiver<Upgraded> {
-        let (tx, rx) = oneshot::channel();
-        *self.0.lock().expect("not poisoned") = Some(tx);
-        rx
-    }
-
-    /// The connection's side: the claim, if a handler made one.
-    pub fn take(&self) -> Option<oneshot::Sender<Upgraded>> {
-        self.0.lock().expect("not poisoned").take()
-    }
 }
 
 /// Whether a request asks for an upgrade: an `Upgrade` field and `upgrade` among the

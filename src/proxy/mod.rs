@@ -340,13 +340,15 @@ impl Proxy {
         status: CacheStatus,
     ) -> Response<Body> {
         let me = &self.0;
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
-        // A WebSocket (or other) upgrade: the client's connection, claimed now, is handed over
-        // once larder's 101 is written, and joined to the backend's.
-        let slot = (parts.extensions.remove::<crate::upgrade::Slot>())
-            .filter(|_| crate::upgrade::wanted(&parts.headers));
-        let client = slot.as_ref().map(|s| s.claim());
+        // A WebSocket (or other) upgrade, on HTTP/1.1 (whose connections have a sink): the
+        // client's connection, claimed now, is handed over once larder's 101 is written, and
+        // joined to the backend's.
+        let sink = crate::upgrade::wanted(&parts.headers)
+            .then(crate::interim::Sink::current)
+            .flatten();
+        let client = sink.as_ref().map(|s| s.claim_upgrade());
         match (me.pool)
             .send(
                 parts,
@@ -375,9 +377,9 @@ impl Proxy {
                 out
             }
             Ok(resp) => {
-                if let Some(slot) = &slot {
+                if let Some(sink) = &sink {
                     // No upgrade after all: the connection stays with its server.
-                    slot.take();
+                    sink.unclaim_upgrade();
                 }
                 let (mut rparts, rbody) = resp.into_parts();
                 fields::strip_hop_by_hop(&mut rparts.headers);

@@ -136,9 +136,8 @@ pub async fn serve_connection<S: Stream>(
     // HTTP/1.1 only: interim responses are written on the connection between responses, which
     // HTTP/2's framing does not allow.
     let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(Arc::clone(&interim)));
-    // HTTP/1.1 only: where the connection hands itself over after a 101 (`crate::upgrade`).
-    let upgrades = (protocol == Protocol::Http1).then(crate::upgrade::Slot::default);
-    let upgrade_slot = upgrades.clone();
+    // Where the connection hands itself over after a 101 (`crate::upgrade`).
+    let upgrades = Arc::clone(&interim);
     let routers = crate::route::RouterCache::new(router);
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
@@ -146,11 +145,6 @@ pub async fn serve_connection<S: Stream>(
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
-        if let Some(slot) = &upgrade_slot {
-            if crate::upgrade::wanted(req.headers()) {
-                req.extensions_mut().insert(slot.clone());
-            }
-        }
         // The router in force now serves this request to its end, whatever reloads come.
         let router = routers.current();
         let observed = router.observe(&req, peer);
@@ -188,7 +182,7 @@ pub async fn serve_connection<S: Stream>(
                 idle,
                 open,
                 &mut shutdown,
-                upgrades.expect("HTTP/1.1 has an upgrade slot"),
+                upgrades,
             )
             .await;
         }
@@ -233,7 +227,7 @@ async fn serve_h1<T, S>(
     idle: Idle,
     open: Open<'_>,
     shutdown: &mut watch::Receiver<bool>,
-    upgrades: crate::upgrade::Slot,
+    upgrades: Arc<interim::Shared>,
 ) where
     T: Stream,
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
@@ -321,7 +315,7 @@ async fn serve_h1<T, S>(
         .await;
         // hyper wrote a 101 and stopped: the socket goes to the handler that claimed it.
         if let Watch::Done(Ok(())) = &event {
-            if let Some(to) = upgrades.take() {
+            if let Some(to) = upgrades.take_upgrade() {
                 let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
                     unreachable!("hyper finished, so it was serving")
                 };
@@ -580,6 +574,7 @@ mod tests {
             Waker::from(Arc::clone(&activity)),
         ));
         let sink = interim::Sink::new(Arc::clone(&shared));
+        let upgrades = Arc::clone(&shared);
         let io = TokioIo::new(Tracked::new(server, Arc::clone(&activity), shared));
         let service = service_fn(move |_| -> Handled {
             let answer = handler();
@@ -609,7 +604,7 @@ mod tests {
                 idle,
                 open,
                 &mut shutdown,
-                Default::default(),
+                upgrades,
             )
             .await;
         });
