@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Parser, Subcommand};
 
 use crate::config::{
-    self, Config, HandlerConfig, ImagesConfig, ProxyConfig, StaticConfig, TlsConfig,
+    self, Config, HandlerConfig, ImagesConfig, ProxyConfig, PushConfig, StaticConfig, TlsConfig,
 };
 
 #[derive(Debug, Parser)]
@@ -15,24 +15,32 @@ use crate::config::{
     name = "larder",
     version,
     about = "A web accelerator: caching reverse proxy, static files",
-    group(ArgGroup::new("quick").args(["upstream", "root", "images"]))
+    group(ArgGroup::new("quick").args(["upstream", "root", "images", "push"]))
 )]
 pub struct Cli {
     /// Run from this TOML configuration file.
-    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images"])]
+    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images", "push"])]
     pub config: Option<PathBuf>,
     /// Cache this origin (http://host:port or https://) with no configuration file; given
     /// more than once, a round-robin pool of them with a health check, failing over.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images", "push"])]
     pub upstream: Vec<String>,
     /// Serve this directory as static files with no configuration file.
-    #[arg(long, value_name = "DIR", conflicts_with = "images")]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["images", "push"])]
     pub root: Option<PathBuf>,
     /// Run the image server (upload, zimg-style transforms) storing originals in this directory,
     /// with no configuration file.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "push")]
     pub images: Option<PathBuf>,
-    /// Address to listen on with --upstream, --root or --images.
+    /// Serve live JSON records (PUT/PATCH/DELETE, subscribe over SSE or WebSocket) stored in
+    /// this directory, with no configuration file.
+    #[arg(long, value_name = "DIR")]
+    pub push: Option<PathBuf>,
+    /// The bearer token that writes to --push records need; without it one is generated and
+    /// printed.
+    #[arg(long, value_name = "TOKEN", requires = "push")]
+    pub push_token: Option<String>,
+    /// Address to listen on with --upstream, --root, --images or --push.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Serve HTTPS on --listen with this certificate chain (PEM), with --tls-key.
@@ -140,6 +148,13 @@ impl Cli {
                 ),
                 Source::Flags,
             )
+        } else if let Some(dir) = &self.push {
+            let mut p = PushConfig::new_dir(dir.clone(), self.push_token.clone());
+            p.demo = true;
+            (
+                Config::single_route(self.listen, HandlerConfig::Push(Box::new(p))),
+                Source::Flags,
+            )
         } else {
             (
                 Config::parse(config::EMBEDDED_DEFAULT, "embedded default")?,
@@ -167,11 +182,39 @@ impl Cli {
         if self.admin.is_none() || cfg.admin.token.as_deref().is_some_and(|t| !t.is_empty()) {
             return None;
         }
-        let mut bytes = [0u8; 24];
-        crate::tls::provider().secure_random.fill(&mut bytes).ok()?;
-        let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let token = random_token()?;
         cfg.admin.token = Some(token.clone());
         Some(token)
+    }
+
+    /// Push routes of the embedded default or of `--push` with no write token get a new
+    /// random one (returned with the route's path, to be printed). A configuration file's
+    /// routes are left as written (without a token, their writes are refused).
+    pub fn generated_push_tokens(
+        &self,
+        cfg: &mut Config,
+        source: &Source,
+    ) -> Vec<(String, String)> {
+        if matches!(source, Source::File(_)) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for l in &mut cfg.listeners {
+            for r in &mut l.routes {
+                let HandlerConfig::Push(p) = &mut r.handler else {
+                    continue;
+                };
+                if p.token.is_some() || p.jwt.is_some() {
+                    continue;
+                }
+                let Some(token) = random_token() else {
+                    continue;
+                };
+                p.token = Some(token.clone());
+                out.push((format!("http://{}{}", l.addr, r.path.0), token));
+            }
+        }
+        out
     }
 
     /// With `--tls-self-signed`: makes (once) the certificate and key under the state
@@ -184,6 +227,13 @@ impl Cli {
         cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key));
         Ok(Some(cert))
     }
+}
+
+/// 24 random bytes in hex.
+fn random_token() -> Option<String> {
+    let mut bytes = [0u8; 24];
+    crate::tls::provider().secure_random.fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]

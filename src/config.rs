@@ -32,6 +32,7 @@ use serde::Deserialize;
 pub mod access_log;
 pub mod image_params;
 pub mod pool;
+pub mod push;
 pub mod tls;
 
 pub use access_log::{AccessLogConfig, LogFormat, LogPiece, LOG_FIELDS};
@@ -40,6 +41,7 @@ pub use pool::{
     BackendConfig, Balance, HashOn, HealthCheck, HealthConfig, PassiveConfig, PoolConfig,
     UpstreamRef, UpstreamTlsConfig,
 };
+pub use push::{GroupConfig, IdPattern, JwtConfig, PushConfig};
 pub use tls::{
     AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
 };
@@ -321,6 +323,24 @@ impl Config {
                             &[&at(&["static"])],
                             "needs exactly one of `root` (a directory) and `bundled`",
                         ));
+                    }
+                    HandlerConfig::Push(p) => {
+                        if p.token.as_deref() == Some("") {
+                            return Err(src.error(&[&at(&["push", "token"])], "is empty"));
+                        }
+                        if let Some(j) = &p.jwt {
+                            if j.secret.is_some() == j.public_key.is_some() {
+                                return Err(src.error(
+                                    &[&at(&["push", "jwt"])],
+                                    "needs exactly one of `secret` (HS256) and `public_key` (RS256)",
+                                ));
+                            }
+                        } else if p.read_needs_jwt {
+                            return Err(src.error(
+                                &[&at(&["push", "read_needs_jwt"])],
+                                "needs `jwt`: every read would be refused",
+                            ));
+                        }
                     }
                     HandlerConfig::Images(im)
                         if im.upload_token
@@ -898,6 +918,8 @@ pub enum HandlerConfig {
     Static(StaticConfig),
     Respond(RespondConfig),
     Images(ImagesConfig),
+    /// Live JSON records, written over HTTP, pushed to subscribers (SSE, WebSocket).
+    Push(Box<PushConfig>),
     /// A permanent redirect (308) of every request to the same URL over HTTPS.
     RedirectHttps(RedirectConfig),
 }
@@ -913,6 +935,7 @@ struct RawRoute {
     static_files: Option<StaticConfig>,
     respond: Option<RespondConfig>,
     images: Option<ImagesConfig>,
+    push: Option<PushConfig>,
     redirect_https: Option<RedirectConfig>,
     hsts: Option<HstsConfig>,
 }
@@ -933,12 +956,15 @@ impl TryFrom<RawRoute> for RouteConfig {
         if let Some(i) = r.images {
             handlers.push(HandlerConfig::Images(i));
         }
+        if let Some(p) = r.push {
+            handlers.push(HandlerConfig::Push(Box::new(p)));
+        }
         if let Some(to) = r.redirect_https {
             handlers.push(HandlerConfig::RedirectHttps(to));
         }
         if handlers.len() != 1 {
             return Err(format!(
-                "route `{}` needs exactly one handler (proxy, static, respond, images or redirect_https), found {}",
+                "route `{}` needs exactly one handler (proxy, static, respond, images, push or redirect_https), found {}",
                 r.path.0,
                 handlers.len()
             ));

@@ -76,6 +76,7 @@ pub mod interim;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;
+pub mod push;
 pub mod range;
 pub mod respond;
 pub mod route;

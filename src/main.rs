@@ -104,6 +104,7 @@ fn main() -> ExitCode {
         }
     };
     let generated_token = cli.generated_admin_token(&mut cfg);
+    let push_tokens = cli.generated_push_tokens(&mut cfg, &source);
     let self_signed = match cli.self_signed(&mut cfg) {
         Ok(c) => c,
         Err(e) => {
@@ -153,6 +154,13 @@ fn main() -> ExitCode {
         if let (Some(admin), Some(token)) = (handle.admin_addr, &generated_token) {
             println!("admin API on http://{admin} with the generated token {token}");
             println!("  curl -s -H 'Authorization: Bearer {token}' http://{admin}/metrics");
+        }
+        for (url, token) in &push_tokens {
+            println!("push records at {url} with the generated write token {token}");
+            println!(
+                "  curl -X PUT -H 'Authorization: Bearer {token}' -d '{{\"price\": 42}}' {url}cars/1"
+            );
+            println!("  curl -N '{url}?subscribe'        # live events (SSE)");
         }
         if let Some(cert) = &self_signed {
             let port = handle.addrs[0].port();

@@ -32,6 +32,7 @@ pub enum Handler {
     Static(Arc<StaticFiles>),
     Respond(Respond),
     Images(Arc<Images>),
+    Push(Arc<crate::push::Push>),
     Admin(Arc<crate::admin::Admin>),
     RedirectHttps(RedirectHttps),
 }
@@ -92,6 +93,10 @@ impl Handler {
             ))),
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::RedirectHttps(r) => Handler::RedirectHttps(RedirectHttps::new(r)),
+            HandlerConfig::Push(p) => Handler::Push(Arc::new(
+                crate::push::Push::new(p, prefix)
+                    .expect("push stores are opened (crate::push::open_all) before routers"),
+            )),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
                 i.clone(),
                 prefix,
@@ -123,6 +128,10 @@ impl Handler {
                 let i = Arc::clone(i);
                 Box::pin(async move { i.handle(req, peer).await })
             }
+            Handler::Push(p) => {
+                let p = Arc::clone(p);
+                Box::pin(async move { p.handle(req, peer, sink).await })
+            }
             Handler::Admin(a) => {
                 let a = Arc::clone(a);
                 Box::pin(async move { a.handle(req).await })
@@ -138,6 +147,7 @@ impl Handler {
             Handler::Static(s) => format!("static files from {}", s.source()),
             Handler::Respond(_) => "fixed response".into(),
             Handler::Images(i) => format!("images in {}", i.source()),
+            Handler::Push(p) => format!("push records in {}", p.source()),
             Handler::Admin(_) => "admin API (/_larder/status, /_larder/purge)".into(),
             Handler::RedirectHttps(r) => r.describe(),
         }

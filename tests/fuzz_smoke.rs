@@ -28,6 +28,7 @@ const SEEDS: &[&[u8]] = &[
     b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDRRIFF\x00\x00\x00\x00WEBPVP8 ",
     b"[[listener]]\naddr = \"127.0.0.1:0\"\n[[listener.route]]\nproxy = { upstream = \"http://a:1\" }\n[cache]\nmax_size = \"1MiB\"",
     b"Accept-Language, X-Foo ,*, accept-encoding",
+    b"price < 100 and (color == \"r\\\"ed\" or tags[0] in [1, \"x\", null]) && !sold || $id != \"cars/1\"",
     // An entry record (larder::cache::record): two bodies, tags, a Vary selection.
     ENTRY_RECORD,
     // An AVIF header: ftyp, meta (pitm, iprp: ipco with ispe, colr, irot; ipma), mdat.

@@ -193,6 +193,8 @@ impl Reloader {
             let running = self.parts.pools.read().expect("not poisoned");
             Pools::build(&new.pools, Some(&running))?
         };
+        // Push stores: those already open are kept (one writer per change log).
+        let _push_stores = crate::push::open_all(&new)?;
         let mut fresh = Vec::new();
         for (l, m) in new.listeners.iter().zip(&matched) {
             if m.is_some() {

@@ -36,6 +36,8 @@ pub enum Error {
     AccessLog(String),
     #[error("{0}")]
     Pool(String),
+    #[error("{0}")]
+    Push(String),
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -182,6 +184,9 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
     let reuse_port = extra_threads > 0;
 
     let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
+    // Push routes' stores, opened here so that a bad directory is an error now; the routers
+    // built below hold them from then on.
+    let _push_stores = crate::push::open_all(&config).map_err(Error::Push)?;
     let pools = Arc::new(std::sync::RwLock::new(pools));
     let mut addrs = Vec::new();
     let mut routers = Vec::new();

@@ -154,7 +154,27 @@ pub fn entry_record(data: &[u8]) {
 pub type Check = (&'static str, fn(&[u8]));
 
 /// All checks by name, for the smoke run.
-pub const ALL: [Check; 9] = [
+/// Push filters and id patterns (from URLs and WebSocket messages): a parse either fails or
+/// yields a filter whose canonical text parses to the same canonical text, and evaluation
+/// never panics; an accepted id is one the pattern syntax accepts too.
+pub fn push_filter(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(f) = larder::push::filter::Filter::parse(text) {
+        let canon = f.canonical();
+        let again = larder::push::filter::Filter::parse(&canon).expect("canonical text parses");
+        assert_eq!(again.canonical(), canon);
+        let v = serde_json::json!({"a": 1, "b": {"c": [1, "x"]}, "price": 9.5});
+        let _ = f.eval("cars/1", &v);
+    }
+    if larder::config::push::valid_id(text) {
+        let p = larder::config::IdPattern::parse(text).expect("an id is a pattern");
+        assert!(p.matches(text));
+    }
+}
+
+pub const ALL: [Check; 10] = [
     ("cache_control", cache_control),
     ("accept_encoding", accept_encoding),
     ("range", range),
@@ -164,4 +184,5 @@ pub const ALL: [Check; 9] = [
     ("config", config),
     ("vary", vary),
     ("entry_record", entry_record),
+    ("push_filter", push_filter),
 ];

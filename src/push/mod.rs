@@ -1,0 +1,642 @@
+//! Push: live JSON records that clients write over HTTP and that browsers subscribe to over
+//! Server-Sent Events or WebSocket (what Piper Push Cache does; the pub/sub half of nchan and
+//! Mercure), served from a route (`push = { dir = "..." }`).
+//!
+//! - this file: the route's HTTP face: which request does what, access and CORS;
+//! - [`store`]: the records, their sequence of changes and its history, groups;
+//! - [`log`]: the durable change log (group commit, recovery, compaction);
+//! - [`filter`]: id patterns and member conditions of subscriptions;
+//! - [`fanout`]: topics (one per distinct pattern and filter), events serialized once;
+//! - [`sse`]: a subscriber's event stream; [`ws`]: WebSocket sessions;
+//! - [`auth`]: the write token and JSON Web Tokens.
+//!
+//! docs/push.md is the user's guide.
+
+pub mod auth;
+pub mod fanout;
+pub mod filter;
+pub mod log;
+pub mod sse;
+pub mod store;
+pub mod ws;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use percent_encoding::percent_decode_str;
+use serde_json::Value;
+
+use self::auth::{Allowed, Auth};
+use self::filter::{Filter, IdPattern};
+use self::store::{Conditions, Store, Write, WriteError, Written};
+use crate::body::{Body, RequestBody};
+use crate::compress::{AcceptEncoding, Encoding};
+use crate::config::push::valid_id;
+use crate::config::{Config, HandlerConfig, PushConfig};
+use crate::http::conditional::{self, Preconditions};
+use crate::http::json_response;
+use crate::interim::Sink;
+
+/// The demo page (`demo = true`): the records of the route, live.
+const DEMO: &str = include_str!("../../assets/push-demo.html");
+
+/// A push route.
+pub struct Push {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub cfg: PushConfig,
+    pub store: Arc<Store>,
+    auth: Auth,
+    prefix: String,
+}
+
+/// Opens the store of every push route of `config` (creating directories, replaying logs),
+/// so that a directory that cannot be used is an error at start or reload, naming the route.
+/// The stores stay open while the returned handles (and then the routes) hold them.
+pub fn open_all(config: &Config) -> Result<Vec<Arc<Store>>, String> {
+    let mut out = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        for (j, r) in l.routes.iter().enumerate() {
+            let HandlerConfig::Push(p) = &r.handler else {
+                continue;
+            };
+            let (store, opened) = open(p).map_err(|e| {
+                format!(
+                    "listener {i} ({}) route {j} ({}): push.dir {}: {e}",
+                    l.addr,
+                    r.path.0,
+                    p.dir.display()
+                )
+            })?;
+            if opened.changes > 0 || opened.cut > 0 {
+                tracing::info!(
+                    dir = %p.dir.display(),
+                    records = opened.records,
+                    changes = opened.changes,
+                    cut_bytes = opened.cut,
+                    "push: change log replayed"
+                );
+            }
+            Auth::new(p).map_err(|e| format!("listener {i} route {j}: push.jwt: {e}"))?;
+            out.push(store);
+        }
+    }
+    Ok(out)
+}
+
+fn open(p: &PushConfig) -> std::io::Result<(Arc<Store>, store::Opened)> {
+    Store::open(
+        &p.dir,
+        p.history.0 as usize,
+        p.queue.0 as usize,
+        p.max_record_size.0 as usize,
+        &p.groups,
+        p.heartbeat.0,
+    )
+}
+
+/// Why a request was refused.
+fn refuse(status: StatusCode, text: &str) -> Response<Body> {
+    json_response(
+        status,
+        serde_json::json!({ "error": text }).to_string() + "\n",
+    )
+}
+
+impl Push {
+    /// The route at `prefix` for `cfg`; its store is opened by [`open_all`] first.
+    pub fn new(cfg: &PushConfig, prefix: &str) -> Result<Push, String> {
+        let (store, _) = open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
+        Ok(Push {
+            inner: Arc::new(Inner {
+                auth: Auth::new(cfg)?,
+                cfg: cfg.clone(),
+                store,
+                prefix: prefix.to_string(),
+            }),
+        })
+    }
+
+    pub fn source(&self) -> String {
+        self.inner.store.dir().display().to_string()
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.inner.store
+    }
+
+    /// Serves one request of the route.
+    pub async fn handle(
+        &self,
+        req: Request<RequestBody>,
+        _peer: SocketAddr,
+        sink: Option<Sink>,
+    ) -> Response<Body> {
+        let cors = self.inner.cors(req.headers());
+        let mut res = self.route(req, sink).await;
+        if let Some(origin) = cors {
+            let h = res.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static("etag, location"),
+            );
+            h.append(header::VARY, HeaderValue::from_static("origin"));
+        }
+        res
+    }
+
+    async fn route(&self, req: Request<RequestBody>, sink: Option<Sink>) -> Response<Body> {
+        let inner = &self.inner;
+        let path = req.uri().path();
+        let rest = path
+            .strip_prefix(inner.prefix.as_str())
+            .unwrap_or(path)
+            .trim_start_matches('/')
+            .to_string();
+        let query = Query::parse(req.uri().query());
+        let method = req.method().clone();
+        if method == Method::OPTIONS {
+            return inner.preflight(req.headers());
+        }
+        if !rest.is_empty() && !valid_id(&rest) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "an id is segments of A-Z a-z 0-9 _ - . ~ : @ separated by /, at most 512 bytes",
+            );
+        }
+        let get = method == Method::GET || method == Method::HEAD;
+        if get {
+            let read = inner.auth.reader(req.headers(), query.get("authorization"));
+            if let Allowed::Nothing(why) = read {
+                return refuse(StatusCode::UNAUTHORIZED, why);
+            }
+            if method == Method::GET && crate::upgrade::wanted(req.headers()) {
+                return inner.websocket(&req, sink, read);
+            }
+            let subscribe = query.has("subscribe")
+                || (req.headers().get_all(header::ACCEPT).iter())
+                    .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
+            if subscribe {
+                return inner.subscribe(&req, &query, &rest, &read);
+            }
+            if rest.is_empty() {
+                let html = (req.headers().get(header::ACCEPT))
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("text/html"));
+                if inner.cfg.demo && html && query.is_empty() {
+                    return demo_page();
+                }
+                return inner.list(&query, &read);
+            }
+            if !read.id(&rest) {
+                return refuse(StatusCode::FORBIDDEN, "the token may not read this id");
+            }
+            return inner.get(&req, &rest);
+        }
+        let write = match method {
+            Method::PUT | Method::PATCH | Method::DELETE if !rest.is_empty() => method.clone(),
+            Method::PUT | Method::PATCH | Method::DELETE => {
+                return refuse(StatusCode::METHOD_NOT_ALLOWED, "write to /<id>");
+            }
+            _ => {
+                let mut r = refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+                r.headers_mut().insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, PUT, PATCH, DELETE, OPTIONS"),
+                );
+                return r;
+            }
+        };
+        let allowed = inner.auth.writer(req.headers());
+        if let Allowed::Nothing(why) = allowed {
+            let status = if why.starts_with("this route") {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            let mut r = refuse(status, why);
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+        inner.write(req, write, rest, allowed).await
+    }
+}
+
+impl Inner {
+    /// The `Access-Control-Allow-Origin` for a request from this origin, if it is allowed.
+    fn cors(&self, h: &HeaderMap) -> Option<HeaderValue> {
+        let origin = h.get(header::ORIGIN)?;
+        let o = origin.to_str().ok()?;
+        if self.cfg.cors_origins.iter().any(|c| c == "*") {
+            return Some(HeaderValue::from_static("*"));
+        }
+        self.cfg
+            .cors_origins
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(o))
+            .then(|| origin.clone())
+    }
+
+    fn preflight(&self, h: &HeaderMap) -> Response<Body> {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        let out = r.headers_mut();
+        out.insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, PUT, PATCH, DELETE, OPTIONS"),
+        );
+        if self.cors(h).is_some() {
+            out.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, HEAD, PUT, PATCH, DELETE"),
+            );
+            out.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static(
+                    "authorization, content-type, if-match, if-none-match, last-event-id",
+                ),
+            );
+            out.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("600"),
+            );
+        }
+        r
+    }
+
+    fn get(&self, req: &Request<RequestBody>, id: &str) -> Response<Body> {
+        let Some(rec) = self.store.get(id) else {
+            return refuse(StatusCode::NOT_FOUND, "no such record");
+        };
+        let mut head = HeaderMap::new();
+        head.insert(header::ETAG, rec.etag.clone());
+        let modified = std::time::UNIX_EPOCH + std::time::Duration::from_millis(rec.t);
+        head.insert(header::LAST_MODIFIED, crate::http::date::value(modified));
+        head.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        head.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let compressible = rec.json.len() >= store::COMPRESS_ABOVE;
+        if compressible {
+            head.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+        }
+        let pre = Preconditions::of(req.headers());
+        let outcome = conditional::evaluate(&pre, req.method(), &head, Some(modified));
+        if let Some(r) = outcome.response(&head) {
+            return r;
+        }
+        let mut body = rec.json.clone();
+        if compressible {
+            let accept = AcceptEncoding::parse(req.headers().get(header::ACCEPT_ENCODING));
+            let codings: Vec<Encoding> = rec.encoded().iter().map(|(e, _)| *e).collect();
+            let chosen = accept.choose(&codings);
+            if let Some((e, b)) = rec.encoded().iter().find(|(e, _)| *e == chosen) {
+                if let Some(v) = e.header_value() {
+                    head.insert(header::CONTENT_ENCODING, v);
+                }
+                body = b.clone();
+            }
+        }
+        head.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let mut r = Response::new(if req.method() == Method::HEAD {
+            Body::empty()
+        } else {
+            Body::full(body)
+        });
+        *r.headers_mut() = head;
+        r
+    }
+
+    fn topic_of(
+        &self,
+        query: &Query,
+        rest: &str,
+        read: &Allowed,
+    ) -> Result<Arc<fanout::Topic>, Box<Response<Body>>> {
+        let pattern = match (query.get("match"), rest) {
+            (Some(p), _) => IdPattern::parse(p),
+            (None, "") => Ok(IdPattern::all()),
+            (None, id) => IdPattern::parse(id),
+        }
+        .map_err(|e| Box::new(refuse(StatusCode::BAD_REQUEST, &e)))?;
+        if !read.pattern(&pattern) {
+            return Err(Box::new(refuse(
+                StatusCode::FORBIDDEN,
+                "the token may not read these ids",
+            )));
+        }
+        let filter = Filter::parse(query.get("filter").unwrap_or(""))
+            .map_err(|e| Box::new(refuse(StatusCode::BAD_REQUEST, &e.to_string())))?;
+        Ok(self.store.fanout.topic(&pattern, &filter))
+    }
+
+    fn list(&self, query: &Query, read: &Allowed) -> Response<Body> {
+        let topic = match self.topic_of(query, "", read) {
+            Ok(t) => t,
+            Err(r) => return *r,
+        };
+        let (records, seq) = self.store.list(&topic);
+        let mut out = format!("{{\"seq\":{seq},\"records\":{{").into_bytes();
+        for (i, (id, r)) in records.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(
+                serde_json::to_string(&**id)
+                    .expect("a string serializes")
+                    .as_bytes(),
+            );
+            out.push(b':');
+            out.extend_from_slice(&r.json);
+        }
+        out.extend_from_slice(b"}}\n");
+        let mut r = Response::new(Body::full(out));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r
+    }
+
+    fn subscribe(
+        &self,
+        req: &Request<RequestBody>,
+        query: &Query,
+        rest: &str,
+        read: &Allowed,
+    ) -> Response<Body> {
+        let topic = match self.topic_of(query, rest, read) {
+            Ok(t) => t,
+            Err(r) => return *r,
+        };
+        let since = (req.headers().get("last-event-id"))
+            .and_then(|v| v.to_str().ok())
+            .or(query.get("last-event-id"))
+            .or(query.get("since"));
+        let since = match since.map(|s| s.trim().parse::<u64>()) {
+            None => None,
+            Some(Ok(n)) => Some(n),
+            Some(Err(_)) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    "Last-Event-ID is an event's sequence number",
+                )
+            }
+        };
+        let init = query.get("init") != Some("0") && query.get("init") != Some("false");
+        let start = self.store.subscribe(&topic, since, init);
+        let mut r = Response::new(Body::stream(sse::SseBody::new(start)));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        // nginx in front: do not buffer the stream.
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
+    }
+
+    fn websocket(
+        self: &Arc<Self>,
+        req: &Request<RequestBody>,
+        sink: Option<Sink>,
+        read: Allowed,
+    ) -> Response<Body> {
+        let h = req.headers();
+        let ws = (h.get(header::UPGRADE))
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        let Some(key) = h.get(header::SEC_WEBSOCKET_KEY).filter(|_| ws) else {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "only WebSocket upgrades are served",
+            );
+        };
+        if h.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13") {
+            let mut r = refuse(StatusCode::UPGRADE_REQUIRED, "WebSocket version 13 only");
+            r.headers_mut().insert(
+                header::SEC_WEBSOCKET_VERSION,
+                HeaderValue::from_static("13"),
+            );
+            return r;
+        }
+        let Some(sink) = sink else {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "WebSocket is served over HTTP/1.1 (use SSE over HTTP/2 and HTTP/3)",
+            );
+        };
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let claim = sink.claim_upgrade();
+        let inner = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Ok(up) = claim.await {
+                ws::session(inner, up, read).await;
+            }
+        });
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let out = r.headers_mut();
+        out.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        out.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        out.insert(
+            header::SEC_WEBSOCKET_ACCEPT,
+            HeaderValue::try_from(accept).expect("base64"),
+        );
+        r
+    }
+
+    async fn write(
+        &self,
+        req: Request<RequestBody>,
+        method: Method,
+        path: String,
+        allowed: Allowed,
+    ) -> Response<Body> {
+        // The whole path is the record's id, unless a stored record's id is a proper prefix
+        // of it: then the rest is a member path of that record (PUT only).
+        let (id, member) = if method == Method::PUT && self.store.get(&path).is_none() {
+            match self.store.split_member(&path) {
+                Some((id, m)) => (id.to_string(), Some(m.to_string())),
+                None => (path, None),
+            }
+        } else {
+            (path, None)
+        };
+        if !allowed.id(&id) {
+            return refuse(StatusCode::FORBIDDEN, "the token may not write this id");
+        }
+        let h = req.headers();
+        let cond = Conditions {
+            if_match: h.get(header::IF_MATCH).cloned(),
+            if_none_match: h.get(header::IF_NONE_MATCH).cloned(),
+        };
+        let w = if method == Method::DELETE {
+            Write::Delete
+        } else {
+            let max = self.cfg.max_record_size.0 as usize;
+            let value = match read_json(req, max).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            match (method, member) {
+                (Method::PATCH, _) => Write::Patch(value),
+                (_, Some(m)) => Write::Member(m.split('/').map(str::to_string).collect(), value),
+                _ => Write::Put(value),
+            }
+        };
+        match self.store.write(&id, w, &cond).await {
+            Ok(Written::Deleted) => {
+                let mut r = Response::new(Body::empty());
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                r
+            }
+            Ok(w) => {
+                let (status, rec) = match w {
+                    Written::Created(r) => (StatusCode::CREATED, r),
+                    Written::Replaced(r) => (StatusCode::OK, r),
+                    Written::Deleted => unreachable!("handled above"),
+                };
+                let body = format!(
+                    "{{\"id\":{},\"seq\":{}}}\n",
+                    serde_json::to_string(&id).expect("a string serializes"),
+                    rec.seq
+                );
+                let mut r = json_response(status, body);
+                r.headers_mut().insert(header::ETAG, rec.etag.clone());
+                if status == StatusCode::CREATED {
+                    let loc = format!("{}{}", self.prefix_slash(), id);
+                    if let Ok(v) = HeaderValue::try_from(loc) {
+                        r.headers_mut().insert(header::LOCATION, v);
+                    }
+                }
+                r
+            }
+            Err(WriteError::NotFound) => refuse(StatusCode::NOT_FOUND, "no such record"),
+            Err(WriteError::PreconditionFailed) => {
+                refuse(StatusCode::PRECONDITION_FAILED, "precondition failed")
+            }
+            Err(WriteError::Conflict(at)) => refuse(
+                StatusCode::CONFLICT,
+                &format!("member `{at}` is not an object"),
+            ),
+            Err(WriteError::TooLarge(max)) => refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("a record is at most {max} bytes"),
+            ),
+            Err(WriteError::Storage) => refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the change log cannot be written",
+            ),
+        }
+    }
+
+    fn prefix_slash(&self) -> String {
+        if self.prefix.ends_with('/') {
+            self.prefix.clone()
+        } else {
+            format!("{}/", self.prefix)
+        }
+    }
+}
+
+/// Reads a JSON body of at most `max` bytes (413 beyond, before reading more).
+async fn read_json(req: Request<RequestBody>, max: usize) -> Result<Value, Response<Body>> {
+    let too_large = || {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("a record is at most {max} bytes"),
+        )
+    };
+    let declared = (req.headers().get(header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "the body could not be read",
+            ));
+        };
+        if let Some(d) = frame.data_ref() {
+            if buf.len() + d.len() > max {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(d);
+        }
+    }
+    serde_json::from_slice(&buf)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")))
+}
+
+fn demo_page() -> Response<Body> {
+    let mut r = Response::new(Body::full(Bytes::from_static(DEMO.as_bytes())));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'",
+        ),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// A request's query, decoded (`+` is a space, as forms send it).
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Query {
+        let decode = |s: &str| {
+            percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        Query(
+            q.unwrap_or("")
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .take(32)
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => (decode(k), decode(v)),
+                    None => (decode(p), String::new()),
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(k))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn has(&self, k: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == k)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}

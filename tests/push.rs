@@ -1,0 +1,931 @@
+//! Push routes: records written over HTTP (PUT, PATCH, member PUT, DELETE, preconditions),
+//! read like cached objects, listed and subscribed to with filters over SSE (init, live events,
+//! resume with Last-Event-ID, a gap, heartbeats, a slow subscriber's overflow) and WebSocket;
+//! access by token and JWT, CORS, groups, and durability across kill -9.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+use common::*;
+
+const TOKEN: &str = "s3cret";
+
+fn push_config(dir: &std::path::Path, keys: &str) -> String {
+    one_route(
+        "",
+        "push",
+        &format!("dir = \"{}\"\ntoken = \"{TOKEN}\"\n{keys}", dir.display()),
+    )
+}
+
+async fn push_larder(keys: &str) -> (Larder, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let l = Larder::start(&push_config(dir.path(), keys)).await;
+    (l, dir)
+}
+
+const AUTH: (&str, &str) = ("authorization", "Bearer s3cret");
+
+async fn put(c: &Client, url: &str, body: &str) -> Got {
+    send(c, "PUT", url, &[AUTH], body).await
+}
+
+fn json_of(g: &Got) -> Value {
+    serde_json::from_slice(&g.body).unwrap_or_else(|_| panic!("JSON: {}", g.text()))
+}
+
+/// An SSE stream being read: events as (id, event, data).
+struct Sse {
+    body: hyper::body::Incoming,
+    buf: String,
+}
+
+#[derive(Debug, PartialEq)]
+struct Ev {
+    id: Option<u64>,
+    event: String,
+    data: String,
+}
+
+impl Ev {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap()
+    }
+}
+
+impl Sse {
+    async fn open(c: &Client, url: &str, headers: &[(&str, &str)]) -> Sse {
+        let r = request(c, "GET", url, headers, b"").await;
+        assert_eq!(r.status(), 200, "{url}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "text/event-stream",
+            "subscriptions are event streams"
+        );
+        Sse {
+            body: r.into_body(),
+            buf: String::new(),
+        }
+    }
+
+    /// The next event (comments, `retry:` lines and heartbeats skipped), or None if the stream
+    /// ended or nothing came within `wait`.
+    async fn next_within(&mut self, wait: Duration) -> Option<Ev> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut ev = Ev {
+                    id: None,
+                    event: String::new(),
+                    data: String::new(),
+                };
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        ev.id = Some(v.parse().unwrap());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        ev.event = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        ev.data = v.to_string();
+                    }
+                }
+                if !ev.event.is_empty() {
+                    return Some(ev);
+                }
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()??;
+            if let Ok(d) = frame.ok()?.into_data() {
+                self.buf.push_str(std::str::from_utf8(&d).unwrap());
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Ev {
+        self.next_within(Duration::from_secs(5))
+            .await
+            .expect("an event within 5 s")
+    }
+
+    /// Whether a heartbeat comment comes within `wait`.
+    async fn heartbeat_within(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if self.buf.contains(":\n\n") {
+                return true;
+            }
+            let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, self.body.frame()).await
+            else {
+                return false;
+            };
+            if let Ok(d) = frame.into_data() {
+                self.buf.push_str(std::str::from_utf8(&d).unwrap());
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn records_are_written_read_and_conditioned() {
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    let created = put(&c, &l.url("/cars/1"), r#"{"price": 42, "color": "red"}"#).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.header("location"), Some("/cars/1"));
+    let etag1 = created.header("etag").unwrap().to_string();
+    let got = get(&c, &l.url("/cars/1"), &[]).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("content-type"), Some("application/json"));
+    assert_eq!(json_of(&got), json!({"price": 42, "color": "red"}));
+    assert_eq!(got.header("etag"), Some(etag1.as_str()));
+    let again = get(&c, &l.url("/cars/1"), &[("if-none-match", &etag1)]).await;
+    assert_eq!(again.status, 304);
+
+    // Replace, merge-patch, one member.
+    let replaced = put(&c, &l.url("/cars/1"), r#"{"price": 40, "color": "red"}"#).await;
+    assert_eq!(replaced.status, 200);
+    assert_ne!(replaced.header("etag"), Some(etag1.as_str()));
+    let patched = send(
+        &c,
+        "PATCH",
+        &l.url("/cars/1"),
+        &[AUTH],
+        r#"{"price": null, "km": 7}"#,
+    )
+    .await;
+    assert_eq!(patched.status, 200);
+    let member = put(&c, &l.url("/cars/1/owner/city"), r#""Oslo""#).await;
+    assert_eq!(member.status, 200, "{}", member.text());
+    assert_eq!(
+        json_of(&get(&c, &l.url("/cars/1"), &[]).await),
+        json!({"color": "red", "km": 7, "owner": {"city": "Oslo"}})
+    );
+    // A member through a scalar is a conflict; nothing changes.
+    let conflict = put(&c, &l.url("/cars/1/km/x"), "1").await;
+    assert_eq!(conflict.status, 409);
+
+    // Preconditions for safe concurrent writers.
+    let now = get(&c, &l.url("/cars/1"), &[]).await;
+    let etag = now.header("etag").unwrap().to_string();
+    let stale = send(
+        &c,
+        "PUT",
+        &l.url("/cars/1"),
+        &[AUTH, ("if-match", &etag1)],
+        "{}",
+    )
+    .await;
+    assert_eq!(stale.status, 412);
+    let fresh = send(
+        &c,
+        "PUT",
+        &l.url("/cars/1"),
+        &[AUTH, ("if-match", &etag)],
+        r#"{"v":1}"#,
+    )
+    .await;
+    assert_eq!(fresh.status, 200);
+    let create_only = send(
+        &c,
+        "PUT",
+        &l.url("/cars/1"),
+        &[AUTH, ("if-none-match", "*")],
+        "{}",
+    )
+    .await;
+    assert_eq!(create_only.status, 412);
+    let created2 = send(
+        &c,
+        "PUT",
+        &l.url("/cars/2"),
+        &[AUTH, ("if-none-match", "*")],
+        "[1]",
+    )
+    .await;
+    assert_eq!(created2.status, 201);
+
+    // Bad input changes nothing.
+    assert_eq!(put(&c, &l.url("/cars/1"), "{not json").await.status, 400);
+    assert_eq!(
+        send(&c, "PATCH", &l.url("/cars/9"), &[AUTH], "{}")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        put(&c, &l.url("/cars/9/x"), "1").await.status,
+        201,
+        "no record at cars/9: a new id"
+    );
+    assert_eq!(put(&c, &l.url("/a%20b"), "1").await.status, 400);
+    assert_eq!(put(&c, &l.url("/a/../b"), "1").await.status, 400);
+    assert_eq!(
+        send(&c, "PUT", &l.url("/cars/1"), &[], "{}").await.status,
+        401
+    );
+    let wrong = send(
+        &c,
+        "PUT",
+        &l.url("/cars/1"),
+        &[("authorization", "Bearer nope")],
+        "{}",
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert_eq!(
+        json_of(&get(&c, &l.url("/cars/1"), &[]).await),
+        json!({"v": 1})
+    );
+
+    // Delete.
+    assert_eq!(
+        send(&c, "DELETE", &l.url("/cars/1"), &[AUTH], "")
+            .await
+            .status,
+        204
+    );
+    assert_eq!(get(&c, &l.url("/cars/1"), &[]).await.status, 404);
+    assert_eq!(
+        send(&c, "DELETE", &l.url("/cars/1"), &[AUTH], "")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        send(&c, "POST", &l.url("/cars/1"), &[AUTH], "")
+            .await
+            .status,
+        405
+    );
+}
+
+#[tokio::test]
+async fn limits_are_enforced_before_the_body_is_read() {
+    let (l, _dir) = push_larder("max_record_size = \"1KiB\"").await;
+    let c = client();
+    let big = format!("\"{}\"", "x".repeat(2000));
+    let r = put(&c, &l.url("/big"), &big).await;
+    assert_eq!(r.status, 413);
+    // Streamed without a length: cut off while reading.
+    let (tx, body) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(4);
+    let body = http_body_util::StreamBody::new(tokio_stream_from(body));
+    let req = http::Request::put(l.url("/big"))
+        .header("authorization", "Bearer s3cret")
+        .body(http_body_util::combinators::BoxBody::new(body))
+        .unwrap();
+    let sender = tokio::spawn(async move {
+        for _ in 0..100 {
+            if tx
+                .send(Ok(http_body::Frame::data(Bytes::from(vec![b' '; 100]))))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let resp = raw.request(req).await.unwrap();
+    assert_eq!(resp.status(), 413);
+    sender.abort();
+    assert_eq!(get(&c, &l.url("/big"), &[]).await.status, 404);
+}
+
+fn tokio_stream_from<T>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tokio::test]
+async fn large_records_are_sent_compressed() {
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    let items: Vec<Value> = (0..300).map(|i| json!({"n": i, "name": "item"})).collect();
+    let value = json!({ "items": items });
+    assert_eq!(
+        put(&c, &l.url("/big"), &value.to_string()).await.status,
+        201
+    );
+    for enc in ["gzip", "br", "zstd"] {
+        let g = get(&c, &l.url("/big"), &[("accept-encoding", enc)]).await;
+        assert_eq!(g.header("content-encoding"), Some(enc));
+        assert_eq!(g.header("vary"), Some("accept-encoding"));
+        let plain = decode(&g.body, Some(enc));
+        assert_eq!(serde_json::from_slice::<Value>(&plain).unwrap(), value);
+    }
+    let g = get(&c, &l.url("/big"), &[]).await;
+    assert_eq!(g.header("content-encoding"), None);
+    assert_eq!(json_of(&g), value);
+}
+
+#[tokio::test]
+async fn lists_and_subscriptions_filter_by_pattern_and_members() {
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    put(&c, &l.url("/cars/1"), r#"{"price": 90, "color": "red"}"#).await;
+    put(&c, &l.url("/cars/2"), r#"{"price": 200, "color": "blue"}"#).await;
+    put(&c, &l.url("/bikes/1"), r#"{"price": 50}"#).await;
+    let list = json_of(&get(&c, &l.url("/?match=cars/*&filter=price%20%3C%20100"), &[]).await);
+    assert_eq!(
+        list["records"],
+        json!({"cars/1": {"price": 90, "color": "red"}})
+    );
+    assert_eq!(list["seq"], 3);
+    let all = json_of(&get(&c, &l.url("/"), &[]).await);
+    assert_eq!(all["records"].as_object().unwrap().len(), 3);
+    let bad = get(&c, &l.url("/?filter=price%20%3C"), &[]).await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.text().contains("filter"), "{}", bad.text());
+
+    // A subscription: the matching records first, then `init`, then live changes.
+    let url = l.url("/?subscribe&match=cars/*&filter=price%20%3C%20100");
+    let mut sub = Sse::open(&c, &url, &[]).await;
+    let first = sub.next().await;
+    assert_eq!(
+        (first.event.as_str(), first.json()["id"].as_str()),
+        ("set", Some("cars/1"))
+    );
+    let init = sub.next().await;
+    assert_eq!((init.event.as_str(), init.id), ("init", Some(3)));
+    // Another subscriber with the same filter spelled differently shares its topic.
+    let mut twin = Sse::open(
+        &c,
+        &l.url(
+            "/?subscribe&match=cars/*&filter=price<100"
+                .replace('<', "%3C")
+                .as_str(),
+        ),
+        &[("accept", "text/event-stream")],
+    )
+    .await;
+    twin.next().await;
+    twin.next().await;
+
+    put(&c, &l.url("/cars/2"), r#"{"price": 80, "color": "blue"}"#).await; // enters
+    put(&c, &l.url("/bikes/2"), r#"{"price": 10}"#).await; // other pattern
+    put(&c, &l.url("/cars/1"), r#"{"price": 120, "color": "red"}"#).await; // leaves
+    send(&c, "DELETE", &l.url("/cars/2"), &[AUTH], "").await; // removed
+    for s in [&mut sub, &mut twin] {
+        let e = s.next().await;
+        assert_eq!((e.event.as_str(), e.id), ("set", Some(4)));
+        assert_eq!(
+            e.json(),
+            json!({"id": "cars/2", "value": {"price": 80, "color": "blue"}})
+        );
+        let e = s.next().await;
+        assert_eq!((e.event.as_str(), e.id), ("remove", Some(6)));
+        assert_eq!(e.json(), json!({"id": "cars/1"}));
+        let e = s.next().await;
+        assert_eq!((e.event.as_str(), e.id), ("remove", Some(7)));
+    }
+    assert!(sub.next_within(Duration::from_millis(300)).await.is_none());
+
+    // One record by its URL.
+    let mut one = Sse::open(&c, &l.url("/bikes/2?subscribe&init=0"), &[]).await;
+    assert_eq!(one.next().await.event, "init");
+    send(&c, "PATCH", &l.url("/bikes/2"), &[AUTH], r#"{"price": 11}"#).await;
+    put(&c, &l.url("/bikes/1"), "{}").await;
+    let e = one.next().await;
+    assert_eq!(e.json(), json!({"id": "bikes/2", "value": {"price": 11}}));
+    assert!(one.next_within(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test]
+async fn subscribers_resume_after_a_reconnect_or_are_told_to_start_over() {
+    let (l, _dir) = push_larder("history = 5\nheartbeat = \"200ms\"").await;
+    let c = client();
+    for i in 1..=4 {
+        put(&c, &l.url(&format!("/k/{i}")), &i.to_string()).await;
+    }
+    // Resume after change 2: changes 3 and 4, no init.
+    let mut s = Sse::open(&c, &l.url("/?subscribe"), &[("last-event-id", "2")]).await;
+    let e = s.next().await;
+    assert_eq!(
+        (e.event.as_str(), e.id, e.json()["id"].as_str()),
+        ("set", Some(3), Some("k/3"))
+    );
+    assert_eq!(s.next().await.id, Some(4));
+    put(&c, &l.url("/k/5"), "5").await;
+    assert_eq!(s.next().await.id, Some(5));
+    // Heartbeats keep an idle stream alive.
+    assert!(s.heartbeat_within(Duration::from_secs(2)).await);
+    drop(s);
+
+    // The query form, for clients that cannot set the header.
+    let mut q = Sse::open(&c, &l.url("/?subscribe&last-event-id=4"), &[]).await;
+    assert_eq!(q.next().await.id, Some(5));
+    drop(q);
+
+    // Ten more changes: the history (5) no longer reaches change 2.
+    for i in 6..=15 {
+        put(&c, &l.url(&format!("/k/{i}")), &i.to_string()).await;
+    }
+    let mut old = Sse::open(&c, &l.url("/?subscribe"), &[("last-event-id", "2")]).await;
+    let reset = old.next().await;
+    assert_eq!(reset.event, "reset");
+    assert_eq!(reset.json(), json!({"reason": "gap"}));
+    let mut sets = 0;
+    loop {
+        let e = old.next().await;
+        if e.event == "init" {
+            assert_eq!(e.id, Some(15));
+            break;
+        }
+        assert_eq!(e.event, "set");
+        sets += 1;
+    }
+    assert_eq!(sets, 15, "the whole current state follows the reset");
+    let bad = get(&c, &l.url("/?subscribe&last-event-id=x"), &[]).await;
+    assert_eq!(bad.status, 400);
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_is_cut_off_and_the_others_get_everything() {
+    let (l, _dir) = push_larder("queue = 8\nmax_record_size = \"1MiB\"").await;
+    let c = client();
+    // The slow one never reads: its socket buffers fill, then its ring slots run out.
+    let slow = request(&c, "GET", &l.url("/?subscribe&init=0"), &[], b"").await;
+    let mut fast = Sse::open(&c, &l.url("/?subscribe&init=0"), &[]).await;
+    assert_eq!(fast.next().await.event, "init");
+    let chunk = format!("\"{}\"", "z".repeat(256 * 1024));
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while got < 40 {
+            let e = fast
+                .next_within(Duration::from_secs(10))
+                .await
+                .expect("every event");
+            assert_eq!(e.event, "set");
+            got += 1;
+        }
+        got
+    });
+    for i in 0..40 {
+        assert_eq!(
+            put(&c, &l.url(&format!("/big/{i}")), &chunk).await.status,
+            201
+        );
+    }
+    assert_eq!(reader.await.unwrap(), 40);
+    // Reading now, the slow one finds its stream ends with a reset.
+    let mut body = slow.into_body();
+    let mut tail = Vec::new();
+    let read_all = async {
+        while let Some(Ok(f)) = body.frame().await {
+            if let Ok(d) = f.into_data() {
+                tail.extend_from_slice(&d);
+                if tail.len() > 4096 {
+                    tail.drain(..tail.len() - 4096);
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_all)
+        .await
+        .expect("the slow subscriber's stream ends");
+    let tail = String::from_utf8_lossy(&tail);
+    assert!(
+        tail.ends_with("event: reset\ndata: {\"reason\":\"overflow\"}\n\n"),
+        "{tail}"
+    );
+}
+
+#[tokio::test]
+async fn websocket_clients_get_subscribe_and_unsubscribe() {
+    let (l, _dir) = push_larder("ws_max_message = \"1KiB\"").await;
+    let c = client();
+    put(&c, &l.url("/cars/1"), r#"{"price": 90}"#).await;
+    let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{}/", l.addr))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    async fn next(
+        ws: &mut (impl StreamExt<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin),
+    ) -> Value {
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+                .await
+                .expect("a message")
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = m {
+                return serde_json::from_str(&t).unwrap();
+            }
+        }
+    }
+    ws.send(Message::text(r#"{"op":"get","id":"cars/1"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        json!({"op": "get", "id": "cars/1", "value": {"price": 90}})
+    );
+    ws.send(Message::text(r#"{"op":"get","id":"cars/9"}"#))
+        .await
+        .unwrap();
+    assert!(next(&mut ws).await["error"].is_string());
+    ws.send(Message::text(
+        r#"{"op":"subscribe","name":"cheap","match":"cars/*","filter":"price < 100"}"#,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        json!({"op": "subscribe", "name": "cheap"})
+    );
+    let e = next(&mut ws).await;
+    assert_eq!(
+        e,
+        json!({"sub": "cheap", "event": "set", "seq": 0, "id": "cars/1", "value": {"price": 90}})
+    );
+    assert_eq!(next(&mut ws).await["event"], "init");
+    ws.send(Message::text(
+        r#"{"op":"subscribe","name":"all","init":false}"#,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next(&mut ws).await["op"], "subscribe");
+    assert_eq!(next(&mut ws).await["event"], "init");
+    ws.send(Message::text(
+        r#"{"op":"subscribe","name":"x","filter":"price <"}"#,
+    ))
+    .await
+    .unwrap();
+    assert!(next(&mut ws).await["error"]
+        .as_str()
+        .unwrap()
+        .contains("filter"));
+
+    put(&c, &l.url("/cars/2"), r#"{"price": 5}"#).await;
+    let mut got = [next(&mut ws).await, next(&mut ws).await];
+    got.sort_by_key(|v| v["sub"].as_str().unwrap().to_string());
+    assert_eq!(
+        got[0],
+        json!({"sub": "all", "event": "set", "seq": 2, "id": "cars/2", "value": {"price": 5}})
+    );
+    assert_eq!(got[1]["sub"], "cheap");
+
+    ws.send(Message::text(r#"{"op":"unsubscribe","name":"cheap"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        json!({"op": "unsubscribe", "name": "cheap"})
+    );
+    send(&c, "DELETE", &l.url("/cars/2"), &[AUTH], "").await;
+    let e = next(&mut ws).await;
+    assert_eq!(
+        (e["sub"].as_str(), e["event"].as_str()),
+        (Some("all"), Some("remove"))
+    );
+
+    // A message over the limit closes the socket with 1009.
+    ws.send(Message::text("x".repeat(4096))).await.unwrap();
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap()
+        {
+            Some(Ok(Message::Close(f))) => break f,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(u16::from(close.unwrap().code), 1009);
+}
+
+#[tokio::test]
+async fn json_web_tokens_grant_the_ids_they_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "a-long-enough-shared-secret";
+    let cfg = one_route(
+        "",
+        "push",
+        &format!(
+            "dir = \"{}\"\nread_needs_jwt = true\ncors_origins = [\"https://app.example\"]\n[listener.route.push.jwt]\nsecret = \"{secret}\"",
+            dir.path().display()
+        ),
+    );
+    let l = Larder::start(&cfg).await;
+    let c = client();
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+    let jwt = |claims: Value| {
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+    };
+    let writer = format!(
+        "Bearer {}",
+        jwt(json!({"larder": {"publish": ["cars/*"], "subscribe": ["cars/*"]}}))
+    );
+    let ok = send(
+        &c,
+        "PUT",
+        &l.url("/cars/1"),
+        &[("authorization", &writer)],
+        "1",
+    )
+    .await;
+    assert_eq!(ok.status, 201);
+    let no = send(
+        &c,
+        "PUT",
+        &l.url("/bikes/1"),
+        &[("authorization", &writer)],
+        "1",
+    )
+    .await;
+    assert_eq!(no.status, 403);
+    let expired = format!(
+        "Bearer {}",
+        jwt(json!({"larder": {"publish": ["*"]}, "exp": 1_000_000}))
+    );
+    assert_eq!(
+        send(&c, "PUT", &l.url("/x"), &[("authorization", &expired)], "1")
+            .await
+            .status,
+        401
+    );
+    let forged = {
+        let k = jsonwebtoken::EncodingKey::from_secret(b"another secret entirely");
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &json!({"larder": {"publish": ["*"]}}),
+            &k,
+        )
+        .unwrap()
+    };
+    let r = send(
+        &c,
+        "PUT",
+        &l.url("/x"),
+        &[("authorization", &format!("Bearer {forged}"))],
+        "1",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+
+    // Reads need a token covering them.
+    assert_eq!(get(&c, &l.url("/cars/1"), &[]).await.status, 401);
+    assert_eq!(
+        get(&c, &l.url("/cars/1"), &[("authorization", &writer)])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        get(&c, &l.url("/?subscribe"), &[("authorization", &writer)])
+            .await
+            .status,
+        403
+    );
+    let token = writer.trim_start_matches("Bearer ");
+    let mut s = Sse::open(
+        &c,
+        &l.url(&format!("/?subscribe&match=cars/*&authorization={token}")),
+        &[],
+    )
+    .await;
+    assert_eq!(s.next().await.event, "set");
+
+    // CORS for the allowed origin only.
+    let pre = send(
+        &c,
+        "OPTIONS",
+        &l.url("/cars/1"),
+        &[
+            ("origin", "https://app.example"),
+            ("access-control-request-method", "PUT"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(pre.status, 204);
+    assert_eq!(
+        pre.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert!(pre
+        .header("access-control-allow-methods")
+        .unwrap()
+        .contains("PUT"));
+    let other = get(
+        &c,
+        &l.url("/cars/1"),
+        &[
+            ("origin", "https://evil.example"),
+            ("authorization", &writer),
+        ],
+    )
+    .await;
+    assert_eq!(other.header("access-control-allow-origin"), None);
+    let same = get(
+        &c,
+        &l.url("/cars/1"),
+        &[
+            ("origin", "https://app.example"),
+            ("authorization", &writer),
+        ],
+    )
+    .await;
+    assert_eq!(
+        same.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+}
+
+#[tokio::test]
+async fn a_route_without_credentials_refuses_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_route("", "push", &format!("dir = \"{}\"", dir.path().display()));
+    let l = Larder::start(&cfg).await;
+    let r = send(
+        &client(),
+        "PUT",
+        &l.url("/a"),
+        &[("authorization", "Bearer x")],
+        "1",
+    )
+    .await;
+    assert_eq!(r.status, 403);
+}
+
+#[tokio::test]
+async fn groups_keep_a_maximum_count_and_expire() {
+    let (l, _dir) = push_larder(
+        "[[listener.route.push.group]]\nmatch = \"recent/*\"\nmax = 3\n[[listener.route.push.group]]\nmatch = \"tmp/*\"\nttl = \"1s\"",
+    )
+    .await;
+    let c = client();
+    let mut s = Sse::open(&c, &l.url("/?subscribe&match=recent/*&init=0"), &[]).await;
+    assert_eq!(s.next().await.event, "init");
+    for i in 1..=4 {
+        put(&c, &l.url(&format!("/recent/{i}")), "1").await;
+    }
+    let mut events = Vec::new();
+    for _ in 0..5 {
+        let e = s.next().await;
+        events.push(format!("{} {}", e.event, e.json()["id"].as_str().unwrap()));
+    }
+    assert_eq!(
+        events,
+        [
+            "set recent/1",
+            "set recent/2",
+            "set recent/3",
+            "set recent/4",
+            "remove recent/1"
+        ]
+    );
+    assert_eq!(get(&c, &l.url("/recent/1"), &[]).await.status, 404);
+    let list = json_of(&get(&c, &l.url("/?match=recent/*"), &[]).await);
+    assert_eq!(list["records"].as_object().unwrap().len(), 3);
+
+    put(&c, &l.url("/tmp/a"), "1").await;
+    assert_eq!(get(&c, &l.url("/tmp/a"), &[]).await.status, 200);
+    let mut gone = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if get(&c, &l.url("/tmp/a"), &[]).await.status == 404 {
+            gone = true;
+            break;
+        }
+    }
+    assert!(
+        gone,
+        "a record of a group with ttl = 1s is removed within 4 s"
+    );
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9_and_the_log_is_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("larder.toml");
+    let addr = free_port();
+    let records = dir.path().join("records");
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "[[listener]]\naddr = \"{addr}\"\n  [[listener.route]]\n  path = \"/r/\"\n  push = {{ dir = \"{}\", token = \"{TOKEN}\", max_record_size = \"2MiB\" }}\n",
+            records.display()
+        ),
+    )
+    .unwrap();
+    let start = || {
+        let child = Child(
+            larder_command()
+                .arg("--config")
+                .arg(&cfg_path)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return child;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("larder did not start");
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut child = start();
+    let acked: Vec<(String, Value)> = rt.block_on(async {
+        let c = client();
+        // Writers in parallel; each answer that came is an acknowledged write.
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0..40 {
+                    let id = format!("w{w}/{i}");
+                    let v = json!({"writer": w, "i": i});
+                    let r = put(&c, &format!("http://{addr}/r/{id}"), &v.to_string()).await;
+                    assert_eq!(r.status, 201);
+                    acked.push((id, v));
+                }
+                acked
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all
+    });
+    // kill -9 while a second round is being written: what was acknowledged must be there.
+    let in_flight = rt.spawn(async move {
+        let c = client();
+        let mut acked = Vec::new();
+        for i in 0..100_000 {
+            let id = format!("late/{i}");
+            let v = json!(i);
+            let req = http::Request::put(format!("http://{addr}/r/{id}"))
+                .header("authorization", "Bearer s3cret")
+                .body(http_body_util::Full::new(Bytes::from(v.to_string())))
+                .unwrap();
+            match tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
+                Ok(Ok(r)) if r.status() == 201 => {}
+                _ => break,
+            }
+            acked.push((id, v));
+        }
+        acked
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let late = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), in_flight)
+            .await
+            .unwrap_or_else(|_| panic!("the writer stops when larder dies"))
+            .unwrap_or_default()
+    });
+    assert!(
+        !late.is_empty(),
+        "some writes were acknowledged before the kill"
+    );
+    let _child = start();
+    rt.block_on(async {
+        let c = client();
+        for (id, v) in acked.iter().chain(&late) {
+            let g = get(&c, &format!("http://{addr}/r/{id}"), &[]).await;
+            assert_eq!(g.status, 200, "{id} was acknowledged");
+            assert_eq!(json_of(&g), *v);
+        }
+        // Rewriting one record past twice the live size compacts the log.
+        let big = json!("y".repeat(1024 * 1024)).to_string();
+        for _ in 0..12 {
+            let st = put(&c, &format!("http://{addr}/r/big"), &big).await.status;
+            assert!(st == 200 || st == 201, "{st}");
+        }
+    });
+    drop(_child);
+    let log_len = std::fs::metadata(records.join("changes.log"))
+        .unwrap()
+        .len();
+    // Twelve 1 MiB versions were written: without compaction the log would hold them all.
+    assert!(
+        log_len < 10 << 20,
+        "the log was compacted ({log_len} bytes)"
+    );
+    let _child = start();
+    rt.block_on(async {
+        let c = client();
+        let g = get(&c, &format!("http://{addr}/r/big"), &[]).await;
+        assert_eq!(g.body.len(), 1024 * 1024 + 2);
+        let g = get(&c, &format!("http://{addr}/r/{}", acked[0].0), &[]).await;
+        assert_eq!(json_of(&g), acked[0].1);
+    });
+}
