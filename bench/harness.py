@@ -1788,7 +1788,8 @@ def plan_seconds(names, duration, reps, args):
 def main():
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO",
-                    help=f"any of {', '.join(SCENARIOS)} (default: all)")
+                    help=f"any of {', '.join(SCENARIOS)} (default: all), or push "
+                         "(SSE fan-out against nginx + nchan, bench/push_bench.py)")
     ap.add_argument("--quick", action="store_true", help="3 s per run instead of 10 s")
     ap.add_argument("--duration", type=int, help="seconds per wrk run (overrides the default)")
     ap.add_argument("--reps", type=int, default=2, help="runs per cell and system (default 2)")
@@ -1804,6 +1805,10 @@ def main():
     args = ap.parse_args()
 
     names = args.scenarios or list(SCENARIOS)
+    # scenario push (bench/push_bench.py) runs subscribers, not wrk cells: on its own, after
+    # the others.
+    push = "push" in names
+    names = [n for n in names if n != "push"]
     for n in names:
         scenario_cells(n)  # validates
     duration = args.duration or (3 if args.quick else 10)
@@ -1866,6 +1871,17 @@ def main():
     import atexit
     atexit.register(procs.stop_all)
 
+    if push and not names:
+        try:
+            import push_bench
+            return push_bench.run(procs, args)
+        except KeyboardInterrupt as e:
+            warn(f"interrupted ({e}); stopping everything")
+            return 130
+        finally:
+            procs.stop_all()
+            env.cleanup()
+
     date = dt.date.today().isoformat()
     all_goals = []
     all_cells = []
@@ -1925,6 +1941,11 @@ def main():
     full = set(names) == set(SCENARIOS) and not args.quick and not args.systems
     if not args.no_write and (args.update_docs or full):
         update_docs()
+    if push:
+        import push_bench
+        procs = Procs()
+        atexit.register(procs.stop_all)
+        return push_bench.run(procs, args)
     return 0
 
 

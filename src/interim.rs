@@ -66,6 +66,9 @@ pub struct Shared {
     /// Where the connection hands itself over after a 101, when a handler claimed it
     /// (`crate::upgrade`).
     upgrade: Mutex<Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>>>,
+    /// A handler's response body asked for the connection once hyper has written the head
+    /// (a stream that the handler writes itself: push's SSE subscribers).
+    handoff: AtomicBool,
 }
 
 impl Shared {
@@ -79,7 +82,15 @@ impl Shared {
             dropped,
             wake,
             upgrade: Mutex::new(None),
+            handoff: AtomicBool::new(false),
         }
+    }
+
+    /// A response body asked for the connection (see [`Sink::ask_handoff`]) and hyper has
+    /// written all it had (its last flush came after its last write): the socket can go.
+    #[inline]
+    pub fn handoff_ready(&self) -> bool {
+        self.handoff.load(Ordering::Acquire) && !self.owed.load(Ordering::Acquire)
     }
 
     /// The connection's side of an upgrade: the claim, if a handler made one.
@@ -214,6 +225,18 @@ impl Sink {
             *slot = Some(tx);
         }
         rx
+    }
+
+    /// Claims the connection for a response whose body the handler writes itself, after
+    /// hyper has written the head: the body asks for it ([`Sink::ask_handoff`]) at its first
+    /// poll, and the connection arrives on the receiver once hyper's bytes are out.
+    pub fn claim_handoff(&self) -> tokio::sync::oneshot::Receiver<crate::upgrade::Upgraded> {
+        self.claim_upgrade()
+    }
+
+    /// Asks for the claimed connection now (from the response body's first poll).
+    pub fn ask_handoff(&self) {
+        self.shared.handoff.store(true, Ordering::Release);
     }
 
     /// Gives up a claim (the backend did not switch protocols).

@@ -33,8 +33,12 @@
 //! written by a thread of its own), [`stats`] (`larder stats`), [`admin`] (who may purge, the
 //! admin API and its dashboard), [`body`] (the response and request body types).
 //!
+//! [`push`] is a handler of its own: live JSON records written over HTTP and pushed to
+//! subscribers (SSE, WebSocket), along its own path: request → store → durable log →
+//! fan-out → subscriber streams.
+//!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
-//! answered it (WebSocket pass-through).
+//! answered it (WebSocket pass-through, push's WebSocket sessions).
 //!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
 //! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
@@ -56,7 +60,8 @@
 //! 3. [`cache`] (compress, config, http); [`upstream`] (body, config, http, interim).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics).
-//! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`] (the lines above).
+//! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`], [`push`] (the
+//!    lines above).
 //! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, tls, upstream),
 //!    [`server`] (route, interim, memory, tls, metrics, access_log, upstream), [`cli`] (config,
 //!    tls).

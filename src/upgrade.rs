@@ -22,6 +22,8 @@ pub struct Upgraded {
     pub io: Box<dyn Io>,
     /// What the client sent past the request, already read.
     pub read_ahead: Bytes,
+    /// The connection's place under the server's connection bound, held while it lives.
+    pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Whether a request asks for an upgrade: an `Upgrade` field and `upgrade` among the

@@ -63,6 +63,10 @@ impl Ev {
 impl Sse {
     async fn open(c: &Client, url: &str, headers: &[(&str, &str)]) -> Sse {
         let r = request(c, "GET", url, headers, b"").await;
+        Sse::of(r, url)
+    }
+
+    fn of(r: http::Response<hyper::body::Incoming>, url: &str) -> Sse {
         assert_eq!(r.status(), 200, "{url}");
         assert_eq!(
             r.headers()["content-type"],
@@ -399,6 +403,47 @@ async fn lists_and_subscriptions_filter_by_pattern_and_members() {
     let e = one.next().await;
     assert_eq!(e.json(), json!({"id": "bikes/2", "value": {"price": 11}}));
     assert!(one.next_within(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test]
+async fn subscriptions_work_over_http2_and_http1_0() {
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    put(&c, &l.url("/a"), "1").await;
+    // HTTP/2 (h2c): a streamed body, no hand-over.
+    let mut h2 = h2_connection(l.addr).await;
+    let req = http::Request::get(l.url("/?subscribe"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let mut s = Sse::of(h2.send_request(req).await.unwrap(), "h2");
+    assert_eq!(s.next().await.json(), json!({"id": "a", "value": 1}));
+    assert_eq!(s.next().await.event, "init");
+    put(&c, &l.url("/a"), "2").await;
+    assert_eq!(s.next().await.json(), json!({"id": "a", "value": 2}));
+
+    // HTTP/1.0: the events follow the head as they are, the body ends with the connection.
+    let mut raw = Raw::connect(l.addr).await;
+    raw.write(b"GET /?subscribe&init=0 HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    put(&c, &l.url("/a"), "3").await;
+    let done = |b: &[u8]| String::from_utf8_lossy(b).contains("\"value\":3}\n\n");
+    let text = tokio::time::timeout(Duration::from_secs(5), raw.read_until(done))
+        .await
+        .expect("the event within 5 s");
+    let text = String::from_utf8_lossy(&text).to_string();
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{text}"
+    );
+    assert!(
+        !text.to_ascii_lowercase().contains("transfer-encoding"),
+        "{text}"
+    );
+    assert!(
+        text.contains("event: init") && text.contains("id: 3\nevent: set"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

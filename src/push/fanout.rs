@@ -24,7 +24,29 @@ use super::store::{Change, Record};
 pub struct Event {
     pub seq: u64,
     pub sse: Bytes,
+    /// `sse` as one HTTP/1.1 chunk, for streams larder writes itself (`super::sse`).
+    pub chunk: Bytes,
     pub ws_tail: Bytes,
+}
+
+impl Event {
+    fn new(seq: u64, sse: Bytes, ws_tail: Bytes) -> Event {
+        Event {
+            seq,
+            chunk: chunk(&sse),
+            sse,
+            ws_tail,
+        }
+    }
+}
+
+/// `data` framed as one HTTP/1.1 chunk.
+pub fn chunk(data: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(data.len() + 12);
+    b.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    b.put_slice(data);
+    b.put_slice(b"\r\n");
+    b.freeze()
 }
 
 /// The subscribers of one pattern and filter.
@@ -68,11 +90,7 @@ impl Fanout {
         Fanout {
             topics: RwLock::default(),
             queue: queue.max(1),
-            heartbeat: Arc::new(Event {
-                seq: 0,
-                sse: Bytes::from_static(b":\n\n"),
-                ws_tail: Bytes::new(),
-            }),
+            heartbeat: Arc::new(Event::new(0, Bytes::from_static(b":\n\n"), Bytes::new())),
         }
     }
 
@@ -163,11 +181,7 @@ pub fn render(seq: u64, kind: &str, id: &str, value: Option<&[u8]>) -> Event {
     }
     sse.put_slice(b"}\n\n");
     ws.put_slice(b"}");
-    Event {
-        seq,
-        sse: sse.freeze(),
-        ws_tail: ws.freeze(),
-    }
+    Event::new(seq, sse.freeze(), ws.freeze())
 }
 
 /// A control event (`init`, `reset`) with a JSON payload.
@@ -178,9 +192,5 @@ pub fn control(seq: u64, kind: &str, data: &str) -> Event {
         format!("event: {kind}\ndata: {data}\n\n")
     };
     let ws = format!("\"event\":\"{kind}\",\"seq\":{seq},\"data\":{data}}}");
-    Event {
-        seq,
-        sse: sse.into(),
-        ws_tail: ws.into(),
-    }
+    Event::new(seq, sse.into(), ws.into())
 }

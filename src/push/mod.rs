@@ -183,7 +183,7 @@ impl Push {
                 || (req.headers().get_all(header::ACCEPT).iter())
                     .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
             if subscribe {
-                return inner.subscribe(&req, &query, &rest, &read);
+                return inner.subscribe(&req, &query, &rest, &read, sink);
             }
             if rest.is_empty() {
                 let html = (req.headers().get(header::ACCEPT))
@@ -374,6 +374,7 @@ impl Inner {
         query: &Query,
         rest: &str,
         read: &Allowed,
+        sink: Option<Sink>,
     ) -> Response<Body> {
         let topic = match self.topic_of(query, rest, read) {
             Ok(t) => t,
@@ -395,7 +396,22 @@ impl Inner {
         };
         let init = query.get("init") != Some("0") && query.get("init") != Some("false");
         let start = self.store.subscribe(&topic, since, init);
-        let mut r = Response::new(Body::stream(sse::SseBody::new(start)));
+        // HTTP/1.x: hyper writes the head, then the socket is handed over and the events are
+        // written on it directly (see `sse::HandOff`). HTTP/2 and HTTP/3: a streamed body.
+        let body = match sink {
+            Some(sink) if req.version() <= http::Version::HTTP_11 => {
+                let chunked = req.version() == http::Version::HTTP_11;
+                let claim = sink.claim_handoff();
+                tokio::spawn(async move {
+                    if let Ok(up) = claim.await {
+                        sse::serve_raw(up, start, chunked).await;
+                    }
+                });
+                Body::stream(sse::HandOff::new(sink))
+            }
+            _ => Body::stream(sse::SseBody::new(start)),
+        };
+        let mut r = Response::new(body);
         let h = r.headers_mut();
         h.insert(
             header::CONTENT_TYPE,

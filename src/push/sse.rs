@@ -153,3 +153,137 @@ impl http_body::Body for SseBody {
         SizeHint::default()
     }
 }
+
+/// The body of an HTTP/1.1 subscription's response: it asks for the connection at its first
+/// poll (hyper has written the head by then) and never yields; [`serve_raw`] writes the events
+/// on the socket from then on. A subscriber then costs its task and socket, not hyper's
+/// connection state and buffers, and an event is one write of shared bytes.
+pub struct HandOff {
+    sink: Option<crate::interim::Sink>,
+}
+
+impl HandOff {
+    pub fn new(sink: crate::interim::Sink) -> HandOff {
+        HandOff { sink: Some(sink) }
+    }
+}
+
+impl http_body::Body for HandOff {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(sink) = self.sink.take() {
+            sink.ask_handoff();
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// How long one write to a subscriber may wait for its socket before the subscriber is
+/// dropped (its client stopped reading; a slower one gets a `reset` from its ring first).
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Writes `b` within [`WRITE_TIMEOUT`]: whether it went.
+async fn write(io: &mut Box<dyn crate::upgrade::Io>, b: Bytes) -> bool {
+    use tokio::io::AsyncWriteExt;
+    matches!(
+        tokio::time::timeout(WRITE_TIMEOUT, io.write_all(&b)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Writes a subscription's events on a connection handed over after the response head:
+/// as HTTP/1.1 chunks (`chunked`), or as they are (an HTTP/1.0 response delimited by close).
+pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool) {
+    use tokio::io::AsyncWriteExt;
+    let crate::upgrade::Upgraded { mut io, permit, .. } = up;
+    let _permit = permit;
+    let frame = |data: &[u8]| -> Bytes {
+        if chunked {
+            super::fanout::chunk(data)
+        } else {
+            Bytes::copy_from_slice(data)
+        }
+    };
+    let mut head = BytesMut::from(&b"retry: 2000\n\n"[..]);
+    for e in &start.first {
+        head.extend_from_slice(&e.sse);
+    }
+    let Start {
+        mut rx, skip_to, ..
+    } = start;
+    if !write(&mut io, frame(&head)).await {
+        return;
+    }
+    drop(head);
+    let wanted = |e: &Event| e.seq == 0 || e.seq > skip_to;
+    loop {
+        let mut end: Option<&'static [u8]> = None;
+        let first = match rx.recv().await {
+            Ok(e) => Some(e),
+            Err(RecvError::Lagged(_)) => {
+                end = Some(OVERFLOW);
+                None
+            }
+            Err(RecvError::Closed) => {
+                end = Some(b"");
+                None
+            }
+        };
+        let mut out: Option<Bytes> = None;
+        let mut batch = Batch::default();
+        if let Some(e) = first.filter(|e| wanted(e)) {
+            out = Some(if chunked {
+                e.chunk.clone()
+            } else {
+                e.sse.clone()
+            });
+            batch.add(&e.sse);
+        }
+        // Whatever else is waiting goes in the same write.
+        let mut more = false;
+        while end.is_none() && batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(e) if wanted(&e) => {
+                    batch.add(&e.sse);
+                    more = true;
+                }
+                Ok(_) => {}
+                Err(TryRecvError::Lagged(_)) => end = Some(OVERFLOW),
+                Err(TryRecvError::Closed) => end = Some(b""),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if let Some(tail) = end {
+            batch.add(&Bytes::from_static(tail));
+            more = true;
+        }
+        if more || out.is_none() {
+            out = batch.take().map(|b| frame(&b));
+        }
+        if let Some(b) = out {
+            if !write(&mut io, b).await {
+                return;
+            }
+        }
+        if end.is_some() {
+            if chunked {
+                let _ = write(&mut io, Bytes::from_static(b"0\r\n\r\n")).await;
+            }
+            let _ = io.shutdown().await;
+            return;
+        }
+    }
+}

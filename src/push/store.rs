@@ -250,9 +250,25 @@ impl Store {
         let fanout = Arc::new(Fanout::new(queue));
         let (tx, rx) = mpsc::channel();
         let (w_state, w_fanout) = (Arc::clone(&state), Arc::clone(&fanout));
+        // Committed changes are published from a task on the server's runtime when there is
+        // one: the subscribers it wakes go to that worker's own queue, not the runtime's
+        // shared one (as wakes from another thread would).
+        let publish = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Arc<Change>>>();
+                let f = Arc::clone(&fanout);
+                rt.spawn(async move {
+                    while let Some(changes) = rx.recv().await {
+                        f.publish(&changes);
+                    }
+                });
+                Publish::Task(tx)
+            }
+            Err(_) => Publish::Here,
+        };
         std::thread::Builder::new()
             .name("larder-push-log".into())
-            .spawn(move || writer(rx, log, w_state, w_fanout))?;
+            .spawn(move || writer(rx, log, w_state, w_fanout, publish))?;
         let store = Arc::new(Store {
             state,
             fanout,
@@ -600,7 +616,21 @@ impl State {
 
 /// The log's writer: commits queued changes in groups, then publishes and acknowledges them;
 /// compacts the log when it has grown past twice the live records.
-fn writer(rx: mpsc::Receiver<Job>, mut log: Log, state: Arc<Mutex<State>>, fanout: Arc<Fanout>) {
+/// Where the writer publishes committed changes.
+enum Publish {
+    /// On the runtime, through this task.
+    Task(tokio::sync::mpsc::UnboundedSender<Vec<Arc<Change>>>),
+    /// From the writer thread itself (no runtime: tools and tests of the store alone).
+    Here,
+}
+
+fn writer(
+    rx: mpsc::Receiver<Job>,
+    mut log: Log,
+    state: Arc<Mutex<State>>,
+    fanout: Arc<Fanout>,
+    publish: Publish,
+) {
     const COMPACT_MIN: u64 = 8 << 20;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
@@ -620,8 +650,23 @@ fn writer(rx: mpsc::Receiver<Job>, mut log: Log, state: Arc<Mutex<State>>, fanou
             tracing::error!(error = %e, "push: the change log could not be written; writes are refused until restart");
             state.lock().expect("state").failed = true;
         } else {
-            for j in &jobs {
-                fanout.publish(&j.changes);
+            match &publish {
+                Publish::Task(tx) => {
+                    let all: Vec<Arc<Change>> = jobs
+                        .iter()
+                        .flat_map(|j| j.changes.iter().cloned())
+                        .collect();
+                    if tx.send(all).is_err() {
+                        for j in &jobs {
+                            fanout.publish(&j.changes);
+                        }
+                    }
+                }
+                Publish::Here => {
+                    for j in &jobs {
+                        fanout.publish(&j.changes);
+                    }
+                }
             }
         }
         for j in jobs {

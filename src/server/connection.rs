@@ -170,17 +170,13 @@ pub async fn serve_connection<S: Stream>(
             Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
         }
         Protocol::Http1 => {
-            let open = Open {
-                permits: permit.semaphore(),
-                max: idle.max_conns,
-            };
             serve_h1(
                 io,
                 service,
                 peer,
                 &builder.h1,
                 idle,
-                open,
+                permit,
                 &mut shutdown,
                 upgrades,
             )
@@ -225,7 +221,7 @@ async fn serve_h1<T, S>(
     peer: SocketAddr,
     h1: &http1::Builder,
     idle: Idle,
-    open: Open<'_>,
+    permit: tokio::sync::OwnedSemaphorePermit,
     shutdown: &mut watch::Receiver<bool>,
     upgrades: Arc<interim::Shared>,
 ) where
@@ -235,6 +231,11 @@ async fn serve_h1<T, S>(
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let activity = Arc::clone(&io.inner().activity);
+    let semaphore = Arc::clone(permit.semaphore());
+    let open = Open {
+        permits: &semaphore,
+        max: idle.max_conns,
+    };
     let mut phase = Phase::Serving(Box::new(h1.serve_connection(io, service)));
     let mut closing = *shutdown.borrow();
     if closing {
@@ -267,6 +268,10 @@ async fn serve_h1<T, S>(
                 Phase::Serving(conn) => {
                     if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
                         return Poll::Ready(Watch::Done(res));
+                    }
+                    // A response body asked for the socket and hyper has written the head.
+                    if upgrades.handoff_ready() {
+                        return Poll::Ready(Watch::HandOff);
                     }
                     // Nothing in flight and hyper waits: it is idle, or still writing a
                     // response whose body the service has handed over. Either way hyper
@@ -313,16 +318,29 @@ async fn serve_h1<T, S>(
             Poll::Pending
         })
         .await;
-        // hyper wrote a 101 and stopped: the socket goes to the handler that claimed it.
-        if let Watch::Done(Ok(())) = &event {
+        // hyper wrote a 101 and stopped, or the head of a response whose body the handler
+        // writes itself: the socket goes to the handler that claimed it.
+        if matches!(event, Watch::Done(Ok(())) | Watch::HandOff) {
             if let Some(to) = upgrades.take_upgrade() {
                 let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
                     unreachable!("hyper finished, so it was serving")
                 };
                 let parts = conn.into_parts();
+                let tracked = parts.io.into_inner();
+                // The bare stream, unless a parked read left bytes in the wrapper; from here
+                // no watchdog or 1xx queue looks at it.
+                let io: Box<dyn crate::upgrade::Io> = if tracked.pending.is_empty() {
+                    Box::new(tracked.inner)
+                } else {
+                    Box::new(tracked)
+                };
+                // hyper's buffers are freed with its connection state.
+                memory::connection_released();
                 let handed = crate::upgrade::Upgraded {
-                    io: Box::new(parts.io.into_inner()),
+                    io,
                     read_ahead: parts.read_buf,
+                    // The connection still counts against `max_connections`.
+                    permit: Some(permit),
                 };
                 if let Err(back) = to.send(handed) {
                     let mut io = back.io;
@@ -402,6 +420,8 @@ async fn serve_h1<T, S>(
                     _ => return,
                 }
             }
+            // Asked for without a claim: nothing can take the socket.
+            Watch::HandOff => return,
             Watch::Tick => {
                 sleep.as_mut().reset(tokio::time::Instant::now() + tick);
                 // The new deadline is registered at the next poll.
@@ -460,6 +480,8 @@ enum Watch {
     Failed(std::io::Error),
     Shutdown,
     Tick,
+    /// A response body asked for the socket (`interim::Sink::ask_handoff`).
+    HandOff,
 }
 
 /// Runs an HTTP/2 connection to its end beside the idle watchdog and the shutdown signal.
@@ -583,17 +605,13 @@ mod tests {
         let (tx, mut shutdown) = watch::channel(false);
         tokio::spawn(async move {
             let builder = connection_builder(&ServerConfig::default());
-            let permits = Semaphore::new(1);
+            let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
             let idle = Idle {
                 timeout: Duration::from_secs(10),
                 release,
                 head: Duration::from_secs(10),
                 park_above: usize::MAX,
                 max_conns: 1,
-            };
-            let open = Open {
-                permits: &permits,
-                max: 1,
             };
             let peer = "127.0.0.1:1".parse().unwrap();
             serve_h1(
@@ -602,7 +620,7 @@ mod tests {
                 peer,
                 &builder.h1,
                 idle,
-                open,
+                permit,
                 &mut shutdown,
                 upgrades,
             )
