@@ -122,6 +122,11 @@ int main(int argc, char **argv) {
     struct epoll_event ev = {.events = EPOLLIN, .data.u32 = i};
     epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
   }
+  // SSE_CLIENT_SPIN=1: never sleep in epoll_wait (the client's CPU is its own), so that the
+  // server's sends do not pay for waking it (on loopback the receiver's wake-up is charged to
+  // the sender).
+  const char *spin_env = getenv("SSE_CLIENT_SPIN");
+  int spin = spin_env && *spin_env == '1';
   int heads = 0, ready = 0, closed = 0;
   uint64_t start = now_us(CLOCK_MONOTONIC), last_progress = 0;
   static char buf[CARRY + 65536];
@@ -136,7 +141,7 @@ int main(int argc, char **argv) {
       fflush(stdout);
       ready = 1;
     }
-    int n = epoll_wait(ep, evs, 256, 100);
+    int n = epoll_wait(ep, evs, 256, spin && ready ? 0 : 100);
     for (int k = 0; k < n; k++) {
       struct conn *c = &conns[evs[k].data.u32];
       for (;;) {

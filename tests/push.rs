@@ -447,6 +447,40 @@ async fn subscriptions_work_over_http2_and_http1_0() {
 }
 
 #[tokio::test]
+async fn a_subscriber_counts_as_a_connection_until_it_hangs_up() {
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let mut raw = Raw::connect(l.addr).await;
+        raw.write(b"GET /?subscribe HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let head = raw
+            .read_until(|b| String::from_utf8_lossy(b).contains("event: init"))
+            .await;
+        assert!(String::from_utf8_lossy(&head).contains("transfer-encoding: chunked"));
+        subs.push(raw);
+    }
+    assert_eq!(
+        l.open_connections(),
+        3,
+        "handed-over subscribers hold their connection permit"
+    );
+    drop(subs);
+    // No event is written to them: they go because they hung up.
+    let mut open = usize::MAX;
+    for _ in 0..50 {
+        open = l.open_connections();
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open, 0, "subscribers that hung up are dropped at once");
+    assert_eq!(put(&c, &l.url("/a"), "1").await.status, 201);
+}
+
+#[tokio::test]
 async fn subscribers_resume_after_a_reconnect_or_are_told_to_start_over() {
     let (l, _dir) = push_larder("history = 5\nheartbeat = \"200ms\"").await;
     let c = client();

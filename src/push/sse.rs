@@ -197,17 +197,21 @@ const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Writes `b` within [`WRITE_TIMEOUT`]: whether it went.
 async fn write(io: &mut Box<dyn crate::upgrade::Io>, b: Bytes) -> bool {
+    use std::future::Future;
     use tokio::io::AsyncWriteExt;
-    matches!(
-        tokio::time::timeout(WRITE_TIMEOUT, io.write_all(&b)).await,
-        Ok(Ok(()))
-    )
+    let mut fut = std::pin::pin!(io.write_all(&b));
+    // Nearly every write goes at once: those read no clock and arm no timer.
+    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+    if let Poll::Ready(r) = first {
+        return r.is_ok();
+    }
+    matches!(tokio::time::timeout(WRITE_TIMEOUT, fut).await, Ok(Ok(())))
 }
 
 /// Writes a subscription's events on a connection handed over after the response head:
 /// as HTTP/1.1 chunks (`chunked`), or as they are (an HTTP/1.0 response delimited by close).
 pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool) {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let crate::upgrade::Upgraded { mut io, permit, .. } = up;
     let _permit = permit;
     let frame = |data: &[u8]| -> Bytes {
@@ -229,9 +233,23 @@ pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool
     }
     drop(head);
     let wanted = |e: &Event| e.seq == 0 || e.seq > skip_to;
+    let mut probe = [0u8; 64];
     loop {
         let mut end: Option<&'static [u8]> = None;
-        let first = match rx.recv().await {
+        // Waiting for an event, the socket is watched too: a subscriber that hangs up goes at
+        // once, not at the next write (an SSE client sends nothing after its request; what it
+        // might send is read and dropped).
+        let got = tokio::select! {
+            biased;
+            r = rx.recv() => r,
+            n = io.read(&mut probe) => {
+                match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        };
+        let first = match got {
             Ok(e) => Some(e),
             Err(RecvError::Lagged(_)) => {
                 end = Some(OVERFLOW);
