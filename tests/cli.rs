@@ -27,7 +27,7 @@ fn example_config_checks_ok() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 listener(s), 4 route(s))"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 listener(s), 5 route(s))"));
 }
 
 #[test]
@@ -37,13 +37,18 @@ fn example_config_sets_every_documented_key() {
         .unwrap();
     let cfg = larder::config::Config::parse(&text, "example").unwrap();
     assert_eq!(cfg.cache.max_size.0, 256 << 20);
-    assert_eq!(cfg.listeners[0].routes.len(), 4);
+    assert_eq!(cfg.listeners[0].routes.len(), 5);
     let larder::config::HandlerConfig::Images(images) = &cfg.listeners[0].routes[3].handler else {
         panic!("the fourth route is the image server")
     };
     assert_eq!(images.decode_memory.0, 512 << 20);
     assert_eq!(images.max_upscale.0, 1.0);
     assert_eq!(images.max_avif_pixels.get(), 1920 * 1080);
+    let larder::config::HandlerConfig::Push(push) = &cfg.listeners[0].routes[4].handler else {
+        panic!("the fifth route is push")
+    };
+    assert_eq!(push.history.0, 100_000);
+    assert_eq!(push.groups[0].max.map(|m| m.0), Some(1000));
 }
 
 #[test]
