@@ -823,6 +823,34 @@ async fn json_web_tokens_grant_the_ids_they_name() {
 }
 
 #[tokio::test]
+async fn metrics_count_records_subscriptions_and_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_route(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"adm\"",
+        "push",
+        &format!("dir = \"{}\"\ntoken = \"{TOKEN}\"", dir.path().display()),
+    );
+    let l = Larder::start(&cfg).await;
+    let c = client();
+    put(&c, &l.url("/a"), "1").await;
+    put(&c, &l.url("/b"), "2").await;
+    put(&c, &l.url("/a"), "3").await;
+    let _s1 = Sse::open(&c, &l.url("/?subscribe"), &[]).await;
+    let _s2 = Sse::open(&c, &l.url("/?subscribe&filter=x"), &[]).await;
+    let text = l.metrics_text().expect("metrics with an admin listener");
+    let d = dir.path().canonicalize().unwrap().display().to_string();
+    for (name, v) in [
+        ("larder_push_records", 2),
+        ("larder_push_subscriptions", 2),
+        ("larder_push_topics", 2),
+        ("larder_push_changes_total", 3),
+    ] {
+        let line = format!("{name}{{dir=\"{d}\"}} {v}");
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+}
+
+#[tokio::test]
 async fn a_route_without_credentials_refuses_every_write() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = one_route("", "push", &format!("dir = \"{}\"", dir.path().display()));

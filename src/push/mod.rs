@@ -656,3 +656,46 @@ impl Query {
         self.0.is_empty()
     }
 }
+
+/// The push routes' figures for `/metrics`, one sample per open store (labelled by its
+/// directory): records held, subscriptions and distinct topics now, changes made.
+pub fn metric_families() -> Vec<crate::metrics::Family> {
+    let stores = store::open();
+    if stores.is_empty() {
+        return Vec::new();
+    }
+    let family = |name, help, counter, value: &dyn Fn(&Store) -> u64| crate::metrics::Family {
+        name,
+        help,
+        counter,
+        samples: (stores.iter())
+            .map(|s| (vec![("dir", s.dir().display().to_string())], value(s)))
+            .collect(),
+    };
+    vec![
+        family(
+            "larder_push_records",
+            "Records a push route holds.",
+            false,
+            &|s| s.len() as u64,
+        ),
+        family(
+            "larder_push_subscriptions",
+            "Subscriptions open now (SSE streams and WebSocket subscriptions).",
+            false,
+            &|s| s.fanout.subscribers() as u64,
+        ),
+        family(
+            "larder_push_topics",
+            "Distinct patterns and filters subscribed to now.",
+            false,
+            &|s| s.fanout.topics() as u64,
+        ),
+        family(
+            "larder_push_changes",
+            "Changes made to a push route's records (its sequence number).",
+            true,
+            &|s| s.seq(),
+        ),
+    ]
+}

@@ -180,6 +180,14 @@ fn open_stores() -> &'static Mutex<HashMap<PathBuf, Weak<Store>>> {
     OPEN.get_or_init(Mutex::default)
 }
 
+/// The stores open now.
+pub fn open() -> Vec<Arc<Store>> {
+    let open = open_stores().lock().expect("stores");
+    let mut v: Vec<Arc<Store>> = open.values().filter_map(Weak::upgrade).collect();
+    v.sort_by(|a, b| a.dir.cmp(&b.dir));
+    v
+}
+
 /// What opening a store found.
 #[derive(Debug, Default)]
 pub struct Opened {

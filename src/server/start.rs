@@ -325,6 +325,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         );
         let running = Arc::clone(&pools);
         m.families(move || running.read().expect("not poisoned").metric_families());
+        m.families(crate::push::metric_families);
         if let Some(log) = &access_log {
             let log = Arc::clone(log);
             m.families(move || {
