@@ -173,3 +173,41 @@ where
     }
     v
 }
+
+/// An SSE subscriber of a push route, once its connection is handed over after the head,
+/// holds its task, socket and ring receiver: no hyper buffer, nor a slice of one.
+#[tokio::test(flavor = "current_thread")]
+async fn heap_per_idle_push_subscriber() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_route(
+        "[server]\nworkers = 1",
+        "push",
+        &format!("dir = \"{}\"\ntoken = \"t\"", dir.path().display()),
+    );
+    let h = Larder::start(&cfg).await;
+    let addr = h.addr;
+    let subscribe = |addr| async move {
+        let mut s = Raw::connect(addr).await;
+        s.write(b"GET /?subscribe HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        s.read_until(|b| String::from_utf8_lossy(b).contains("event: init"))
+            .await;
+        s
+    };
+    // Warm: the topic, the runtime's structures.
+    let warm = futures_util_join(addr, 20, subscribe).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    const N: usize = 500;
+    let before = LIVE.load(Ordering::Relaxed);
+    let subs = futures_util_join(addr, N, subscribe).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / N as f64;
+    println!("heap per idle push subscriber (server + client stream): {per:.0} bytes");
+    assert_eq!(h.open_connections(), N);
+    // Before the read-ahead slice was copied out, 8 KiB of hyper's read buffer stayed with
+    // every subscriber.
+    assert!(per < 3.0 * 1024.0, "{per}");
+    drop(subs);
+}

@@ -338,7 +338,13 @@ async fn serve_h1<T, S>(
                 memory::connection_released();
                 let handed = crate::upgrade::Upgraded {
                     io,
-                    read_ahead: parts.read_buf,
+                    // A copy of what hyper read ahead (usually nothing): a slice of its read
+                    // buffer would keep all 8 KiB of it alive as long as the connection.
+                    read_ahead: if parts.read_buf.is_empty() {
+                        Bytes::new()
+                    } else {
+                        Bytes::copy_from_slice(&parts.read_buf)
+                    },
                     // The connection still counts against `max_connections`.
                     permit: Some(permit),
                 };
