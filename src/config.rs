@@ -1931,6 +1931,15 @@ mod tests {
     fn embedded_default_parses() {
         let c = Config::parse(EMBEDDED_DEFAULT, "embedded").unwrap();
         assert_eq!(c.listeners.len(), 2);
+        // Live records with their demo page under /records/ (the token is made at start).
+        let push = c.listeners[0]
+            .routes
+            .iter()
+            .find(|r| r.path.0 == "/records/");
+        let Some(HandlerConfig::Push(p)) = push.map(|r| &r.handler) else {
+            panic!("the embedded default has a push route under /records/")
+        };
+        assert!(p.demo && p.token.is_none());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The dashboard in a real browser: headless Chromium (Debian's package) driven by
-//! playwright-core (npm), both installed by the test setup when missing. It logs in with the
+//! The dashboard (and the push demo page) in a real browser: headless Chromium (Debian's
+//! package) driven by playwright-core (npm), both installed by the test setup when missing. It logs in with the
 //! admin token, sees the counters move when requests are sent to larder, and purges an entry
 //! from the cache browser.
 
@@ -110,4 +110,46 @@ async fn the_events_need_the_token() {
     );
     let status: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
     assert!(status["latency"]["counts"].is_array(), "{status}");
+}
+
+/// A push route's demo page in the browser: EventSource over the handed-over HTTP/1.1 stream,
+/// and a WebSocket subscription with a filter, as docs/push.md shows them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_push_demo_page_shows_records_live_and_a_websocket_subscribes() {
+    let chromium = apt("chromium", "chromium");
+    let playwright = npm("playwright-core", "1.64.1");
+    let dir = tempfile::tempdir().unwrap();
+    let l = Larder::start(&format!(
+        "[[listener]]\naddr = \"127.0.0.1:0\"\n  [[listener.route]]\n  path = \"/records/\"\n  push = {{ dir = \"{}\", token = \"t0k\", demo = true }}\n",
+        dir.path().display()
+    ))
+    .await;
+    let site = l.url("/records");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/push.mjs");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .args([script, &site, "t0k"])
+            .env("PLAYWRIGHT_DIR", &playwright)
+            .env("CHROMIUM", &chromium)
+            .output()
+            .expect("node runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(seen["initial"], r#"{"color":"red","price":42}"#, "{seen}");
+    assert_eq!(seen["changed"], r#"{"color":"blue","price":40}"#, "{seen}");
+    assert_eq!(seen["rows"], 2, "{seen}");
+    assert_eq!(seen["after_delete"], 1, "{seen}");
+    let ws = seen["ws"].as_array().unwrap();
+    let set = ws.iter().find(|m| m["event"] == "set").unwrap();
+    assert_eq!(set["id"], "cars/4", "{seen}");
+    assert_eq!(set["sub"], "cheap");
+    assert!(!ws.iter().any(|m| m["id"] == "cars/3"), "{seen}");
 }

@@ -1036,3 +1036,52 @@ fn acknowledged_writes_survive_kill_9_and_the_log_is_compacted() {
         assert_eq!(json_of(&g), acked[0].1);
     });
 }
+
+#[test]
+fn the_quick_start_generates_and_prints_a_write_token() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let mut child = Child(
+        larder_command()
+            .arg("--push")
+            .arg(dir.path().join("records"))
+            .arg("--listen")
+            .arg(addr.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Kept open to the end: larder prints more after the token.
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let token = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_once("generated write token ")
+                .map(|(_, t)| t.trim().to_string())
+        })
+        .expect("the token is printed");
+    assert_eq!(token.len(), 48);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = client();
+        let url = format!("http://{addr}/cars/1");
+        let auth = format!("Bearer {token}");
+        assert_eq!(send(&c, "PUT", &url, &[], "1").await.status, 401);
+        assert_eq!(
+            send(&c, "PUT", &url, &[("authorization", &auth)], "1")
+                .await
+                .status,
+            201
+        );
+        let page = get(&c, &format!("http://{addr}/"), &[("accept", "text/html")]).await;
+        assert_eq!(
+            page.header("content-type"),
+            Some("text/html; charset=utf-8")
+        );
+        assert!(page.text().contains("EventSource"));
+    });
+    drop(lines);
+}
