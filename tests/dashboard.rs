@@ -7,10 +7,35 @@ mod common;
 
 use common::*;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_dashboard_logs_in_shows_live_counters_and_purges() {
+/// Runs `tests/browser/<script>` with node, Chromium and playwright-core (installed when
+/// missing), off the runtime's threads (larder serves the browser meanwhile); the one JSON
+/// line it prints.
+async fn browser(script: &'static str, args: Vec<String>) -> serde_json::Value {
     let chromium = apt("chromium", "chromium");
     let playwright = npm("playwright-core", "1.64.1");
+    let path = format!("{}/tests/browser/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(path)
+            .args(args)
+            .env("PLAYWRIGHT_DIR", &playwright)
+            .env("CHROMIUM", &chromium)
+            .output()
+            .expect("node runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).expect("one JSON line")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_logs_in_shows_live_counters_and_purges() {
     let origin = Origin::start(|seen, _| {
         Reply::ok(format!("page {}", seen.path)).header("cache-control", "max-age=600")
     })
@@ -32,25 +57,7 @@ addr = "127.0.0.1:0"
     let admin = l.admin_url("");
     let site = l.url("");
     let shot = std::env::var("LARDER_DASHBOARD_SCREENSHOT").unwrap_or_default();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.mjs");
-    // Off the runtime's threads: larder serves the browser meanwhile.
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .args([script, &admin, &site, "s3cret", &shot])
-            .env("PLAYWRIGHT_DIR", &playwright)
-            .env("CHROMIUM", &chromium)
-            .output()
-            .expect("node runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let seen = browser("dashboard.mjs", vec![admin, site, "s3cret".into(), shot]).await;
     assert_eq!(seen["wrong_token"], "wrong token");
     let (before, after) = (
         seen["total_before"].as_f64().unwrap(),
@@ -116,8 +123,6 @@ async fn the_events_need_the_token() {
 /// and a WebSocket subscription with a filter, as docs/push.md shows them.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_push_demo_page_shows_records_live_and_a_websocket_subscribes() {
-    let chromium = apt("chromium", "chromium");
-    let playwright = npm("playwright-core", "1.64.1");
     let dir = tempfile::tempdir().unwrap();
     let l = Larder::start(&format!(
         "[[listener]]\naddr = \"127.0.0.1:0\"\n  [[listener.route]]\n  path = \"/records/\"\n  push = {{ dir = \"{}\", token = \"t0k\", demo = true }}\n",
@@ -125,24 +130,7 @@ async fn the_push_demo_page_shows_records_live_and_a_websocket_subscribes() {
     ))
     .await;
     let site = l.url("/records");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/push.mjs");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .args([script, &site, "t0k"])
-            .env("PLAYWRIGHT_DIR", &playwright)
-            .env("CHROMIUM", &chromium)
-            .output()
-            .expect("node runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let seen = browser("push.mjs", vec![site, "t0k".into()]).await;
     assert_eq!(seen["initial"], r#"{"color":"red","price":42}"#, "{seen}");
     assert_eq!(seen["changed"], r#"{"color":"blue","price":40}"#, "{seen}");
     assert_eq!(seen["rows"], 2, "{seen}");
