@@ -1871,24 +1871,14 @@ def main():
     import atexit
     atexit.register(procs.stop_all)
 
-    if push and not names:
-        try:
-            import push_bench
-            return push_bench.run(procs, args)
-        except KeyboardInterrupt as e:
-            warn(f"interrupted ({e}); stopping everything")
-            return 130
-        finally:
-            procs.stop_all()
-            env.cleanup()
-
     date = dt.date.today().isoformat()
     all_goals = []
     all_cells = []
     docs = []
     t_start = time.time()
     try:
-        env.start_origin()
+        if names:
+            env.start_origin()
         if any(n in ("pike", "piper", "pingap", "static-8k") for n in names) and \
                 (not args.systems or "larder" in args.systems.split(",")):
             env.get("larder")  # build + start early so a skip is reported up front
@@ -1919,6 +1909,9 @@ def main():
                 base.with_suffix(".md").write_text(md + "\n")
                 chart(doc, base.with_suffix(".png"))
                 log(f"bench: wrote {base.relative_to(REPO)}.{{json,md,png}}")
+        if push:
+            import push_bench
+            push_bench.run(procs, args)
     except KeyboardInterrupt as e:
         warn(f"interrupted ({e}); stopping everything")
         return 130
@@ -1941,11 +1934,6 @@ def main():
     full = set(names) == set(SCENARIOS) and not args.quick and not args.systems
     if not args.no_write and (args.update_docs or full):
         update_docs()
-    if push:
-        import push_bench
-        procs = Procs()
-        atexit.register(procs.stop_all)
-        return push_bench.run(procs, args)
     return 0
 
 

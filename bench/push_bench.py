@@ -14,6 +14,7 @@ bottleneck), and RSS per idle subscriber (RSS with every subscriber connected mi
 before, over the count).
 """
 
+import datetime as dt
 import http.client
 import json
 import os
@@ -290,7 +291,6 @@ def run(procs, args):
     finally:
         for s in systems:
             procs.stop(s.proc)
-    import datetime as dt
     doc = dict(scenario="push", date=dt.date.today().isoformat(), cells=cells,
                skipped=skipped, idle_rss_per_sub_kb=idle)
     doc["goals"] = goals(cells, idle)

@@ -184,19 +184,11 @@ impl Admin {
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
         // The dashboard's page holds no data: it asks for the token, then the API.
         if req.method() == Method::GET && matches!(req.uri().path(), "/" | "/_larder/dashboard") {
-            let mut r = Response::new(Body::full(DASHBOARD));
-            let h = r.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/html; charset=utf-8"),
+            return crate::http::page_response(
+                DASHBOARD,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:",
             );
-            h.insert(
-                header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static(
-                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
-                ),
-            );
-            return r;
         }
         if !self.access.bearer_ok(req.headers()) {
             return refused();

@@ -23,7 +23,7 @@ pub struct Upgraded {
     /// What the client sent past the request, already read.
     pub read_ahead: Bytes,
     /// The connection's place under the server's connection bound, held while it lives.
-    pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Whether a request asks for an upgrade: an `Upgrade` field and `upgrade` among the

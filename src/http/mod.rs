@@ -15,4 +15,4 @@ pub mod fields;
 pub mod small;
 
 pub use fetch::FetchError;
-pub use small::{json_response, text_response};
+pub use small::{json_response, page_response, text_response};

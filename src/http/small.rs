@@ -1,5 +1,6 @@
 //! Short fixed responses built per request: plain-text errors and refusals, small JSON replies
-//! (the admin API, the image server). Never stored (`Cache-Control: no-store`).
+//! (the admin API, the image server), never stored (`Cache-Control: no-store`); embedded HTML
+//! pages.
 
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
@@ -18,6 +19,23 @@ pub fn text_response(status: StatusCode, text: &str) -> Response<Body> {
 /// A JSON response; its body is small and built by the caller.
 pub fn json_response(status: StatusCode, body: String) -> Response<Body> {
     small(status, body, HeaderValue::from_static("application/json"))
+}
+
+/// An embedded HTML page (the admin dashboard, push's demo page) under its Content Security
+/// Policy; revalidated on every load (`no-cache`), so a new larder serves its new page.
+pub fn page_response(html: &'static str, csp: &'static str) -> Response<Body> {
+    let mut r = Response::new(Body::full(html));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(csp),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
 }
 
 fn small(status: StatusCode, body: String, content_type: HeaderValue) -> Response<Body> {

@@ -10,7 +10,7 @@
 //! `exp` and `nbf` are checked when present. A browser's EventSource cannot send headers, so
 //! a read token may also come in the `authorization` query parameter.
 
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
@@ -45,8 +45,9 @@ pub enum Allowed {
     All,
     /// The ids of these patterns.
     Patterns(Vec<IdPattern>),
-    /// Nothing: no credentials, or wrong ones.
-    Nothing(&'static str),
+    /// Nothing, with the answer: 401 (no credentials, or wrong ones) or 403 (the route takes
+    /// none), and why.
+    Nothing(StatusCode, &'static str),
 }
 
 impl Allowed {
@@ -54,7 +55,7 @@ impl Allowed {
         match self {
             Allowed::All => true,
             Allowed::Patterns(ps) => ps.iter().any(|p| p.matches(id)),
-            Allowed::Nothing(_) => false,
+            Allowed::Nothing(..) => false,
         }
     }
 
@@ -63,7 +64,7 @@ impl Allowed {
         match self {
             Allowed::All => true,
             Allowed::Patterns(ps) => ps.iter().any(|p| covers(p, pattern)),
-            Allowed::Nothing(_) => false,
+            Allowed::Nothing(..) => false,
         }
     }
 }
@@ -142,10 +143,10 @@ impl Auth {
     /// What a write request may write.
     pub fn writer(&self, headers: &HeaderMap) -> Allowed {
         if self.token.is_none() && self.jwt.is_none() {
-            return Allowed::Nothing("this route has no write token");
+            return Allowed::Nothing(StatusCode::FORBIDDEN, "this route has no write token");
         }
         let Some(given) = Self::bearer(headers) else {
-            return Allowed::Nothing("a bearer token is required");
+            return Allowed::Nothing(StatusCode::UNAUTHORIZED, "a bearer token is required");
         };
         if let Some(t) = &self.token {
             if crate::admin::bearer_matches(headers, t) {
@@ -154,7 +155,7 @@ impl Auth {
         }
         match self.claims(given) {
             Some(c) => Self::patterns(&c.larder.publish),
-            None => Allowed::Nothing("the token is not valid"),
+            None => Allowed::Nothing(StatusCode::UNAUTHORIZED, "the token is not valid"),
         }
     }
 
@@ -170,11 +171,11 @@ impl Auth {
             }
         }
         let Some(given) = Self::bearer(headers).or(query_token) else {
-            return Allowed::Nothing("a token is required to read");
+            return Allowed::Nothing(StatusCode::UNAUTHORIZED, "a token is required to read");
         };
         match self.claims(given) {
             Some(c) => Self::patterns(&c.larder.subscribe),
-            None => Allowed::Nothing("the token is not valid"),
+            None => Allowed::Nothing(StatusCode::UNAUTHORIZED, "the token is not valid"),
         }
     }
 }

@@ -290,26 +290,30 @@ impl Parser<'_> {
     }
 
     fn or(&mut self, depth: usize) -> Result<Filter, ParseError> {
-        let mut items = vec![self.and(depth)?];
-        while self.eat("||") || self.eat_kw("or") {
-            items.push(self.and(depth)?);
-        }
-        Ok(if items.len() == 1 {
-            items.pop().expect("one")
-        } else {
-            Filter::Or(items)
-        })
+        self.chain(depth, ("||", "or"), Self::and, Filter::Or)
     }
 
     fn and(&mut self, depth: usize) -> Result<Filter, ParseError> {
-        let mut items = vec![self.unary(depth)?];
-        while self.eat("&&") || self.eat_kw("and") {
-            items.push(self.unary(depth)?);
+        self.chain(depth, ("&&", "and"), Self::unary, Filter::And)
+    }
+
+    /// One or more `item`s joined by the operator `op` (its symbol or keyword): the item
+    /// alone, or `make` of them all.
+    fn chain(
+        &mut self,
+        depth: usize,
+        (sym, kw): (&str, &str),
+        item: fn(&mut Self, usize) -> Result<Filter, ParseError>,
+        make: fn(Vec<Filter>) -> Filter,
+    ) -> Result<Filter, ParseError> {
+        let mut items = vec![item(self, depth)?];
+        while self.eat(sym) || self.eat_kw(kw) {
+            items.push(item(self, depth)?);
         }
         Ok(if items.len() == 1 {
             items.pop().expect("one")
         } else {
-            Filter::And(items)
+            make(items)
         })
     }
 

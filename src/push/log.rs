@@ -70,8 +70,8 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join("changes.log")
 }
 
-/// What recovery read: the changes in order (those a snapshot covers included as sets), the
-/// snapshot's sequence number, and the file's valid length.
+/// What recovery read: the changes in order (a snapshot's records as sets), the file's valid
+/// length, and what was cut off.
 pub struct Recovered {
     pub changes: Vec<Logged>,
     pub valid_len: u64,

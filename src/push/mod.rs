@@ -23,7 +23,6 @@ pub mod ws;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use percent_encoding::percent_decode_str;
@@ -33,7 +32,7 @@ use self::auth::{Allowed, Auth};
 use self::filter::{Filter, IdPattern};
 use self::store::{Conditions, Store, Write, WriteError, Written};
 use crate::body::{Body, RequestBody};
-use crate::compress::{AcceptEncoding, Encoding};
+use crate::compress::AcceptEncoding;
 use crate::config::push::valid_id;
 use crate::config::{Config, HandlerConfig, PushConfig};
 use crate::http::conditional::{self, Preconditions};
@@ -126,10 +125,6 @@ impl Push {
         self.inner.store.dir().display().to_string()
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        &self.inner.store
-    }
-
     /// Serves one request of the route.
     pub async fn handle(
         &self,
@@ -173,8 +168,8 @@ impl Push {
         let get = method == Method::GET || method == Method::HEAD;
         if get {
             let read = inner.auth.reader(req.headers(), query.get("authorization"));
-            if let Allowed::Nothing(why) = read {
-                return refuse(StatusCode::UNAUTHORIZED, why);
+            if let Allowed::Nothing(status, why) = read {
+                return refuse(status, why);
             }
             if method == Method::GET && crate::upgrade::wanted(req.headers()) {
                 return inner.websocket(&req, sink, read);
@@ -214,12 +209,7 @@ impl Push {
             }
         };
         let allowed = inner.auth.writer(req.headers());
-        if let Allowed::Nothing(why) = allowed {
-            let status = if why.starts_with("this route") {
-                StatusCode::FORBIDDEN
-            } else {
-                StatusCode::UNAUTHORIZED
-            };
+        if let Allowed::Nothing(status, why) = allowed {
             let mut r = refuse(status, why);
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -296,9 +286,8 @@ impl Inner {
         let mut body = rec.json.clone();
         if compressible {
             let accept = AcceptEncoding::parse(req.headers().get(header::ACCEPT_ENCODING));
-            let codings: Vec<Encoding> = rec.encoded().iter().map(|(e, _)| *e).collect();
-            let chosen = accept.choose(&codings);
-            if let Some((e, b)) = rec.encoded().iter().find(|(e, _)| *e == chosen) {
+            // Smallest first: the first the client accepts (identity when none is).
+            if let Some((e, b)) = rec.encoded().iter().find(|(e, _)| accept.accepts(*e)) {
                 if let Some(v) = e.header_value() {
                     head.insert(header::CONTENT_ENCODING, v);
                 }
@@ -601,21 +590,11 @@ async fn read_json(req: Request<RequestBody>, max: usize) -> Result<Value, Respo
 }
 
 fn demo_page() -> Response<Body> {
-    let mut r = Response::new(Body::full(Bytes::from_static(DEMO.as_bytes())));
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-             connect-src 'self'",
-        ),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    crate::http::page_response(
+        DEMO,
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+         connect-src 'self'",
+    )
 }
 
 /// A request's query, decoded (`+` is a space, as forms send it).

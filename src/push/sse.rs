@@ -42,57 +42,107 @@ pub struct SseBody {
 
 impl SseBody {
     pub fn new(start: Start) -> SseBody {
-        let mut first = BytesMut::new();
-        for e in &start.first {
-            first.extend_from_slice(&e.sse);
-        }
-        // The client's EventSource retries after 2 s when the stream ends.
-        let mut head = BytesMut::from(&b"retry: 2000\n\n"[..]);
-        head.extend_from_slice(&first);
         SseBody {
-            first: Some(head.freeze()),
+            first: Some(opening(&start)),
             next: ReusableBoxFuture::new(recv(start.rx)),
             skip_to: start.skip_to,
             done: false,
         }
     }
-
-    fn wanted(&self, e: &Event) -> bool {
-        e.seq == 0 || e.seq > self.skip_to
-    }
 }
 
-/// Events gathered for one write: the one event's own bytes, or a copy of several.
+/// Events gathered for one write: the one event itself (sent as its shared bytes), or a
+/// copy of several.
 #[derive(Default)]
 struct Batch {
-    one: Option<Bytes>,
+    one: Option<Arc<Event>>,
     many: Option<BytesMut>,
+    /// The stream ends after this batch (the ring closed, or the subscriber lagged).
+    ended: bool,
 }
 
 impl Batch {
-    fn add(&mut self, b: &Bytes) {
+    /// Takes the event `first` received and whatever else waits in `rx` (up to [`BATCH`]
+    /// bytes), leaving out what precedes the subscription's start (`skip_to`).
+    fn gather(
+        first: Result<Arc<Event>, RecvError>,
+        rx: &mut broadcast::Receiver<Arc<Event>>,
+        skip_to: u64,
+    ) -> Batch {
+        let wanted = |e: &Event| e.seq == 0 || e.seq > skip_to;
+        let mut b = Batch::default();
+        match first {
+            Ok(e) if wanted(&e) => b.add(e),
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => b.end(OVERFLOW),
+            Err(RecvError::Closed) => b.end(b""),
+        }
+        while !b.ended && b.len() < BATCH {
+            match rx.try_recv() {
+                Ok(e) if wanted(&e) => b.add(e),
+                Ok(_) => {}
+                Err(TryRecvError::Lagged(_)) => b.end(OVERFLOW),
+                Err(TryRecvError::Closed) => b.end(b""),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        b
+    }
+
+    fn add(&mut self, e: Arc<Event>) {
+        self.push(&e.sse, Some(Arc::clone(&e)));
+    }
+
+    /// The stream's last bytes.
+    fn end(&mut self, tail: &'static [u8]) {
+        self.ended = true;
+        self.push(tail, None);
+    }
+
+    fn push(&mut self, b: &[u8], event: Option<Arc<Event>>) {
         if b.is_empty() {
             return;
         }
         if let Some(m) = &mut self.many {
             m.extend_from_slice(b);
-        } else if let Some(o) = self.one.take() {
-            let mut m = BytesMut::with_capacity(o.len() + b.len() + 512);
-            m.extend_from_slice(&o);
+        } else if let (None, Some(e)) = (&self.one, event) {
+            self.one = Some(e);
+        } else {
+            let mut m = BytesMut::with_capacity(self.len() + b.len() + 512);
+            if let Some(o) = self.one.take() {
+                m.extend_from_slice(&o.sse);
+            }
             m.extend_from_slice(b);
             self.many = Some(m);
-        } else {
-            self.one = Some(b.clone());
         }
     }
 
     fn len(&self) -> usize {
-        self.many.as_ref().map_or(0, |m| m.len()) + self.one.as_ref().map_or(0, Bytes::len)
+        self.many.as_ref().map_or(0, |m| m.len()) + self.one.as_ref().map_or(0, |e| e.sse.len())
     }
 
-    fn take(self) -> Option<Bytes> {
-        self.many.map(BytesMut::freeze).or(self.one)
+    /// The bytes to write: as one HTTP/1.1 chunk when `chunked` (a lone event's chunk is
+    /// rendered already), else as they are.
+    fn take(self, chunked: bool) -> Option<Bytes> {
+        match (self.one, self.many) {
+            (_, Some(m)) if chunked => Some(super::fanout::chunk(&m)),
+            (_, Some(m)) => Some(m.freeze()),
+            (Some(e), None) if chunked => Some(e.chunk.clone()),
+            (Some(e), None) => Some(e.sse.clone()),
+            (None, None) => None,
+        }
     }
+}
+
+/// What a subscription's stream starts with: the client's retry delay, then the events of
+/// its start (the records of `init`, or what it missed).
+fn opening(start: &Start) -> Bytes {
+    // The client's EventSource retries after 2 s when the stream ends.
+    let mut head = BytesMut::from(&b"retry: 2000\n\n"[..]);
+    for e in &start.first {
+        head.extend_from_slice(&e.sse);
+    }
+    head.freeze()
 }
 
 /// The last event of a subscriber that fell too far behind.
@@ -114,32 +164,13 @@ impl http_body::Body for SseBody {
                 return Poll::Ready(None);
             }
             let (r, mut rx) = std::task::ready!(self.next.poll(cx));
-            let mut batch = Batch::default();
-            let mut end: Option<&'static [u8]> = None;
-            match r {
-                Ok(e) if self.wanted(&e) => batch.add(&e.sse),
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => end = Some(OVERFLOW),
-                Err(RecvError::Closed) => end = Some(b""),
+            let batch = Batch::gather(r, &mut rx, self.skip_to);
+            if batch.ended {
+                self.done = true;
+            } else {
+                self.next.set(recv(rx));
             }
-            while end.is_none() && batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(e) if self.wanted(&e) => batch.add(&e.sse),
-                    Ok(_) => {}
-                    Err(TryRecvError::Lagged(_)) => end = Some(OVERFLOW),
-                    Err(TryRecvError::Closed) => end = Some(b""),
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
-            match end {
-                Some(tail) => {
-                    self.done = true;
-                    batch.add(&Bytes::from_static(tail));
-                }
-                None => self.next.set(recv(rx)),
-            }
-            let out = batch.take();
-            if let Some(b) = out {
+            if let Some(b) = batch.take(false) {
                 return Poll::Ready(Some(Ok(Frame::data(b))));
             }
         }
@@ -212,30 +243,26 @@ async fn write(io: &mut Box<dyn crate::upgrade::Io>, b: Bytes) -> bool {
 /// as HTTP/1.1 chunks (`chunked`), or as they are (an HTTP/1.0 response delimited by close).
 pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let crate::upgrade::Upgraded { mut io, permit, .. } = up;
-    let _permit = permit;
-    let frame = |data: &[u8]| -> Bytes {
-        if chunked {
-            super::fanout::chunk(data)
-        } else {
-            Bytes::copy_from_slice(data)
-        }
+    // The permit is held while the subscriber lives.
+    let crate::upgrade::Upgraded {
+        mut io,
+        permit: _permit,
+        ..
+    } = up;
+    let head = opening(&start);
+    let head = if chunked {
+        super::fanout::chunk(&head)
+    } else {
+        head
     };
-    let mut head = BytesMut::from(&b"retry: 2000\n\n"[..]);
-    for e in &start.first {
-        head.extend_from_slice(&e.sse);
-    }
     let Start {
         mut rx, skip_to, ..
     } = start;
-    if !write(&mut io, frame(&head)).await {
+    if !write(&mut io, head).await {
         return;
     }
-    drop(head);
-    let wanted = |e: &Event| e.seq == 0 || e.seq > skip_to;
     let mut probe = [0u8; 64];
     loop {
-        let mut end: Option<&'static [u8]> = None;
         // Waiting for an event, the socket is watched too: a subscriber that hangs up goes at
         // once, not at the next write (an SSE client sends nothing after its request; what it
         // might send is read and dropped).
@@ -249,54 +276,15 @@ pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool
                 }
             }
         };
-        let first = match got {
-            Ok(e) => Some(e),
-            Err(RecvError::Lagged(_)) => {
-                end = Some(OVERFLOW);
-                None
-            }
-            Err(RecvError::Closed) => {
-                end = Some(b"");
-                None
-            }
-        };
-        let mut out: Option<Bytes> = None;
-        let mut batch = Batch::default();
-        if let Some(e) = first.filter(|e| wanted(e)) {
-            out = Some(if chunked {
-                e.chunk.clone()
-            } else {
-                e.sse.clone()
-            });
-            batch.add(&e.sse);
-        }
         // Whatever else is waiting goes in the same write.
-        let mut more = false;
-        while end.is_none() && batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(e) if wanted(&e) => {
-                    batch.add(&e.sse);
-                    more = true;
-                }
-                Ok(_) => {}
-                Err(TryRecvError::Lagged(_)) => end = Some(OVERFLOW),
-                Err(TryRecvError::Closed) => end = Some(b""),
-                Err(TryRecvError::Empty) => break,
-            }
-        }
-        if let Some(tail) = end {
-            batch.add(&Bytes::from_static(tail));
-            more = true;
-        }
-        if more || out.is_none() {
-            out = batch.take().map(|b| frame(&b));
-        }
-        if let Some(b) = out {
+        let batch = Batch::gather(got, &mut rx, skip_to);
+        let ended = batch.ended;
+        if let Some(b) = batch.take(chunked) {
             if !write(&mut io, b).await {
                 return;
             }
         }
-        if end.is_some() {
+        if ended {
             if chunked {
                 let _ = write(&mut io, Bytes::from_static(b"0\r\n\r\n")).await;
             }

@@ -37,8 +37,10 @@ pub struct Record {
     pub seq: u64,
     /// When it was last written, in milliseconds since the Unix epoch.
     pub t: u64,
-    /// Compressed copies for GET, made at the first request that can use them.
+    /// Compressed copies for GET, made off the async workers after the first request
+    /// that could use them (that one, like a cache fill's first client, gets identity).
     encoded: OnceLock<Vec<(Encoding, Bytes)>>,
+    compressing: std::sync::atomic::AtomicBool,
 }
 
 /// Records this large or larger are sent compressed to clients that accept it.
@@ -53,30 +55,50 @@ impl Record {
             seq,
             t,
             encoded: OnceLock::new(),
+            compressing: Default::default(),
         }
     }
 
-    /// The record's compressed copies (gzip, br, zstd), smallest first; empty for small ones.
-    pub fn encoded(&self) -> &[(Encoding, Bytes)] {
-        self.encoded.get_or_init(|| {
-            if self.json.len() < COMPRESS_ABOVE {
-                return Vec::new();
-            }
-            // Levels that keep a 1 MiB record's first compressed GET in the milliseconds.
-            let cfg = CompressionConfig {
-                brotli_level: crate::config::Bounded(5),
-                zstd_level: crate::config::Bounded(6),
-                gzip_level: crate::config::Bounded(6),
-                ..Default::default()
+    /// The record's compressed copies (gzip, br, zstd), smallest first, once made: empty for
+    /// small records, and until a blocking-pool thread has made them (the first call for a
+    /// large record starts that).
+    pub fn encoded(self: &Arc<Self>) -> &[(Encoding, Bytes)] {
+        if let Some(v) = self.encoded.get() {
+            return v;
+        }
+        if self.json.len() >= COMPRESS_ABOVE
+            && !self
+                .compressing
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let r = Arc::clone(self);
+            let make = move || {
+                r.encoded.get_or_init(|| compress(&r.json));
             };
-            let mut v: Vec<(Encoding, Bytes)> = (Encoding::COMPRESSED.iter())
-                .map(|&e| (e, crate::compress::encode(&self.json, e, &cfg)))
-                .filter(|(_, b)| b.len() < self.json.len())
-                .collect();
-            v.sort_by_key(|(_, b)| b.len());
-            v
-        })
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(make)),
+                Err(_) => make(),
+            }
+        }
+        self.encoded.get().map_or(&[], Vec::as_slice)
     }
+}
+
+/// `json` in every compressed coding that makes it smaller, smallest first.
+fn compress(json: &[u8]) -> Vec<(Encoding, Bytes)> {
+    // Levels that keep a 1 MiB record's compression in the milliseconds.
+    let cfg = CompressionConfig {
+        brotli_level: crate::config::Bounded(5),
+        zstd_level: crate::config::Bounded(6),
+        gzip_level: crate::config::Bounded(6),
+        ..Default::default()
+    };
+    let mut v: Vec<(Encoding, Bytes)> = (Encoding::COMPRESSED.iter())
+        .map(|&e| (e, crate::compress::encode(json, e, &cfg)))
+        .filter(|(_, b)| b.len() < json.len())
+        .collect();
+    v.sort_by_key(|(_, b)| b.len());
+    v
 }
 
 /// A record with its id.
@@ -419,7 +441,7 @@ impl Store {
             };
             let seq = st.seq;
             let mut changes = vec![st.apply(&id, seq, new)];
-            changes.extend(st.evict_over_max(&id, t));
+            changes.extend(st.evict_over_max(&id));
             let (tx, rx) = oneshot::channel();
             self.submit(&changes, Some(tx));
             (rx, written)
@@ -599,7 +621,7 @@ impl State {
     }
 
     /// Removes the oldest records of the groups of `id` that hold more than their maximum.
-    fn evict_over_max(&mut self, id: &str, _t: u64) -> Vec<Arc<Change>> {
+    fn evict_over_max(&mut self, id: &str) -> Vec<Arc<Change>> {
         let mut out = Vec::new();
         for gi in 0..self.groups.len() {
             let g = &self.groups[gi];

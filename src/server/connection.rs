@@ -346,7 +346,7 @@ async fn serve_h1<T, S>(
                         Bytes::copy_from_slice(&parts.read_buf)
                     },
                     // The connection still counts against `max_connections`.
-                    permit: Some(permit),
+                    permit,
                 };
                 if let Err(back) = to.send(handed) {
                     let mut io = back.io;
