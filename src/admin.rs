@@ -97,8 +97,10 @@ pub fn purge_method(
             "{\"error\":\"purge not allowed\"}".into(),
         );
     }
-    let n = usize::from(cache.remove(key));
-    let status = if n == 0 {
+    // A URL purge scans nothing: fine on a worker. With tiers below, it reaches them (and the
+    // other nodes) whether or not this node's memory held the URL.
+    let n = cache.purge(&Purge::Url(key.clone()));
+    let status = if n == 0 && !cache.has_tiers() {
         StatusCode::NOT_FOUND
     } else {
         StatusCode::OK
@@ -398,6 +400,16 @@ impl StatusSource {
                 "bytes": c.weight(),
                 "capacity": c.capacity(),
                 "fills_in_flight": c.fills_in_flight(),
+                "tiers": c.tier_counts().iter().map(|t| serde_json::json!({
+                    "tier": t.tier.as_str(),
+                    "hits": t.hits,
+                    "misses": t.misses,
+                    "writes": t.writes,
+                    "errors": t.errors,
+                    "lease_waits": t.lease_waits,
+                    "purges_sent": t.purges_sent,
+                    "purges_received": t.purges_received,
+                })).collect::<Vec<_>>(),
             },
         });
         if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {

@@ -40,6 +40,14 @@ pub struct Cli {
     /// printed.
     #[arg(long, value_name = "TOKEN", requires = "push")]
     pub push_token: Option<String>,
+    /// Keep a disk tier of the cache in this directory (1 GiB; `[cache.disk]` in a file sets
+    /// more): the cache survives restarts. With --upstream.
+    #[arg(long, value_name = "DIR", requires = "upstream")]
+    pub disk: Option<PathBuf>,
+    /// Share the cache with every node using this Redis or Valkey (redis://host:port, or
+    /// redis+cluster://host:port for a cluster). With --upstream.
+    #[arg(long, value_name = "URL", requires = "upstream")]
+    pub shared: Option<String>,
     /// Address to listen on with --upstream, --root, --images or --push.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -161,6 +169,17 @@ impl Cli {
                 Source::Embedded,
             )
         };
+        if let Some(dir) = &self.disk {
+            cfg.cache.disk = Some(config::DiskConfig::at(dir.clone()));
+        }
+        if let Some(url) = &self.shared {
+            let shared = config::SharedConfig::at(url.clone());
+            shared.check().map_err(|message| config::Error::Semantic {
+                origin: "--shared".into(),
+                message,
+            })?;
+            cfg.cache.shared = Some(shared);
+        }
         if let Some(w) = self.workers {
             cfg.server.workers = w;
         }

@@ -33,6 +33,7 @@ pub mod access_log;
 pub mod image_params;
 pub mod pool;
 pub mod push;
+pub mod tiers;
 pub mod tls;
 
 pub use access_log::{AccessLogConfig, LogFormat, LogPiece, LOG_FIELDS};
@@ -42,6 +43,7 @@ pub use pool::{
     UpstreamRef, UpstreamTlsConfig,
 };
 pub use push::{GroupConfig, IdPattern, JwtConfig, PushConfig};
+pub use tiers::{DiskConfig, DiskWrite, SharedConfig};
 pub use tls::{
     AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
 };
@@ -371,6 +373,11 @@ impl Config {
                     show_size(cache.max_size.0)
                 ),
             ));
+        }
+        if let Some(shared) = &cache.shared {
+            if let Err(why) = shared.check() {
+                return Err(src.error(&[&[Key("cache"), Key("shared")]], why));
+            }
         }
         Ok(())
     }
@@ -807,6 +814,10 @@ pub struct CacheConfig {
     /// Response field listing a response's tags for purge by tag (space or comma separated);
     /// removed before responses go on.
     pub tag_header: HeaderNameCfg,
+    /// A tier on disk below memory, kept across restarts.
+    pub disk: Option<DiskConfig>,
+    /// A tier shared by every node, in Redis or Valkey.
+    pub shared: Option<SharedConfig>,
 }
 
 impl Default for CacheConfig {
@@ -826,6 +837,8 @@ impl Default for CacheConfig {
             ))],
             forward_cdn_cache_control: true,
             tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
+            disk: None,
+            shared: None,
         }
     }
 }

@@ -19,6 +19,11 @@ impl CacheKey {
         CacheKey(s.into_boxed_str())
     }
 
+    /// A key written out by [`CacheKey::as_str`] (a purge message, a stored record), as it was.
+    pub fn from_string(key: String) -> CacheKey {
+        CacheKey(key.into_boxed_str())
+    }
+
     #[inline]
     pub fn as_str(&self) -> &str {
         &self.0

@@ -21,12 +21,12 @@ use crate::config::CacheConfig;
 /// What the store holds under one primary key: a response, or the variants of a response that
 /// varies on request fields (§4.1), each stored whole.
 #[derive(Clone)]
-enum Slot {
+pub(super) enum Slot {
     One(Arc<Entry>),
     Varied(Arc<Varied>),
 }
 
-struct Varied {
+pub(super) struct Varied {
     names: Box<[HeaderName]>,
     variants: Vec<(VaryKey, Arc<Entry>)>,
     weight: u64,
@@ -49,13 +49,46 @@ impl Weighter<CacheKey, Slot> for ByBytes {
     }
 }
 
+/// Where entries memory lets go of are sent (the disk tier's `write = "evicted"`): a bounded
+/// queue; when it is full, an evicted entry is simply dropped (it is a cache).
+pub(super) type EvictedTx = tokio::sync::mpsc::Sender<(CacheKey, Arc<Entry>)>;
+
+/// quick_cache's hook on evictions: hands each evicted entry (of a varied URL, its newest
+/// variant) to the queue, if there is one.
+#[derive(Clone, Default)]
+pub(super) struct Evictions(Option<EvictedTx>);
+
+impl quick_cache::Lifecycle<CacheKey, Slot> for Evictions {
+    type RequestState = ();
+
+    #[inline]
+    fn begin_request(&self) {}
+
+    fn on_evict(&self, _: &mut (), key: CacheKey, slot: Slot) {
+        let Some(tx) = &self.0 else { return };
+        let entry = match slot {
+            Slot::One(e) => e,
+            Slot::Varied(v) => match v.variants.last() {
+                Some((_, e)) => Arc::clone(e),
+                None => return,
+            },
+        };
+        let _ = tx.try_send((key, entry));
+    }
+}
+
 /// The in-memory response store.
 pub(super) struct Store {
-    entries: QuickCache<CacheKey, Slot, ByBytes>,
+    entries: QuickCache<CacheKey, Slot, ByBytes, quick_cache::DefaultHashBuilder, Evictions>,
 }
 
 impl Store {
     pub(super) fn new(cfg: &CacheConfig) -> Store {
+        Store::with_evictions(cfg, None)
+    }
+
+    /// A store that sends what it evicts to `evicted`.
+    pub(super) fn with_evictions(cfg: &CacheConfig, evicted: Option<EvictedTx>) -> Store {
         let capacity = cfg.max_size.0.max(1);
         // quick_cache wants an estimate of the item count; assume ~16 KiB per entry.
         let estimated = (capacity / (16 * 1024)).clamp(64, 1 << 22) as usize;
@@ -75,7 +108,7 @@ impl Store {
                 options,
                 ByBytes,
                 Default::default(),
-                Default::default(),
+                Evictions(evicted),
             ),
         }
     }

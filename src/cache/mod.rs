@@ -3,7 +3,11 @@
 //! that tiers beyond memory (a disk tier, a shared tier) can go behind it.
 //!
 //! - [`key`]: the primary key ([`CacheKey`]) and the key misses coalesce on ([`FillKey`]).
-//! - `memory`: the byte-bounded in-memory store of [`Entry`]s (the only tier today).
+//! - `memory`: the byte-bounded in-memory store of [`Entry`]s, the tier every hit comes from.
+//! - [`tiers`]: where a memory miss looks next, and what fills write down: `disk` (a bounded
+//!   store kept across restarts, foyer) and `shared` (Redis or Valkey, shared by every node,
+//!   with leases so that a URL is fetched once for the fleet, and the purge stream); `bans`
+//!   keeps the purges those tiers apply when they read a record.
 //! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
 //!   encoding, for tiers that keep bytes.
 //! - [`coalesce`]: miss coalescing; [`pending`]: compressed variants on their way.
@@ -12,13 +16,17 @@
 //! An entry is never mutated; an update (compressed variants arriving, a revalidation) stores a
 //! new entry.
 
+mod bans;
 pub mod coalesce;
+mod disk;
 pub mod entry;
 pub mod key;
 mod memory;
 pub mod pending;
 pub mod policy;
 pub mod record;
+mod shared;
+pub mod tiers;
 pub mod vary;
 
 use std::future::Future;
@@ -31,6 +39,7 @@ pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
 pub use key::{CacheKey, FillKey};
 pub use pending::Pending;
+pub use tiers::{Below, Lease, Tier, TierCounts};
 pub use vary::Selection;
 
 use crate::compress::{Compressor, Encoding};
@@ -56,16 +65,65 @@ pub struct Cache {
     fills: Arc<Inflight<FillKey>>,
     compressor: Compressor,
     cfg: CacheConfig,
+    /// The tiers below memory, if any are set up.
+    tiers: Option<Arc<tiers::Tiers>>,
 }
 
 impl Cache {
+    /// A cache in memory only (whatever `cfg` says of the tiers below).
     pub fn new(cfg: CacheConfig, compression: CompressionConfig) -> Arc<Cache> {
         Arc::new(Cache {
             memory: memory::Store::new(&cfg),
             fills: Arc::new(Inflight::default()),
             compressor: Compressor::new(compression),
             cfg,
+            tiers: None,
         })
+    }
+
+    /// The cache `cfg` sets up, with its tiers below memory: the disk tier opened (and what an
+    /// earlier process left in it recovered), the shared tier's client connecting, and this
+    /// node following the fleet's purges. Call it within the runtime that serves.
+    pub async fn open(
+        cfg: CacheConfig,
+        compression: CompressionConfig,
+    ) -> Result<Arc<Cache>, tiers::OpenError> {
+        let Some(tiers) = tiers::Tiers::open(&cfg).await? else {
+            return Ok(Cache::new(cfg, compression));
+        };
+        let tiers = Arc::new(tiers);
+        let evicted = (tiers.disk.is_some() && !tiers.disk_all).then(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<(CacheKey, Arc<Entry>)>(1024);
+            let tiers = Arc::clone(&tiers);
+            tokio::spawn(async move {
+                while let Some((key, entry)) = rx.recv().await {
+                    tiers.write_evicted(&key, &entry);
+                }
+            });
+            tx
+        });
+        let cache = Arc::new(Cache {
+            memory: memory::Store::with_evictions(&cfg, evicted),
+            fills: Arc::new(Inflight::default()),
+            compressor: Compressor::new(compression),
+            cfg,
+            tiers: Some(Arc::clone(&tiers)),
+        });
+        if let Some(shared) = &tiers.shared {
+            let weak = Arc::downgrade(&cache);
+            shared.follow(move |bans| {
+                let Some(cache) = weak.upgrade() else { return };
+                let tiers = Arc::clone(cache.tiers.as_ref().expect("tiers"));
+                let purges = tiers.purged_elsewhere(bans);
+                // Scans of the memory tier: off the async workers.
+                tokio::task::spawn_blocking(move || {
+                    for p in &purges {
+                        cache.purge_memory(p);
+                    }
+                });
+            });
+        }
+        Ok(cache)
     }
 
     /// The cache settings.
@@ -104,33 +162,119 @@ impl Cache {
         found
     }
 
+    /// Whether there are tiers below memory to look in.
+    #[inline]
+    pub fn has_tiers(&self) -> bool {
+        self.tiers.is_some()
+    }
+
+    /// What the tiers below memory hold for a request memory missed: the disk's record, else
+    /// the shared tier's; with `lease`, when neither has one, the URL's lease in the shared
+    /// tier (or, when another node holds it, that node's response once it is stored). A record
+    /// found is promoted to memory (and from the shared tier to the disk).
+    pub async fn below(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        request: &HeaderMap,
+        lease: bool,
+    ) -> Below {
+        let Some(tiers) = &self.tiers else {
+            return Below::Miss;
+        };
+        if let Some(entry) = tiers.read_disk(key, request).await {
+            return Below::Found(self.promote(key, entry, false), Tier::Disk);
+        }
+        if let Some(entry) = tiers.read_shared(key, request).await {
+            return Below::Found(self.promote(key, entry, true), Tier::Shared);
+        }
+        if !lease {
+            return Below::Miss;
+        }
+        match tiers.lease(key, request).await {
+            tiers::Leased::Held(lease) => Below::Leased(lease),
+            tiers::Leased::Filled(entry) => {
+                Below::Found(self.promote(key, *entry, true), Tier::Shared)
+            }
+            tiers::Leased::No => Below::Miss,
+        }
+    }
+
+    /// Stores an entry read from below in memory (and on disk, `to_disk`), building the
+    /// compressed variants a record written before they were ready lacks.
+    fn promote(self: &Arc<Self>, key: &CacheKey, mut entry: Entry, to_disk: bool) -> Arc<Entry> {
+        let partial = entry.negotiated && entry.by_size().len() == 1;
+        if partial {
+            entry.pending = Some(Pending::new());
+        }
+        let entry = Arc::new(entry);
+        self.memory.store(key.clone(), Arc::clone(&entry));
+        if partial {
+            self.spawn_variants(key.clone(), Arc::clone(&entry));
+        } else if to_disk {
+            if let Some(t) = &self.tiers {
+                t.write_disk(key, &entry);
+            }
+        }
+        entry
+    }
+
     // Store.
 
     /// Stores a response under `key`: as its one entry, or, if it varies, as the variant its
-    /// [`Selection`] names (replacing the variants of an older Vary).
+    /// [`Selection`] names (replacing the variants of an older Vary). In memory only: files and
+    /// fixed responses.
     pub fn store(&self, key: CacheKey, entry: Arc<Entry>) {
         self.memory.store(key, entry);
     }
 
+    /// Stores a response fetched from an origin (or made from one): in memory, and written
+    /// down to the tiers below, after which `lease` is released. Its compressed variants, when
+    /// they come, are written again ([`Cache::upgrade`]).
+    pub fn store_filled(&self, key: CacheKey, entry: Arc<Entry>, lease: Option<Lease>) {
+        if let Some(t) = &self.tiers {
+            t.write(&key, &entry, entry.pending.is_none(), lease);
+        }
+        self.memory.store(key, entry);
+    }
+
     /// Replaces `old` by `new` if `old` is still stored under `key` (a newer fill or a purge
-    /// wins); whether it was.
+    /// wins); whether it was. A complete `new` (no variants pending) is written to the tiers
+    /// below.
     pub fn upgrade(&self, key: &CacheKey, old: &Arc<Entry>, new: Arc<Entry>) -> bool {
-        self.memory.upgrade(key, old, new)
+        let complete = new.pending.is_none();
+        let tiered = complete.then(|| Arc::clone(&new));
+        let done = self.memory.upgrade(key, old, new);
+        if let (true, Some(t), Some(new)) = (done, &self.tiers, tiered) {
+            t.write(key, &new, true, None);
+        }
+        done
     }
 
     // Purge.
 
     /// Removes everything stored under `key`, every variant (an invalidation, an outdated
-    /// response); whether anything was.
+    /// response), here and in the tiers below; whether anything was in memory.
     pub fn remove(&self, key: &CacheKey) -> bool {
+        if let Some(t) = &self.tiers {
+            t.forget(key);
+        }
         self.memory.remove(key)
     }
 
-    /// Removes what `target` names; returns how many URLs were removed. A prefix or a tag scans
-    /// the store shard by shard: call it from a blocking thread.
+    /// Removes what `target` names, from every tier and, through the shared tier, every node;
+    /// returns how many URLs were removed from memory. A prefix or a tag scans the store shard
+    /// by shard: call it from a blocking thread.
     pub fn purge(&self, target: &Purge) -> usize {
+        if let Some(t) = &self.tiers {
+            t.purge(target);
+        }
+        self.purge_memory(target)
+    }
+
+    /// Removes what `target` names from memory.
+    fn purge_memory(&self, target: &Purge) -> usize {
         match target {
-            Purge::Url(key) => usize::from(self.remove(key)),
+            Purge::Url(key) => usize::from(self.memory.remove(key)),
             Purge::Prefix(prefix) => self.purge_where(|k, _| k.as_str().starts_with(&**prefix)),
             Purge::Tag(tag) => self.purge_where(|_, e| e.tags.iter().any(|t| **t == **tag)),
         }
@@ -197,6 +341,13 @@ impl Cache {
             .await
     }
 
+    /// Waits until what was given to the disk tier is on disk.
+    pub async fn flush(&self) {
+        if let Some(disk) = self.tiers.as_ref().and_then(|t| t.disk.as_ref()) {
+            disk.flush().await;
+        }
+    }
+
     // Status.
 
     /// URLs stored now.
@@ -216,6 +367,53 @@ impl Cache {
     /// Byte bound.
     pub fn capacity(&self) -> u64 {
         self.memory.capacity()
+    }
+
+    /// What each tier below memory did since start (none without tiers).
+    pub fn tier_counts(&self) -> Vec<TierCounts> {
+        self.tiers.as_ref().map_or_else(Vec::new, |t| t.counts())
+    }
+
+    /// The tiers' counts as metric families (`/metrics`).
+    pub fn metric_families(&self) -> Vec<crate::metrics::Family> {
+        let counts = self.tier_counts();
+        if counts.is_empty() {
+            return Vec::new();
+        }
+        let family =
+            |name, help, value: fn(&TierCounts) -> u64, only_shared: bool| crate::metrics::Family {
+                name,
+                help,
+                counter: true,
+                samples: (counts.iter())
+                    .filter(|c| !only_shared || c.tier == Tier::Shared)
+                    .map(|c| (vec![("tier", c.tier.as_str().to_string())], value(c)))
+                    .collect(),
+            };
+        vec![
+            family("larder_cache_tier_hits", "Memory misses a tier below answered.", |c| c.hits, false),
+            family("larder_cache_tier_misses", "Memory misses a tier below did not answer.", |c| c.misses, false),
+            family("larder_cache_tier_writes", "Records written to a tier below.", |c| c.writes, false),
+            family(
+                "larder_cache_tier_errors",
+                "Failed reads (disk); failed or timed-out commands (shared: larder went on without it).",
+                |c| c.errors,
+                false,
+            ),
+            family(
+                "larder_cache_lease_waits",
+                "Misses answered by another node's fill after waiting on its lease.",
+                |c| c.lease_waits,
+                true,
+            ),
+            family("larder_cache_purges_sent", "Purges sent to the other nodes.", |c| c.purges_sent, true),
+            family(
+                "larder_cache_purges_received",
+                "Purges other nodes made, applied here.",
+                |c| c.purges_received,
+                true,
+            ),
+        ]
     }
 
     /// Fills in flight now.

@@ -28,7 +28,7 @@ use super::Proxy;
 use crate::body::Body;
 use crate::cache::coalesce::FillGuard;
 use crate::cache::policy::{self, FetchContext, NoStoreReason, Storable};
-use crate::cache::{CacheKey, Entry, Pending, Selection};
+use crate::cache::{CacheKey, Entry, Lease, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 use crate::http::fields::{self, VIA};
@@ -59,6 +59,9 @@ pub(super) struct FillRequest {
     pub stale: Option<Arc<Entry>>,
     /// The request said `no-store` (§5.2.1.5): nothing is stored.
     pub request_no_store: bool,
+    /// The shared tier's lease of the URL, held by this fill: released once the response is
+    /// written there, or when the fill ends without storing one.
+    pub lease: Option<Lease>,
 }
 
 /// A fill on its way through the phases.
@@ -342,6 +345,7 @@ impl Fill<'_> {
             key,
             guard,
             status,
+            lease,
             ..
         } = self.req;
         let mut headers = rparts.headers.clone();
@@ -379,7 +383,8 @@ impl Fill<'_> {
         // Dropped (releasing the waiters) only once the client is answered, if not completed.
         let mut guard = guard;
         if answers_anyone {
-            me.cache.store(key.clone(), Arc::clone(&entry));
+            me.cache
+                .store_filled(key.clone(), Arc::clone(&entry), lease);
             if let Some(g) = guard.take() {
                 g.complete(Arc::clone(&entry));
             }
@@ -637,6 +642,7 @@ mod tests {
             status: CacheStatus::Miss,
             stale: None,
             request_no_store: false,
+            lease: None,
         }
     }
 

@@ -38,7 +38,7 @@ use http::{request, Method, Request, Response, StatusCode};
 use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::policy::RequestDirectives;
-use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
+use crate::cache::{Below, Cache, CacheKey, Entry, FillKey, FillOutcome, Join};
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::{self, CacheStatus};
 use crate::http::fields::{self, VIA};
@@ -179,6 +179,7 @@ impl Proxy {
                         status: CacheStatus::Expired,
                         stale: Some(Arc::clone(entry)),
                         request_no_store: false,
+                        lease: None,
                     };
                     tokio::spawn(async move {
                         let _ = background.fill(refresh).await;
@@ -217,6 +218,7 @@ impl Proxy {
                 status,
                 stale: stored,
                 request_no_store: directives.no_store,
+                lease: None,
             }))
             .await;
         }
@@ -249,6 +251,25 @@ impl Proxy {
         for _ in 0..3 {
             let follower = match me.cache.join(&fill_key) {
                 Join::Leader(guard) => {
+                    // Below memory: the disk, then the shared tier (and its lease).
+                    let mut lease = None;
+                    if stored.is_none() && me.cache.has_tiers() {
+                        match me.cache.below(&key, &parts.headers, true).await {
+                            Below::Found(entry, _) => {
+                                if directives.accepts(&entry.freshness, SystemTime::now()) {
+                                    guard.complete(Arc::clone(&entry));
+                                    let (method, headers) = (&parts.method, &parts.headers);
+                                    return me
+                                        .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                                        .await;
+                                }
+                                // Stale: revalidated like an entry of memory's.
+                                stored = Some(entry);
+                            }
+                            Below::Leased(l) => lease = Some(l),
+                            Below::Miss => {}
+                        }
+                    }
                     return self
                         .fill(FillRequest {
                             client: parts,
@@ -258,6 +279,7 @@ impl Proxy {
                             status: status(&stored),
                             stale: stored,
                             request_no_store: directives.no_store,
+                            lease,
                         })
                         .await;
                 }

@@ -38,6 +38,8 @@ pub enum Error {
     Pool(String),
     #[error("{0}")]
     Push(String),
+    #[error("{0}")]
+    Cache(#[from] crate::cache::tiers::OpenError),
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -80,6 +82,8 @@ impl Handle {
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         self.background.stop(deadline).await;
+        // What the disk tier was given is written before the process goes.
+        self.cache.flush().await;
         open
     }
 
@@ -164,7 +168,7 @@ impl Handle {
 /// shutdown signal are shared. Those threads end after shutdown (or when the [`Handle`] is
 /// dropped) once the open connections drained or the grace period is over.
 pub async fn start(config: Config) -> Result<Handle, Error> {
-    let cache = Cache::new(config.cache.clone(), config.compression.clone());
+    let cache = Cache::open(config.cache.clone(), config.compression.clone()).await?;
     let server = Arc::new(config.server.clone());
     let max_conns = server.max_connections.get() as usize;
     let conns = Arc::new(Semaphore::new(max_conns));
@@ -326,6 +330,8 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         let running = Arc::clone(&pools);
         m.families(move || running.read().expect("not poisoned").metric_families());
         m.families(crate::push::metric_families);
+        let tiered = Arc::clone(&cache);
+        m.families(move || tiered.metric_families());
         if let Some(log) = &access_log {
             let log = Arc::clone(log);
             m.families(move || {

@@ -154,3 +154,136 @@ pub fn pip(packages: &[&str]) -> PathBuf {
     );
     python
 }
+
+/// redis-server from Debian's packages (redis-cli comes with it, in redis-tools).
+pub fn redis_server_binary() -> PathBuf {
+    apt("redis-server", "redis-server")
+}
+
+pub fn redis_cli() -> PathBuf {
+    apt("redis-cli", "redis-tools")
+}
+
+/// A redis-server of the test's own on a free loopback port, nothing persisted; killed when
+/// dropped.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<std::process::Child>,
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// A server with more arguments (`--cluster-enabled yes`, ...).
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut r = RedisServer {
+            port,
+            child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        r.restart();
+        r
+    }
+
+    /// Starts it (again, after [`RedisServer::kill`]) on the same port.
+    pub fn restart(&mut self) {
+        let child = Command::new(redis_server_binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if self.cli(&["ping"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// Kills it (as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// What redis-cli prints for a command to this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(redis_cli())
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of `n` masters (no replicas), every slot assigned, its state ok.
+pub fn redis_cluster(n: usize) -> Vec<RedisServer> {
+    let nodes: Vec<RedisServer> = (0..n)
+        .map(|_| {
+            RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ])
+        })
+        .collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|r| format!("127.0.0.1:{}", r.port))
+        .collect();
+    let out = Command::new(redis_cli())
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("run redis-cli --cluster create");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for _ in 0..400 {
+        if nodes
+            .iter()
+            .all(|r| r.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            return nodes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("the cluster did not come up");
+}

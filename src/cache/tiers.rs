@@ -1,0 +1,320 @@
+//! The tiers below memory, as the [`Cache`](super::Cache) façade uses them: where a memory miss
+//! looks next (disk, then shared), what a fill writes down, and how a purge reaches them.
+//!
+//! A record read from below is decoded ([`Entry::decode`]), checked against the purges made
+//! since it was stored ([`super::bans`]) and against the request's selecting fields (a tier
+//! keeps one record per URL), and promoted: stored in memory, and on disk when it came from the
+//! shared tier. Its age counts from when the origin answered, across restarts and nodes
+//! (the record keeps wall-clock times).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use super::bans::{Ban, Bans};
+use super::disk::Disk;
+use super::entry::Entry;
+use super::key::CacheKey;
+use super::shared::{Leasing, Shared};
+use super::Purge;
+use crate::config::{CacheConfig, DiskWrite};
+
+pub use super::shared::Lease;
+
+/// Which tier an entry came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Disk,
+    Shared,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Disk => "disk",
+            Tier::Shared => "shared",
+        }
+    }
+}
+
+/// What a memory miss found below.
+pub enum Below {
+    /// A stored response that answers the request (already promoted to memory).
+    Found(Arc<Entry>, Tier),
+    /// Nothing; this node holds the URL's lease in the shared tier until the guard drops.
+    Leased(Lease),
+    /// Nothing (and no lease: no shared tier, or it is unavailable).
+    Miss,
+}
+
+/// What asking for a lease gave.
+pub(super) enum Leased {
+    Held(Lease),
+    /// The node holding it filled the URL: its entry.
+    Filled(Box<Entry>),
+    No,
+}
+
+/// What one tier did since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierCounts {
+    pub tier: Tier,
+    pub hits: u64,
+    pub misses: u64,
+    pub writes: u64,
+    /// Reads that failed (disk), commands that failed or timed out (shared).
+    pub errors: u64,
+    /// Misses answered by another node's fill after waiting on its lease (shared).
+    pub lease_waits: u64,
+    /// Purges sent to and received from the other nodes (shared).
+    pub purges_sent: u64,
+    pub purges_received: u64,
+}
+
+/// What a tier did, counted as it happens (read by [`Tiers::counts`]).
+#[derive(Default)]
+pub(super) struct Stats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub writes: AtomicU64,
+    pub errors: AtomicU64,
+    pub lease_waits: AtomicU64,
+    pub purges_sent: AtomicU64,
+    pub purges_received: AtomicU64,
+}
+
+impl Stats {
+    fn snapshot(&self, tier: Tier) -> TierCounts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        TierCounts {
+            tier,
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            writes: get(&self.writes),
+            errors: get(&self.errors),
+            lease_waits: get(&self.lease_waits),
+            purges_sent: get(&self.purges_sent),
+            purges_received: get(&self.purges_received),
+        }
+    }
+}
+
+/// Why a tier could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Disk(#[from] super::disk::OpenError),
+    #[error(transparent)]
+    Shared(#[from] super::shared::OpenError),
+}
+
+/// The tiers below memory.
+pub(super) struct Tiers {
+    pub(super) disk: Option<Disk>,
+    pub(super) shared: Option<Arc<Shared>>,
+    pub(super) bans: Bans,
+    /// Whether the disk tier gets every stored response (else only the evicted).
+    pub(super) disk_all: bool,
+    /// The longest a stale response may still be served, by the cache settings.
+    grace: Duration,
+}
+
+impl Tiers {
+    /// The tiers `cfg` sets up; `None` when it sets up none.
+    pub(super) async fn open(cfg: &CacheConfig) -> Result<Option<Tiers>, OpenError> {
+        if cfg.disk.is_none() && cfg.shared.is_none() {
+            return Ok(None);
+        }
+        let disk = match &cfg.disk {
+            Some(d) => Some(Disk::open(d).await?),
+            None => None,
+        };
+        let shared = match &cfg.shared {
+            Some(s) => Some(Arc::new(Shared::connect(s)?)),
+            None => None,
+        };
+        let bans = Bans::load(cfg.disk.as_ref().map(|d| d.dir.join("bans.json")));
+        let grace = [
+            cfg.stale_while_revalidate.0,
+            cfg.stale_if_error.0,
+            cfg.stale_if_disconnected.0,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
+        Ok(Some(Tiers {
+            disk,
+            shared,
+            bans,
+            disk_all: cfg.disk.as_ref().is_some_and(|d| d.write == DiskWrite::All),
+            grace,
+        }))
+    }
+
+    /// What each tier did since start.
+    pub(super) fn counts(&self) -> Vec<TierCounts> {
+        let disk = self.disk.as_ref().map(|d| d.stats.snapshot(Tier::Disk));
+        let shared = self.shared.as_ref().map(|s| s.stats.snapshot(Tier::Shared));
+        disk.into_iter().chain(shared).collect()
+    }
+
+    /// The disk's record of `key`, if it answers `request`.
+    pub(super) async fn read_disk(&self, key: &CacheKey, request: &HeaderMap) -> Option<Entry> {
+        let disk = self.disk.as_ref()?;
+        let record = disk.read(key).await?;
+        let entry = self.usable(key, record, request);
+        if entry.is_none() {
+            disk.remove(key);
+        }
+        entry
+    }
+
+    /// The shared tier's record of `key`, if it answers `request`.
+    pub(super) async fn read_shared(&self, key: &CacheKey, request: &HeaderMap) -> Option<Entry> {
+        let record = self.shared.as_ref()?.read(key).await?;
+        self.usable(key, record, request)
+    }
+
+    /// Takes the shared tier's lease of `key`, or the record of the node that held it.
+    pub(super) async fn lease(&self, key: &CacheKey, request: &HeaderMap) -> Leased {
+        let Some(shared) = &self.shared else {
+            return Leased::No;
+        };
+        match shared.lease(key).await {
+            Leasing::Held(lease) => Leased::Held(lease),
+            Leasing::Filled(record) => match self.usable(key, record, request) {
+                Some(entry) => Leased::Filled(Box::new(entry)),
+                None => Leased::No,
+            },
+            Leasing::None => Leased::No,
+        }
+    }
+
+    /// A record, decoded, if it is whole, not purged since, and answers `request`.
+    fn usable(&self, key: &CacheKey, record: Bytes, request: &HeaderMap) -> Option<Entry> {
+        let entry = match Entry::decode(record) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!(key = key.as_str(), error = %e, "stored record not read");
+                return None;
+            }
+        };
+        if self.bans.bans(key, &entry) || !entry.selection.matches(request) {
+            return None;
+        }
+        Some(entry)
+    }
+
+    /// Writes `entry` down: to the shared tier, then releases `lease` (so that the nodes waiting
+    /// on it find the record); to the disk when `complete` (its compressed variants built) and
+    /// the disk takes every response. In the background.
+    pub(super) fn write(
+        &self,
+        key: &CacheKey,
+        entry: &Arc<Entry>,
+        complete: bool,
+        lease: Option<Lease>,
+    ) {
+        let Ok(record) = entry.encode() else {
+            return;
+        };
+        if complete && self.disk_all {
+            if let Some(disk) = &self.disk {
+                disk.write(key, record.clone());
+            }
+        }
+        if let Some(shared) = &self.shared {
+            let shared = Arc::clone(shared);
+            let (key, ttl) = (key.clone(), self.ttl(entry));
+            let tags = entry.tags.clone();
+            tokio::spawn(async move {
+                shared.write(&key, record, ttl, &tags).await;
+                drop(lease);
+            });
+        }
+    }
+
+    /// Writes an entry read from the shared tier to the disk.
+    pub(super) fn write_disk(&self, key: &CacheKey, entry: &Entry) {
+        if let (Some(disk), true) = (&self.disk, self.disk_all) {
+            if let Ok(record) = entry.encode() {
+                disk.write(key, record);
+            }
+        }
+    }
+
+    /// Drops `key`'s records here and in the shared tier (an invalidation by this node).
+    pub(super) fn forget(&self, key: &CacheKey) {
+        if let Some(disk) = &self.disk {
+            disk.remove(key);
+        }
+        if let (Some(shared), Ok(rt)) = (&self.shared, tokio::runtime::Handle::try_current()) {
+            let (shared, key) = (Arc::clone(shared), key.clone());
+            rt.spawn(async move { shared.delete(&key).await });
+        }
+    }
+
+    /// Writes an entry memory let go of to the disk (`write = "evicted"`).
+    pub(super) fn write_evicted(&self, key: &CacheKey, entry: &Entry) {
+        if let (Some(disk), false) = (&self.disk, self.disk_all) {
+            if let Ok(record) = entry.encode() {
+                disk.write(key, record);
+            }
+        }
+    }
+
+    /// How long a record of `entry` is of use: its remaining lifetime, then its stale windows,
+    /// and, when it can be revalidated, as long again as its lifetime (a 304 is cheaper than a
+    /// full fetch).
+    fn ttl(&self, entry: &Entry) -> Duration {
+        let f = &entry.freshness;
+        let now = SystemTime::now();
+        let stale = [f.stale_while_revalidate, f.stale_if_error, self.grace]
+            .into_iter()
+            .max()
+            .unwrap_or_default();
+        let revalidatable = entry.etag.is_some() || entry.last_modified.is_some();
+        let keep = f.lifetime.saturating_sub(f.current_age(now))
+            + stale
+            + if revalidatable {
+                f.lifetime
+            } else {
+                Duration::ZERO
+            };
+        keep.max(Duration::from_secs(1))
+    }
+
+    /// Applies a purge made on this node: kept as a ban, dropped from the disk (a URL), and sent
+    /// to the shared tier and every other node.
+    pub(super) fn purge(&self, target: &Purge) {
+        let ban = Ban::of(target, SystemTime::now());
+        if let (Some(disk), Purge::Url(key)) = (&self.disk, target) {
+            disk.remove(key);
+        }
+        self.bans.add(ban.clone());
+        if let Some(shared) = &self.shared {
+            let (shared, target) = (Arc::clone(shared), target.clone());
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { shared.purge(&target, &ban).await });
+            }
+        }
+    }
+
+    /// Applies purges other nodes made (from the purge stream): kept as bans, dropped from the
+    /// disk; the purges themselves are returned for the memory tier.
+    pub(super) fn purged_elsewhere(&self, bans: Vec<Ban>) -> Vec<Purge> {
+        let purges: Vec<Purge> = bans.iter().filter_map(Ban::purge).collect();
+        if let Some(disk) = &self.disk {
+            for p in &purges {
+                if let Purge::Url(key) = p {
+                    disk.remove(key);
+                }
+            }
+        }
+        self.bans.add_all(bans);
+        purges
+    }
+}

@@ -1,0 +1,599 @@
+//! The cache tiers below memory, with larder run as processes (so that they can be killed and
+//! restarted) in front of a test origin: the disk tier across kill -9 and restarts (bodies
+//! always the origin's, a corrupt record a miss), and nodes sharing one cache through a real
+//! redis-server (fill on one, hit on the others, one origin fetch for concurrent misses on
+//! several nodes, purges reaching every node, a node killed and restarted, Redis down), and the
+//! same over a real 3-master Redis Cluster.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+/// The Host every request names: nodes behind a load balancer see the same one.
+const HOST: (&str, &str) = ("host", "www.fleet.test");
+const AUTH: (&str, &str) = ("authorization", "Bearer s3cret");
+
+/// The body the origin serves for `path`: text (so it gets compressed variants) whose length
+/// and bytes depend on the path, 0.5 KB to ~30 KB.
+fn body_of(path: &str) -> String {
+    let h = path.bytes().fold(1469598103934665603u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(1099511628211)
+    });
+    let lines = 10 + (h % 500) as usize;
+    let mut s = String::with_capacity(lines * 100);
+    for i in 0..lines {
+        s.push_str(&format!(
+            "{path} line {i} of {lines} {:016x}\n",
+            h.rotate_left(i as u32 % 64)
+        ));
+    }
+    s
+}
+
+/// An origin serving [`body_of`] every path, fresh for `max_age` seconds, with a tag (the
+/// path's first segment) and validators; `delay` before each answer.
+async fn origin(max_age: u32, delay: Duration) -> Origin {
+    Origin::start(move |seen, _| {
+        let path = seen.path.clone();
+        let tag = path
+            .trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        Reply::ok(body_of(&path))
+            .header("content-type", "text/plain")
+            .header("cache-control", &format!("max-age={max_age}"))
+            .header("etag", &format!("\"{}\"", body_of(&path).len()))
+            .header("surrogate-key", &format!("{tag} all"))
+            .delay(delay)
+    })
+    .await
+}
+
+/// A larder process with its own config file, listener and admin API.
+struct Node {
+    child: Option<Child>,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    cfg: PathBuf,
+}
+
+impl Node {
+    /// A node proxying to `origin` with `cache_toml` (its `[cache.*]` tables) in its config.
+    fn start(dir: &Path, name: &str, origin: SocketAddr, cache_toml: &str) -> Node {
+        let (addr, admin) = (free_port(), free_port());
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[admin]\nlisten = \"{admin}\"\ntoken = \"s3cret\"\n\n{cache_toml}\n\n\
+                 [[listener]]\naddr = \"{addr}\"\n  [[listener.route]]\n  path = \"/\"\n  \
+                 proxy = {{ upstream = \"http://{origin}\" }}\n"
+            ),
+        )
+        .unwrap();
+        let mut node = Node {
+            child: None,
+            addr,
+            admin,
+            cfg,
+        };
+        node.restart();
+        node
+    }
+
+    fn restart(&mut self) {
+        let log = std::fs::File::create(self.cfg.with_extension("log")).unwrap();
+        let child = larder_command()
+            .arg("--config")
+            .arg(&self.cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(Child(child));
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!(
+            "larder did not start: {}",
+            std::fs::read_to_string(self.cfg.with_extension("log")).unwrap_or_default()
+        );
+    }
+
+    /// kill -9.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.0.kill().unwrap();
+            c.0.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, and wait for the graceful exit.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
+            c.0.wait().unwrap();
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn get(&self, c: &Client, path: &str) -> Got {
+        get(c, &self.url(path), &[HOST]).await
+    }
+
+    /// The admin API's status document.
+    async fn status(&self, c: &Client) -> serde_json::Value {
+        let g = get(c, &format!("http://{}/_larder/status", self.admin), &[AUTH]).await;
+        serde_json::from_slice(&g.body).unwrap()
+    }
+
+    /// One tier's counts from the status document.
+    async fn tier(&self, c: &Client, tier: &str) -> serde_json::Value {
+        let s = self.status(c).await;
+        s["cache"]["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tier"] == tier)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {tier} tier in {s}"))
+    }
+
+    /// Whether `path` left this node's memory within a second (only-if-cached answers 504).
+    async fn drops(&self, c: &Client, path: &str) -> bool {
+        let url = self.url(path);
+        eventually(Duration::from_secs(1), async || {
+            let g = get(c, &url, &[HOST, ("cache-control", "only-if-cached")]).await;
+            g.status == 504
+        })
+        .await
+    }
+
+    async fn purge(&self, c: &Client, query: &str) {
+        let g = send(
+            c,
+            "POST",
+            &format!("http://{}/_larder/purge?{query}", self.admin),
+            &[AUTH],
+            b"",
+        )
+        .await;
+        assert_eq!(g.status, 200, "purge {query}: {}", g.text());
+    }
+}
+
+fn assert_body(g: &Got, path: &str) {
+    assert_eq!(g.status, 200, "{path}");
+    let body = decode(&g.body, g.header("content-encoding"));
+    assert!(
+        body == body_of(path).as_bytes(),
+        "{path}: a body of {} bytes that is not the origin's ({} bytes)",
+        body.len(),
+        body_of(path).len()
+    );
+}
+
+/// Waits until `check` holds (at most `within`), polling.
+async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn disk_toml(dir: &Path) -> String {
+    format!(
+        "[cache.disk]\ndir = \"{}\"\nmax_size = \"256MiB\"\n",
+        dir.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_tier_keeps_the_cache_across_kill_9_and_every_body_is_the_origins() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin(600, Duration::ZERO).await;
+    let mut node = Node::start(
+        dir.path(),
+        "a",
+        origin.addr,
+        &disk_toml(&dir.path().join("disk")),
+    );
+    let c = client();
+
+    // Filled, compressed variants built, and written down (give the writer time).
+    let settled: Vec<String> = (0..30).map(|i| format!("/settled/{i}")).collect();
+    for p in &settled {
+        assert_body(&node.get(&c, p).await, p);
+    }
+    for p in &settled {
+        wait_for_encoding_with(&c, &node.url(p), "gzip").await;
+    }
+    let written = eventually(Duration::from_secs(10), async || {
+        node.tier(&c, "disk").await["writes"].as_u64().unwrap() >= settled.len() as u64
+    })
+    .await;
+    assert!(written, "every settled response is written to disk");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // kill -9 in the middle of filling more.
+    let mut load = Vec::new();
+    for w in 0..8 {
+        let (c, url) = (c.clone(), node.url(""));
+        load.push(tokio::spawn(async move {
+            let mut reached = 0;
+            for i in 0.. {
+                let req = http::Request::get(format!("{url}/load/{w}-{i}"))
+                    .header(HOST.0, HOST.1)
+                    .header("accept-encoding", "br")
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                let answer = async {
+                    let r = c.request(req).await.ok()?;
+                    let ok = r.status() == 200;
+                    http_body_util::BodyExt::collect(r.into_body()).await.ok()?;
+                    Some(ok)
+                };
+                match tokio::time::timeout(Duration::from_secs(2), answer).await {
+                    Ok(Some(true)) => reached = i + 1,
+                    _ => break,
+                };
+            }
+            reached
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    node.kill();
+    let mut reached = Vec::new();
+    for l in load {
+        reached.push(l.await.unwrap());
+    }
+    let loaded: usize = reached.iter().sum();
+    assert!(
+        loaded > 20,
+        "the load ran ({loaded} responses) before the kill"
+    );
+
+    // Restarted: the settled responses are disk hits, aged across the downtime; whatever was
+    // being written when the process died is either read whole or not at all.
+    std::thread::sleep(Duration::from_millis(1100));
+    node.restart();
+    let before = origin.hits();
+    for p in &settled {
+        let g = node.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "HIT", "{p} after the restart");
+        let age: u64 = g.header("age").unwrap().parse().unwrap();
+        assert!(age >= 2, "{p}: Age {age} counts the downtime");
+        let gz = get(&c, &node.url(p), &[HOST, ("accept-encoding", "gzip")]).await;
+        assert_eq!(
+            gz.header("content-encoding"),
+            Some("gzip"),
+            "{p}: variants kept"
+        );
+        assert_body(&gz, p);
+    }
+    assert_eq!(
+        origin.hits(),
+        before,
+        "no origin fetch for what the disk kept"
+    );
+    // The first responses of each writer, and those around the kill.
+    for (w, &n) in reached.iter().enumerate() {
+        for i in (0..n.min(3)).chain(n.saturating_sub(4)..n + 1) {
+            let p = format!("/load/{w}-{i}");
+            for enc in ["identity", "br"] {
+                let g = get(&c, &node.url(&p), &[HOST, ("accept-encoding", enc)]).await;
+                assert_body(&g, &p);
+            }
+        }
+    }
+    let disk = node.tier(&c, "disk").await;
+    assert!(
+        disk["hits"].as_u64().unwrap() >= settled.len() as u64,
+        "{disk}"
+    );
+}
+
+/// [`wait_for_encoding`] with the fleet's Host.
+async fn wait_for_encoding_with(c: &Client, url: &str, enc: &str) {
+    for _ in 0..300 {
+        let g = get(c, url, &[HOST, ("accept-encoding", enc)]).await;
+        if g.header("content-encoding") == Some(enc) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no {enc} variant of {url} appeared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_disk_record_is_a_miss_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let origin = origin(600, Duration::ZERO).await;
+    let mut node = Node::start(dir.path(), "a", origin.addr, &disk_toml(&disk));
+    let c = client();
+    let (bad, good) = ("/corrupt/me", "/intact/me");
+    for p in [bad, good] {
+        assert_body(&node.get(&c, p).await, p);
+        wait_for_encoding_with(&c, &node.url(p), "gzip").await;
+    }
+    let written = eventually(Duration::from_secs(10), async || {
+        node.tier(&c, "disk").await["writes"].as_u64().unwrap() >= 2
+    })
+    .await;
+    assert!(written);
+    node.stop();
+
+    // Flip one byte inside the stored identity body of one record.
+    let needle = body_of(bad);
+    let needle = &needle.as_bytes()[200..264];
+    let mut flipped = 0;
+    for f in std::fs::read_dir(&disk).unwrap() {
+        let path = f.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + 10] ^= 0x20;
+            std::fs::write(&path, bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert_eq!(flipped, 1, "the record was found on disk");
+
+    node.restart();
+    let before = origin.hits();
+    let g = node.get(&c, good).await;
+    assert_body(&g, good);
+    assert_eq!(g.cache(), "HIT");
+    assert_eq!(origin.hits(), before, "the intact record is a disk hit");
+    let g = node.get(&c, bad).await;
+    assert_body(&g, bad);
+    assert_eq!(g.cache(), "MISS", "the corrupt record is a miss");
+    assert_eq!(origin.hits(), before + 1);
+}
+
+fn shared_toml(url: &str) -> String {
+    format!("[cache.shared]\nurl = \"{url}\"\ntimeout = \"200ms\"\nlease = \"3s\"\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_share_one_cache_through_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let origin = origin(600, Duration::ZERO).await;
+    let shared = shared_toml(&redis.url());
+    let a = Node::start(dir.path(), "a", origin.addr, &shared);
+    let mut b = Node::start(dir.path(), "b", origin.addr, &shared);
+    let cn = Node::start(dir.path(), "c", origin.addr, &shared);
+    let c = client();
+
+    // Fill on A; B and C hit without asking the origin.
+    let g = a.get(&c, "/products/1").await;
+    assert_body(&g, "/products/1");
+    assert_eq!(g.cache(), "MISS");
+    wait_for_encoding_with(&c, &a.url("/products/1"), "br").await;
+    for n in [&b, &cn] {
+        let g = n.get(&c, "/products/1").await;
+        assert_body(&g, "/products/1");
+        assert_eq!(g.cache(), "HIT");
+        let br = get(
+            &c,
+            &n.url("/products/1"),
+            &[HOST, ("accept-encoding", "br")],
+        )
+        .await;
+        assert_eq!(
+            br.header("content-encoding"),
+            Some("br"),
+            "every encoding is shared"
+        );
+        assert_body(&br, "/products/1");
+    }
+    assert_eq!(origin.hits(), 1);
+    assert!(b.tier(&c, "shared").await["hits"].as_u64().unwrap() >= 1);
+
+    // Purge on C: A and B no longer hold it (only-if-cached answers 504) within a second,
+    // and the shared tier neither (A's next request goes to the origin).
+    let purge = send(&c, "PURGE", &cn.url("/products/1"), &[HOST, AUTH], b"").await;
+    assert_eq!(purge.status, 200);
+    for n in [&a, &b] {
+        assert!(
+            n.drops(&c, "/products/1").await,
+            "the purge reached every node in 1 s"
+        );
+    }
+    let g = a.get(&c, "/products/1").await;
+    assert_eq!(g.cache(), "MISS");
+    assert_eq!(origin.hits(), 2, "purged from the shared tier too");
+    assert_eq!(b.get(&c, "/products/1").await.cache(), "HIT");
+
+    // By tag and by prefix, from the admin API of another node.
+    for p in ["/products/2", "/docs/a", "/docs/b"] {
+        a.get(&c, p).await;
+        assert_eq!(b.get(&c, p).await.cache(), "HIT");
+    }
+    let hits = origin.hits();
+    b.purge(&c, "tag=products").await;
+    b.purge(&c, &format!("prefix={}", "http://www.fleet.test/docs/"))
+        .await;
+    for n in [&a, &cn] {
+        for p in ["/products/2", "/docs/a", "/docs/b"] {
+            assert!(
+                n.drops(&c, p).await,
+                "{p} purged by tag or prefix on every node"
+            );
+        }
+    }
+    assert_eq!(cn.get(&c, "/docs/a").await.cache(), "MISS");
+    assert_eq!(origin.hits(), hits + 1);
+
+    // kill -9 B under load: A and C serve on.
+    for i in 0..20 {
+        a.get(&c, &format!("/warm/{i}")).await;
+    }
+    let load: Vec<_> = [a.url(""), cn.url("")]
+        .into_iter()
+        .map(|base| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                for i in 0..400 {
+                    let p = format!("/warm/{}", i % 20);
+                    let g = get(&c, &format!("{base}{p}"), &[HOST]).await;
+                    assert_body(&g, &p);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.kill();
+    for l in load {
+        l.await.unwrap();
+    }
+    // Restarted, B serves from the shared tier at once.
+    let hits = origin.hits();
+    b.restart();
+    for i in 0..20 {
+        let p = format!("/warm/{i}");
+        let g = b.get(&c, &p).await;
+        assert_body(&g, &p);
+        assert_eq!(g.cache(), "HIT", "{p} from the shared tier");
+    }
+    assert_eq!(origin.hits(), hits);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_for_one_url_on_several_nodes_make_one_origin_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let origin = origin(600, Duration::from_millis(400)).await;
+    let shared = shared_toml(&redis.url());
+    let nodes: Vec<Node> = ["a", "b", "c"]
+        .iter()
+        .map(|n| Node::start(dir.path(), n, origin.addr, &shared))
+        .collect();
+    let c = client();
+    for round in 0..3 {
+        let p = format!("/together/{round}");
+        let requests: Vec<_> = (0..12)
+            .map(|i| {
+                let (c, url) = (c.clone(), nodes[i % 3].url(&p));
+                tokio::spawn(async move { get(&c, &url, &[HOST]).await })
+            })
+            .collect();
+        for r in requests {
+            assert_body(&r.await.unwrap(), &p);
+        }
+    }
+    assert_eq!(
+        origin.hits(),
+        3,
+        "one origin fetch per URL for the whole fleet"
+    );
+    let mut waited = 0;
+    for n in &nodes {
+        waited += n.tier(&c, "shared").await["lease_waits"].as_u64().unwrap();
+    }
+    assert!(
+        waited >= 3,
+        "the other nodes waited on the lease ({waited})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_larder_serves_from_memory_and_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start();
+    let origin = origin(600, Duration::ZERO).await;
+    let node = Node::start(dir.path(), "a", origin.addr, &shared_toml(&redis.url()));
+    let c = client();
+    assert_eq!(node.get(&c, "/x").await.cache(), "MISS");
+
+    // Redis goes away: what memory holds is served, new URLs come from the origin.
+    redis.kill();
+    for _ in 0..3 {
+        let g = node.get(&c, "/x").await;
+        assert_body(&g, "/x");
+        assert_eq!(g.cache(), "HIT");
+    }
+    for p in ["/y", "/z"] {
+        let g = node.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "MISS");
+        assert_eq!(node.get(&c, p).await.cache(), "HIT");
+    }
+    let shared = node.tier(&c, "shared").await;
+    assert!(shared["errors"].as_u64().unwrap() >= 1, "{shared}");
+    let metrics = get(&c, &format!("http://{}/metrics", node.admin), &[AUTH])
+        .await
+        .text();
+    assert!(
+        metrics.contains("larder_cache_tier_errors_total{tier=\"shared\"}"),
+        "{metrics}"
+    );
+
+    // Back: the tier is used again (a new fill is written, another node would find it).
+    redis.restart();
+    let back = eventually(Duration::from_secs(5), async || {
+        node.get(&c, &format!("/after/{}", origin.hits())).await;
+        !redis.cli(&["keys", "larder:e:*after*"]).trim().is_empty()
+    })
+    .await;
+    assert!(back, "writes resume once Redis is back");
+
+    // A node started while Redis is down starts and serves.
+    redis.kill();
+    let other = Node::start(dir.path(), "b", origin.addr, &shared_toml(&redis.url()));
+    assert_body(&other.get(&c, "/w").await, "/w");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_is_shared_like_one_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = redis_cluster(3);
+    let origin = origin(600, Duration::ZERO).await;
+    let url = format!("redis+cluster://127.0.0.1:{}", cluster[0].port);
+    let a = Node::start(dir.path(), "a", origin.addr, &shared_toml(&url));
+    let b = Node::start(dir.path(), "b", origin.addr, &shared_toml(&url));
+    let c = client();
+    let paths: Vec<String> = (0..30).map(|i| format!("/spread/{i}")).collect();
+    for p in &paths {
+        assert_eq!(a.get(&c, p).await.cache(), "MISS");
+    }
+    for p in &paths {
+        let g = b.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "HIT", "{p} from the cluster");
+    }
+    assert_eq!(origin.hits(), paths.len());
+    // The records went to every master.
+    for r in &cluster {
+        let n: u64 = r.cli(&["dbsize"]).trim().parse().unwrap();
+        assert!(n > 0, "master {} holds some records", r.port);
+    }
+    // A prefix purge on B reaches A's memory and every master.
+    b.purge(&c, "prefix=http://www.fleet.test/spread/").await;
+    assert!(
+        a.drops(&c, "/spread/7").await,
+        "the purge reached the other node"
+    );
+    assert_eq!(a.get(&c, "/spread/7").await.cache(), "MISS");
+    assert_eq!(origin.hits(), paths.len() + 1);
+}
