@@ -353,6 +353,14 @@ impl Config {
                             "needs [admin] token: every upload would be refused",
                         ));
                     }
+                    HandlerConfig::Images(im)
+                        if im.share_originals && self.cache.shared.is_none() =>
+                    {
+                        return Err(src.error(
+                            &[&at(&["images", "share_originals"])],
+                            "needs [cache.shared]: there is no shared tier to store them in",
+                        ));
+                    }
                     _ => {}
                 }
             }
@@ -1274,6 +1282,10 @@ pub struct ImagesConfig {
     /// image reads no file; 0 reads every original from the store.
     #[serde(default = "ImagesConfig::default_originals_memory")]
     pub originals_memory: ByteSize,
+    /// Store originals in the shared tier (`[cache.shared]`) as well as in `dir`, so that any
+    /// node can transform any uploaded image (a node missing one locally fetches it once).
+    #[serde(default)]
+    pub share_originals: bool,
     /// Transforms running at once; 0 means one per core.
     #[serde(default = "ImagesConfig::default_workers")]
     pub workers: Workers,
@@ -1331,6 +1343,7 @@ impl ImagesConfig {
             max_output_dimension: Self::default_max_output(),
             max_frames: Self::default_max_frames(),
             originals_memory: Self::default_originals_memory(),
+            share_originals: false,
             workers: Bounded(0),
             queue_depth: Self::default_queue_depth(),
             queue_timeout: Self::default_queue_timeout(),
@@ -2056,6 +2069,32 @@ mod tests {
         }
         let c = Config::parse(&format!("[cache]\nheuristic_fraction = 1\n{MIN}"), "t").unwrap();
         assert_eq!(c.cache.heuristic_fraction, Fraction(1.0));
+    }
+
+    #[test]
+    fn cache_tiers() {
+        let c = Config::parse(
+            &format!(
+                "[cache.disk]\ndir = \"/var/cache/larder\"\nmax_size = \"20GiB\"\n\
+                 [cache.shared]\nurl = \"redis+cluster://10.0.0.1:7000\"\ntimeout = \"50ms\"\n{MIN}"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let disk = c.cache.disk.unwrap();
+        assert_eq!((disk.max_size.0, disk.write), (20 << 30, DiskWrite::All));
+        let shared = c.cache.shared.unwrap();
+        assert_eq!(shared.client_url(), "redis-cluster://10.0.0.1:7000");
+        assert_eq!(shared.lease.0, Duration::from_secs(5));
+        let e = err(&format!("[cache.shared]\nurl = \"http://x:1\"\n{MIN}"));
+        assert!(
+            e.contains("line 1") && e.contains("cache.shared") && e.contains("not a Redis URL"),
+            "{e}"
+        );
+        let e = err(&format!("[cache.disk]\ndir = \"d\"\nmax_size = \"1MiB\"\n{MIN}"));
+        assert!(e.contains("line 3") && e.contains("max_size"), "{e}");
+        let e = err(&format!("[cache.disk]\ndir = \"d\"\nwrite = \"sometimes\"\n{MIN}"));
+        assert!(e.contains("line 3") && e.contains("write"), "{e}");
     }
 
     #[test]

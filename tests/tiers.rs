@@ -66,6 +66,12 @@ struct Node {
 impl Node {
     /// A node proxying to `origin` with `cache_toml` (its `[cache.*]` tables) in its config.
     fn start(dir: &Path, name: &str, origin: SocketAddr, cache_toml: &str) -> Node {
+        let route = format!("proxy = {{ upstream = \"http://{origin}\" }}");
+        Node::with_route(dir, name, &route, cache_toml)
+    }
+
+    /// A node whose one route is `route` (its handler key).
+    fn with_route(dir: &Path, name: &str, route: &str, cache_toml: &str) -> Node {
         let (addr, admin) = (free_port(), free_port());
         let cfg = dir.join(format!("{name}.toml"));
         std::fs::write(
@@ -73,7 +79,7 @@ impl Node {
             format!(
                 "[admin]\nlisten = \"{admin}\"\ntoken = \"s3cret\"\n\n{cache_toml}\n\n\
                  [[listener]]\naddr = \"{addr}\"\n  [[listener.route]]\n  path = \"/\"\n  \
-                 proxy = {{ upstream = \"http://{origin}\" }}\n"
+                 {route}\n"
             ),
         )
         .unwrap();
@@ -596,4 +602,80 @@ async fn a_redis_cluster_is_shared_like_one_server() {
     );
     assert_eq!(a.get(&c, "/spread/7").await.cache(), "MISS");
     assert_eq!(origin.hits(), paths.len() + 1);
+}
+
+/// 6,000 bytes that depend on `path`.
+fn six_k(path: &str) -> String {
+    body_of(path).repeat(20)[..6000].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_write_evicted_what_memory_lets_go_of_is_read_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(|seen, _| {
+        Reply::ok(six_k(&seen.path))
+            .header("content-type", "application/octet-stream")
+            .header("cache-control", "max-age=600")
+    })
+    .await;
+    let toml = format!(
+        "[cache]\nmax_size = \"64KiB\"\nmax_object_size = \"16KiB\"\n\
+         [cache.disk]\ndir = \"{}\"\nmax_size = \"64MiB\"\nwrite = \"evicted\"\n{PROXY}",
+        dir.path().join("disk").display()
+    );
+    let l = larder(&toml, &origin.url()).await;
+    let c = client();
+    let paths: Vec<String> = (0..40).map(|i| format!("/evicted/{i}")).collect();
+    for p in &paths {
+        assert_eq!(get(&c, &l.url(p), &[HOST]).await.cache(), "MISS");
+    }
+    assert!(l.cache_entries() < paths.len() / 2, "memory let most go");
+    let before = origin.hits();
+    let mut from_disk = 0;
+    for p in &paths {
+        let g = get(&c, &l.url(p), &[HOST]).await;
+        assert_eq!(g.body, six_k(p), "{p}");
+        from_disk += usize::from(g.cache() == "HIT");
+    }
+    let refetched = origin.hits() - before;
+    assert!(
+        refetched < paths.len() / 4,
+        "evicted responses came back from disk ({refetched} of {} refetched)",
+        paths.len()
+    );
+    assert_eq!(from_disk + refetched, paths.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_transforms_any_uploaded_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let shared = shared_toml(&redis.url());
+    let node = |name: &str| {
+        let images = dir.path().join(format!("images-{name}"));
+        let route = format!(
+            "images = {{ dir = \"{}\", share_originals = true, originals_memory = 0 }}",
+            images.display()
+        );
+        Node::with_route(dir.path(), name, &route, &shared)
+    };
+    let (a, b, cn) = (node("a"), node("b"), node("c"));
+    let c = client();
+    let up = send(&c, "POST", &a.url("/upload"), &[HOST, ("content-type", "image/jpeg")], photo()).await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    let md5 = up.field("md5");
+
+    // B has no copy of its own: it reads the original from the shared tier and transforms.
+    let q = format!("/{md5}?w=40&h=30&f=png");
+    let made = b.get(&c, &q).await;
+    assert_eq!(made.status, 200, "{}", made.text());
+    assert_eq!(made.cache(), "MISS");
+    assert!(dir.path().join(format!("images-b/{}/{}/{md5}", &md5[..2], &md5[2..4])).is_file());
+    // C gets B's result from the shared tier, transforming nothing.
+    let shared_result = cn.get(&c, &q).await;
+    assert_eq!(shared_result.status, 200);
+    assert_eq!(shared_result.body, made.body);
+    assert_eq!(shared_result.cache(), "HIT");
+    assert!(!dir.path().join(format!("images-c/{}", &md5[..2])).exists(), "C needed no original");
+    assert!(cn.tier(&c, "shared").await["hits"].as_u64().unwrap() >= 1);
 }

@@ -162,6 +162,28 @@ impl Cache {
         found
     }
 
+    /// A blob other nodes stored in the shared tier (an image original), if there is a shared
+    /// tier and it has one.
+    pub async fn shared_blob(&self, name: &str) -> Option<Bytes> {
+        let shared = self.tiers.as_ref()?.shared.as_ref()?;
+        shared.get_blob(name).await
+    }
+
+    /// Stores a blob in the shared tier; whether it was stored.
+    pub async fn share_blob(&self, name: &str, data: Bytes) -> bool {
+        match self.tiers.as_ref().and_then(|t| t.shared.as_ref()) {
+            Some(shared) => shared.put_blob(name, data).await,
+            None => false,
+        }
+    }
+
+    /// Removes a blob from the shared tier.
+    pub async fn unshare_blob(&self, name: &str) {
+        if let Some(shared) = self.tiers.as_ref().and_then(|t| t.shared.as_ref()) {
+            shared.delete_blob(name).await;
+        }
+    }
+
     /// Whether there are tiers below memory to look in.
     #[inline]
     pub fn has_tiers(&self) -> bool {

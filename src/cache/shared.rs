@@ -10,6 +10,7 @@
 //!   one URL on several nodes make one origin fetch; released (compare and delete) once the
 //!   record is written, expiring on its own if that node dies;
 //! - `ns:t:<tag>`: the keys of the records carrying a tag (purge by tag);
+//! - `ns:b:<name>`: blobs other handlers share (image originals), not expiring;
 //! - `ns:purges`: a stream of purges (capped), which every node follows to apply each to its
 //!   memory and disk, and reads from where it stopped after a disconnection.
 //!
@@ -263,6 +264,24 @@ impl Shared {
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
         let eval = self.client.eval::<i64, _, _, _>(RELEASE, key, token);
         let _ = self.run("EVAL", eval).await;
+    }
+
+    /// A blob stored by [`Shared::put_blob`] (an image original), if any.
+    pub(super) async fn get_blob(&self, name: &str) -> Option<Bytes> {
+        let k = self.key("b", name);
+        self.run("GET", self.client.get(k)).await.flatten()
+    }
+
+    /// Stores a blob that does not expire; whether the server took it.
+    pub(super) async fn put_blob(&self, name: &str, data: Bytes) -> bool {
+        let k = self.key("b", name);
+        let set = self.client.set::<(), _, _>(k, data, None, None, false);
+        self.run("SET", set).await.is_some()
+    }
+
+    pub(super) async fn delete_blob(&self, name: &str) {
+        let k = self.key("b", name);
+        let _ = self.run("DEL", self.client.del::<i64, _>(k)).await;
     }
 
     /// Drops the record under `key`.

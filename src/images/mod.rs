@@ -43,7 +43,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Join, Purge};
+use crate::cache::{Below, Cache, CacheKey, Entry, FillKey, FillOutcome, Join, Purge};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
@@ -52,7 +52,7 @@ use codec::{CodecError, Limits};
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
 use sniff::{Probe, SniffError};
-use storage::{ImageStore, InMemory, LocalDir, Md5Hex};
+use storage::{ImageStore, InMemory, LocalDir, Md5Hex, Shared};
 use transform::TransformError;
 
 /// Why an image request failed; each maps to one status code.
@@ -177,9 +177,14 @@ impl Images {
         cache: Arc<Cache>,
         admin_token: Option<String>,
     ) -> Images {
-        let store: Arc<dyn ImageStore> = match cfg.originals_memory.0 {
-            0 => Arc::new(LocalDir::new(&cfg.dir)),
-            n => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
+        let store: Arc<dyn ImageStore> = match (cfg.originals_memory.0, cfg.share_originals) {
+            (0, false) => Arc::new(LocalDir::new(&cfg.dir)),
+            (n, false) => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
+            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), Arc::clone(&cache))),
+            (n, true) => Arc::new(InMemory::new(
+                Shared::new(LocalDir::new(&cfg.dir), Arc::clone(&cache)),
+                n,
+            )),
         };
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
@@ -393,16 +398,30 @@ impl Images {
         match inner.cache.join(&FillKey::from(key.clone())) {
             Join::Leader(guard) => {
                 // The fill runs as its own task: it completes (and feeds the followers) even if
-                // this client goes away.
+                // this client goes away. Another node may have made this result already (the
+                // shared tier), or be making it (its lease).
                 let fill_inner = Arc::clone(inner);
                 let task = tokio::spawn(async move {
+                    let cache = &fill_inner.cache;
+                    let below = match cache.has_tiers() {
+                        true => cache.below(&key, &http::HeaderMap::new(), true).await,
+                        false => Below::Miss,
+                    };
+                    let lease = match below {
+                        Below::Found(entry, _) => {
+                            guard.complete(Arc::clone(&entry));
+                            return Ok((entry, CacheStatus::Hit));
+                        }
+                        Below::Leased(lease) => Some(lease),
+                        Below::Miss => None,
+                    };
                     let entry = Arc::clone(&fill_inner).make(md5, resolved).await?;
-                    fill_inner.cache.store(key, Arc::clone(&entry));
+                    cache.store_filled(key, Arc::clone(&entry), lease);
                     guard.complete(Arc::clone(&entry));
-                    Ok::<_, ImageError>(entry)
+                    Ok::<_, ImageError>((entry, CacheStatus::Miss))
                 });
-                let entry = task.await.map_err(|_| ImageError::Internal)??;
-                Ok(deliver(&entry, CacheStatus::Miss))
+                let (entry, status) = task.await.map_err(|_| ImageError::Internal)??;
+                Ok(deliver(&entry, status))
             }
             Join::Follower(f) => match f.wait(inner.cache.config().coalesce_timeout.0).await {
                 FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),

@@ -3,6 +3,9 @@
 //! `<dir>/<md5[0..2]>/<md5[2..4]>/<md5>`, written atomically (temp file, fsync, rename), so a
 //! reader never sees a partial original and two uploads of the same bytes store one file.
 //!
+//! [`Shared`] keeps originals in the cache's shared tier as well (Redis), so that every node of
+//! a fleet can transform every uploaded image.
+//!
 //! [`InMemory`] fronts any store with a byte-bounded memory cache of recently used originals,
 //! so a transform of a hot image reads no file (zimg keeps originals in memcached for the same
 //! reason).
@@ -235,5 +238,65 @@ mod tests {
         s.put(&m2, &big).unwrap();
         assert_eq!(s.get(&m2).unwrap().unwrap().len(), big.len());
         assert!(s.get_in_memory(&m2).is_none());
+    }
+}
+
+/// A store whose originals are also kept in the cache's shared tier: a put writes both (the
+/// local copy first, fsync'd), a get that misses locally reads the shared copy and keeps it
+/// locally, a delete removes both. Its methods block on the shared tier's commands (each
+/// bounded by its timeout): run them on the blocking pool, as every store's.
+pub struct Shared<S> {
+    below: S,
+    cache: std::sync::Arc<crate::cache::Cache>,
+}
+
+impl<S> Shared<S> {
+    pub fn new(below: S, cache: std::sync::Arc<crate::cache::Cache>) -> Shared<S> {
+        Shared { below, cache }
+    }
+
+    /// Waits for a command of the shared tier (from the blocking pool, which has the runtime
+    /// at hand).
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Handle::current().block_on(f)
+    }
+
+    fn name(md5: &Md5Hex) -> String {
+        format!("img:{}", md5.as_str())
+    }
+}
+
+impl<S: ImageStore> ImageStore for Shared<S> {
+    fn put(&self, md5: &Md5Hex, data: &[u8]) -> io::Result<bool> {
+        let new = self.below.put(md5, data)?;
+        let data = Bytes::copy_from_slice(data);
+        if !Self::block_on(self.cache.share_blob(&Self::name(md5), data)) {
+            tracing::warn!(md5 = md5.as_str(), "original not stored in the shared tier");
+        }
+        Ok(new)
+    }
+
+    fn get(&self, md5: &Md5Hex) -> io::Result<Option<Bytes>> {
+        if let Some(b) = self.below.get(md5)? {
+            return Ok(Some(b));
+        }
+        let Some(b) = Self::block_on(self.cache.shared_blob(&Self::name(md5))) else {
+            return Ok(None);
+        };
+        // Another node's upload: checked against its name before it is kept.
+        if Md5Hex::of(&b) != *md5 {
+            return Ok(None);
+        }
+        self.below.put(md5, &b)?;
+        Ok(Some(b))
+    }
+
+    fn delete(&self, md5: &Md5Hex) -> io::Result<bool> {
+        Self::block_on(self.cache.unshare_blob(&Self::name(md5)));
+        self.below.delete(md5)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} and the shared tier", self.below.describe())
     }
 }

@@ -194,7 +194,18 @@ impl Proxy {
             }
         }
         if directives.only_if_cached {
-            // §5.2.1.7: nothing stored satisfies the request.
+            // §5.2.1.7: answered from what is stored, in memory or below it.
+            if stored.is_none() && !has_auth && me.cache.has_tiers() {
+                if let Below::Found(entry, _) = me.cache.below(&key, req.headers(), false).await {
+                    if directives.accepts(&entry.freshness, SystemTime::now()) {
+                        let (method, headers) = (req.method(), req.headers());
+                        return me
+                            .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                            .await;
+                    }
+                }
+            }
+            // Nothing stored satisfies the request.
             return me.tag(
                 crate::http::text_response(StatusCode::GATEWAY_TIMEOUT, "not cached\n"),
                 CacheStatus::Miss,
