@@ -1789,7 +1789,8 @@ def main():
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                     help=f"any of {', '.join(SCENARIOS)} (default: all), or push "
-                         "(SSE fan-out against nginx + nchan, bench/push_bench.py)")
+                         "(SSE fan-out against nginx + nchan, bench/push_bench.py), or tiers "
+                         "(disk and shared cache tiers, bench/tiers_bench.py)")
     ap.add_argument("--quick", action="store_true", help="3 s per run instead of 10 s")
     ap.add_argument("--duration", type=int, help="seconds per wrk run (overrides the default)")
     ap.add_argument("--reps", type=int, default=2, help="runs per cell and system (default 2)")
@@ -1808,7 +1809,8 @@ def main():
     # scenario push (bench/push_bench.py) runs subscribers, not wrk cells: on its own, after
     # the others.
     push = "push" in names
-    names = [n for n in names if n != "push"]
+    tiers = "tiers" in names
+    names = [n for n in names if n not in ("push", "tiers")]
     for n in names:
         scenario_cells(n)  # validates
     duration = args.duration or (3 if args.quick else 10)
@@ -1912,6 +1914,9 @@ def main():
         if push:
             import push_bench
             push_bench.run(procs, args)
+        if tiers:
+            import tiers_bench
+            tiers_bench.run(procs, args)
     except KeyboardInterrupt as e:
         warn(f"interrupted ({e}); stopping everything")
         return 130

@@ -2091,9 +2091,13 @@ mod tests {
             e.contains("line 1") && e.contains("cache.shared") && e.contains("not a Redis URL"),
             "{e}"
         );
-        let e = err(&format!("[cache.disk]\ndir = \"d\"\nmax_size = \"1MiB\"\n{MIN}"));
+        let e = err(&format!(
+            "[cache.disk]\ndir = \"d\"\nmax_size = \"1MiB\"\n{MIN}"
+        ));
         assert!(e.contains("line 3") && e.contains("max_size"), "{e}");
-        let e = err(&format!("[cache.disk]\ndir = \"d\"\nwrite = \"sometimes\"\n{MIN}"));
+        let e = err(&format!(
+            "[cache.disk]\ndir = \"d\"\nwrite = \"sometimes\"\n{MIN}"
+        ));
         assert!(e.contains("line 3") && e.contains("write"), "{e}");
     }
 

@@ -376,8 +376,10 @@ async fn a_corrupt_disk_record_is_a_miss_never_served() {
     assert_eq!(origin.hits(), before + 1);
 }
 
+/// A shared tier on `url`; the timeout generous enough for a loaded test machine (the test of
+/// a hanging Redis sets its own).
 fn shared_toml(url: &str) -> String {
-    format!("[cache.shared]\nurl = \"{url}\"\ntimeout = \"200ms\"\nlease = \"3s\"\n")
+    format!("[cache.shared]\nurl = \"{url}\"\ntimeout = \"1s\"\nlease = \"5s\"\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,9 +530,25 @@ async fn without_redis_larder_serves_from_memory_and_origin() {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = RedisServer::start();
     let origin = origin(600, Duration::ZERO).await;
-    let node = Node::start(dir.path(), "a", origin.addr, &shared_toml(&redis.url()));
+    let quick = shared_toml(&redis.url()).replace("\"1s\"", "\"200ms\"");
+    let node = Node::start(dir.path(), "a", origin.addr, &quick);
     let c = client();
     assert_eq!(node.get(&c, "/x").await.cache(), "MISS");
+
+    // Redis hangs (CLIENT PAUSE): every command gives up after the timeout, requests are served.
+    let errors = node.tier(&c, "shared").await["errors"].as_u64().unwrap();
+    assert_eq!(redis.cli(&["client", "pause", "3000", "ALL"]).trim(), "OK");
+    for p in ["/slow/1", "/slow/2"] {
+        let g = node.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "MISS");
+    }
+    let shared = node.tier(&c, "shared").await;
+    assert!(
+        shared["errors"].as_u64().unwrap() > errors,
+        "timeouts are counted: {shared}"
+    );
+    redis.cli(&["client", "unpause"]);
 
     // Redis goes away: what memory holds is served, new URLs come from the origin.
     redis.kill();
@@ -566,7 +584,7 @@ async fn without_redis_larder_serves_from_memory_and_origin() {
 
     // A node started while Redis is down starts and serves.
     redis.kill();
-    let other = Node::start(dir.path(), "b", origin.addr, &shared_toml(&redis.url()));
+    let other = Node::start(dir.path(), "b", origin.addr, &quick);
     assert_body(&other.get(&c, "/w").await, "/w");
 }
 
@@ -661,7 +679,14 @@ async fn any_node_transforms_any_uploaded_image() {
     };
     let (a, b, cn) = (node("a"), node("b"), node("c"));
     let c = client();
-    let up = send(&c, "POST", &a.url("/upload"), &[HOST, ("content-type", "image/jpeg")], photo()).await;
+    let up = send(
+        &c,
+        "POST",
+        &a.url("/upload"),
+        &[HOST, ("content-type", "image/jpeg")],
+        photo(),
+    )
+    .await;
     assert_eq!(up.status, 200, "{}", up.text());
     let md5 = up.field("md5");
 
@@ -670,12 +695,18 @@ async fn any_node_transforms_any_uploaded_image() {
     let made = b.get(&c, &q).await;
     assert_eq!(made.status, 200, "{}", made.text());
     assert_eq!(made.cache(), "MISS");
-    assert!(dir.path().join(format!("images-b/{}/{}/{md5}", &md5[..2], &md5[2..4])).is_file());
+    assert!(dir
+        .path()
+        .join(format!("images-b/{}/{}/{md5}", &md5[..2], &md5[2..4]))
+        .is_file());
     // C gets B's result from the shared tier, transforming nothing.
     let shared_result = cn.get(&c, &q).await;
     assert_eq!(shared_result.status, 200);
     assert_eq!(shared_result.body, made.body);
     assert_eq!(shared_result.cache(), "HIT");
-    assert!(!dir.path().join(format!("images-c/{}", &md5[..2])).exists(), "C needed no original");
+    assert!(
+        !dir.path().join(format!("images-c/{}", &md5[..2])).exists(),
+        "C needed no original"
+    );
     assert!(cn.tier(&c, "shared").await["hits"].as_u64().unwrap() >= 1);
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use foyer::{
     BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
-    HybridCacheProperties, Load, Location, RecoverMode,
+    HybridCacheProperties, Load, Location, PsyncIoEngineConfig, RecoverMode,
 };
 
 use super::key::CacheKey;
@@ -61,6 +61,9 @@ impl Disk {
             .memory(1 << 20)
             .with_weighter(|k: &String, v: &Bytes| k.len() + v.len())
             .storage()
+            // pread/pwrite on tokio's blocking pool (io_uring's engine polls a thread without
+            // sleeping: docs/design.md "Tiers").
+            .with_io_engine_config(PsyncIoEngineConfig::new())
             .with_engine_config(BlockEngineConfig::new(device).with_block_size(block))
             .with_recover_mode(RecoverMode::Quiet)
             .build()
