@@ -1785,6 +1785,19 @@ def plan_seconds(names, duration, reps, args):
     return est, n
 
 
+def write_results(doc, md, args):
+    """Prints a scenario's markdown and, unless --no-write, writes bench/results/DATE-NAME.{json,md}
+    (the scenarios that run on their own: push, tiers)."""
+    log("\n" + md)
+    if args.no_write:
+        return
+    RESULTS.mkdir(exist_ok=True)
+    base = RESULTS / f"{doc['date']}-{doc['scenario']}"
+    base.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    base.with_suffix(".md").write_text(md + "\n")
+    log(f"bench: wrote {base.relative_to(REPO)}.{{json,md}}")
+
+
 def main():
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO",

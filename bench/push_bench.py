@@ -294,12 +294,5 @@ def run(procs, args):
     doc = dict(scenario="push", date=dt.date.today().isoformat(), cells=cells,
                skipped=skipped, idle_rss_per_sub_kb=idle)
     doc["goals"] = goals(cells, idle)
-    md = markdown(doc)
-    H.log("\n" + md)
-    if not args.no_write:
-        H.RESULTS.mkdir(exist_ok=True)
-        base = H.RESULTS / f"{doc['date']}-push"
-        base.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        base.with_suffix(".md").write_text(md + "\n")
-        H.log(f"bench: wrote {base.relative_to(H.REPO)}.{{json,md}}")
+    H.write_results(doc, markdown(doc), args)
     return 0

@@ -269,30 +269,28 @@ def purge_cell(procs, binary, tmp):
     return res
 
 
-def markdown(doc):
-    d, s, p = doc["disk"], doc["shared"], doc["purge"]
-    out = [f"### tiers ({doc['date']})", "",
-           f"Disk-tier hits: {OBJECTS:,} objects of {SIZE // 1024} KiB at random, 50 connections, "
-           "larder's memory 32 MiB (the rest from its disk tier) against nginx proxy_cache.", "",
-           "| system | req/s | p50 ms | p99 ms | server CPU µs/req | errors |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for k, r in d.items():
+def table(out, results, label, extra=lambda r: ""):
+    """Rows of `results` (name -> wrk result) under a header whose first column is `label`."""
+    out += [f"| {label} | req/s | p50 ms | p99 ms | server CPU µs/req | errors |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k, r in results.items():
         if "error" in r:
             out.append(f"| {k} | error: {r['error']} | | | | |")
-            continue
-        extra = f" ({r['disk_hit_share']:.0%} disk hits)" if "disk_hit_share" in r else ""
-        out.append(f"| {k}{extra} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                   f"{r['cpu_us']:.1f} | {r['errors']} |")
+        else:
+            out.append(f"| {k}{extra(r)} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | "
+                       f"{r['p99_ms']:.2f} | {r['cpu_us']:.1f} | {r['errors']} |")
+
+
+def markdown(doc):
+    p = doc["purge"]
+    out = [f"### tiers ({doc['date']})", "",
+           f"Disk-tier hits: {OBJECTS:,} objects of {SIZE // 1024} KiB at random, 50 connections, "
+           "larder's memory 32 MiB (the rest from its disk tier) against nginx proxy_cache.", ""]
+    table(out, doc["disk"], "system",
+          lambda r: f" ({r['disk_hit_share']:.0%} disk hits)" if "disk_hit_share" in r else "")
     out += ["", f"Shared tier: {SHARED_OBJECTS:,} objects of {SIZE // 1024} KiB at random, "
-            "20 connections, one larder (memory 64 KiB for shared-tier hits).", "",
-            "| served as | req/s | p50 ms | p99 ms | server CPU µs/req |",
-            "| --- | ---: | ---: | ---: | ---: |"]
-    for k, r in s.items():
-        if "error" in r:
-            out.append(f"| {k} | error: {r['error']} | | | |")
-            continue
-        out.append(f"| {k} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                   f"{r['cpu_us']:.1f} |")
+            "20 connections, one larder (memory 64 KiB for shared-tier hits).", ""]
+    table(out, doc["shared"], "served as")
     out += ["", f"Purge propagation across 3 nodes: median {p['median_ms']:.1f} ms, max "
             f"{p['max_ms']:.1f} ms over {p['samples']} samples.", ""]
     for g in doc["goals"]:
@@ -346,13 +344,6 @@ def run(procs, args):
         procs.stop(redis)
         procs.stop(origin)
     doc["goals"] = goals(doc)
-    md = markdown(doc)
-    H.log("\n" + md)
-    if not args.no_write:
-        H.RESULTS.mkdir(exist_ok=True)
-        base = H.RESULTS / f"{doc['date']}-tiers"
-        base.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        base.with_suffix(".md").write_text(md + "\n")
-        H.log(f"bench: wrote {base.relative_to(H.REPO)}.{{json,md}}")
+    H.write_results(doc, markdown(doc), args)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -201,46 +201,6 @@ impl ImageStore for LocalDir {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn put_get_delete_dedup() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = LocalDir::new(dir.path());
-        let md5 = Md5Hex::of(b"abc");
-        assert_eq!(md5.as_str(), "900150983cd24fb0d6963f7d28e17f72");
-        assert!(s.put(&md5, b"abc").unwrap());
-        assert!(!s.put(&md5, b"abc").unwrap());
-        assert_eq!(&s.get(&md5).unwrap().unwrap()[..], b"abc");
-        assert!(dir.path().join("90/01").is_dir());
-        assert!(s.delete(&md5).unwrap());
-        assert!(s.get(&md5).unwrap().is_none());
-        assert!(Md5Hex::parse("XYZ").is_none());
-    }
-
-    #[test]
-    fn in_memory_front_holds_reads_and_forgets_deletes() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = InMemory::new(LocalDir::new(dir.path()), 1 << 20);
-        let md5 = Md5Hex::of(b"abc");
-        assert!(s.put(&md5, b"abc").unwrap());
-        assert!(s.get_in_memory(&md5).is_none(), "uploads are not held");
-        assert_eq!(&s.get(&md5).unwrap().unwrap()[..], b"abc");
-        assert_eq!(&s.get_in_memory(&md5).unwrap()[..], b"abc");
-        assert!(s.delete(&md5).unwrap());
-        assert!(s.get_in_memory(&md5).is_none());
-        assert!(s.get(&md5).unwrap().is_none());
-        // An original larger than the whole budget is served but not held.
-        let big = vec![7u8; 2 << 20];
-        let m2 = Md5Hex::of(&big);
-        s.put(&m2, &big).unwrap();
-        assert_eq!(s.get(&m2).unwrap().unwrap().len(), big.len());
-        assert!(s.get_in_memory(&m2).is_none());
-    }
-}
-
 /// A store whose originals are also kept in the cache's shared tier: a put writes both (the
 /// local copy first, fsync'd), a get that misses locally reads the shared copy and keeps it
 /// locally, a delete removes both. Its methods block on the shared tier's commands (each
@@ -298,5 +258,45 @@ impl<S: ImageStore> ImageStore for Shared<S> {
 
     fn describe(&self) -> String {
         format!("{} and the shared tier", self.below.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_delete_dedup() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalDir::new(dir.path());
+        let md5 = Md5Hex::of(b"abc");
+        assert_eq!(md5.as_str(), "900150983cd24fb0d6963f7d28e17f72");
+        assert!(s.put(&md5, b"abc").unwrap());
+        assert!(!s.put(&md5, b"abc").unwrap());
+        assert_eq!(&s.get(&md5).unwrap().unwrap()[..], b"abc");
+        assert!(dir.path().join("90/01").is_dir());
+        assert!(s.delete(&md5).unwrap());
+        assert!(s.get(&md5).unwrap().is_none());
+        assert!(Md5Hex::parse("XYZ").is_none());
+    }
+
+    #[test]
+    fn in_memory_front_holds_reads_and_forgets_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = InMemory::new(LocalDir::new(dir.path()), 1 << 20);
+        let md5 = Md5Hex::of(b"abc");
+        assert!(s.put(&md5, b"abc").unwrap());
+        assert!(s.get_in_memory(&md5).is_none(), "uploads are not held");
+        assert_eq!(&s.get(&md5).unwrap().unwrap()[..], b"abc");
+        assert_eq!(&s.get_in_memory(&md5).unwrap()[..], b"abc");
+        assert!(s.delete(&md5).unwrap());
+        assert!(s.get_in_memory(&md5).is_none());
+        assert!(s.get(&md5).unwrap().is_none());
+        // An original larger than the whole budget is served but not held.
+        let big = vec![7u8; 2 << 20];
+        let m2 = Md5Hex::of(&big);
+        s.put(&m2, &big).unwrap();
+        assert_eq!(s.get(&m2).unwrap().unwrap().len(), big.len());
+        assert!(s.get_in_memory(&m2).is_none());
     }
 }
