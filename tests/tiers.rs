@@ -710,3 +710,47 @@ async fn any_node_transforms_any_uploaded_image() {
     );
     assert!(cn.tier(&c, "shared").await["hits"].as_u64().unwrap() >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_node_died_never_leaves_the_others_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    // The first fetch never finishes in time (its node is killed); later ones answer at once.
+    let origin = Origin::start(|seen, n| {
+        Reply::ok(body_of(&seen.path))
+            .header("cache-control", "max-age=600")
+            .delay(if n == 0 {
+                Duration::from_secs(30)
+            } else {
+                Duration::ZERO
+            })
+    })
+    .await;
+    let shared = shared_toml(&redis.url()).replace("lease = \"5s\"", "lease = \"1s\"");
+    let mut a = Node::start(dir.path(), "a", origin.addr, &shared);
+    let b = Node::start(dir.path(), "b", origin.addr, &shared);
+    let c = client();
+    let stuck = {
+        let (c, url) = (c.clone(), a.url("/orphan"));
+        tokio::spawn(async move {
+            let req = http::Request::get(url)
+                .header(HOST.0, HOST.1)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let _ = c.request(req).await;
+        })
+    };
+    // A holds the lease, fetching; then it dies.
+    let leased = eventually(Duration::from_secs(5), async || {
+        !redis.cli(&["keys", "larder:l:*"]).trim().is_empty()
+    })
+    .await;
+    assert!(leased, "A took the lease");
+    a.kill();
+    let _ = stuck.await;
+    // B waits for the lease to expire (1 s), then fetches for itself.
+    let g = b.get(&c, "/orphan").await;
+    assert_body(&g, "/orphan");
+    assert_eq!(g.cache(), "MISS");
+    assert_eq!(origin.hits(), 2);
+}
