@@ -343,6 +343,12 @@ impl Config {
                                 "needs `jwt`: every read would be refused",
                             ));
                         }
+                        if p.share && self.cache.shared.is_none() {
+                            return Err(src.error(
+                                &[&at(&["push", "share"])],
+                                "needs [cache.shared]: no shared tier to share records through",
+                            ));
+                        }
                     }
                     HandlerConfig::Images(im)
                         if im.upload_token

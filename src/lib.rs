@@ -19,8 +19,10 @@
 //!   those healthy (active checks, passive ejection), retried elsewhere when an idempotent
 //!   request failed before any answer; the exchange with it (plain, TLS, HTTP/2).
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
-//!   tier, immutable entries ([`cache::entry`]) and their versioned record ([`cache::record`]),
-//!   keys ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
+//!   tier and the tiers below it ([`cache::tiers`]: a disk tier kept across restarts, a tier in
+//!   Redis shared by every node, with leases and the fleet's purge stream), immutable entries
+//!   ([`cache::entry`]) and their versioned record ([`cache::record`]), keys
+//!   ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
 //!   ([`cache::policy`]).
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
 //! - [`range`]: Range / If-Range and 206 bodies (single or multipart), from memory or a file.
@@ -35,7 +37,8 @@
 //!
 //! [`push`] is a handler of its own: live JSON records written over HTTP and pushed to
 //! subscribers (SSE, WebSocket), along its own path: request → store → durable log →
-//! fan-out → subscriber streams.
+//! fan-out → subscriber streams; with `share`, the fleet's log in the shared tier
+//! ([`push::replicate`]).
 //!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through, push's WebSocket sessions).
@@ -57,7 +60,7 @@
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http); [`upstream`] (body, config, http, interim).
+//! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`], [`push`] (the

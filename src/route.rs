@@ -94,7 +94,7 @@ impl Handler {
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::RedirectHttps(r) => Handler::RedirectHttps(RedirectHttps::new(r)),
             HandlerConfig::Push(p) => Handler::Push(Arc::new(
-                crate::push::Push::new(p, prefix)
+                crate::push::Push::new(p, prefix, cache)
                     .expect("push stores are opened (crate::push::open_all) before routers"),
             )),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(

@@ -754,3 +754,115 @@ async fn a_lease_whose_node_died_never_leaves_the_others_waiting() {
     assert_eq!(g.cache(), "MISS");
     assert_eq!(origin.hits(), 2);
 }
+
+/// Reads an event stream until `needle` appears in it (at most `within`).
+async fn stream_until(body: &mut hyper::body::Incoming, needle: &str, within: Duration) -> bool {
+    use http_body_util::BodyExt;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while !seen.contains(needle) {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    seen.push_str(&String::from_utf8_lossy(d));
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_records_written_on_one_node_reach_the_subscribers_of_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let shared = shared_toml(&redis.url());
+    let node = |name: &str| {
+        let route = format!(
+            "push = {{ dir = \"{}\", token = \"s3cret\", share = true }}",
+            dir.path().join(format!("records-{name}")).display()
+        );
+        Node::with_route(dir.path(), name, &route, &shared)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let c = client();
+    let put = |n: &Node, id: &str, v: &str| {
+        let (c, url) = (c.clone(), n.url(&format!("/{id}")));
+        let v = v.to_string();
+        async move {
+            let g = send(
+                &c,
+                "PUT",
+                &url,
+                &[AUTH, ("content-type", "application/json")],
+                v,
+            )
+            .await;
+            assert!(g.status.is_success(), "{}", g.text());
+        }
+    };
+    let value_on = |n: &Node, id: &str| {
+        let (c, url) = (c.clone(), n.url(&format!("/{id}")));
+        async move {
+            let g = get(&c, &url, &[]).await;
+            (g.status == 200).then(|| g.text())
+        }
+    };
+
+    // A subscriber on B sees what is written on A.
+    let sub = request(&c, "GET", &b.url("/news?subscribe&init=0"), &[], b"").await;
+    assert_eq!(sub.status(), 200);
+    let mut events = sub.into_body();
+    put(&a, "news", r#"{"headline":"from A"}"#).await;
+    assert!(
+        stream_until(&mut events, "from A", Duration::from_secs(5)).await,
+        "B's subscriber got A's change"
+    );
+    assert_eq!(
+        value_on(&b, "news").await.as_deref(),
+        Some(r#"{"headline":"from A"}"#)
+    );
+
+    // A delete on B reaches A.
+    let del = send(&c, "DELETE", &b.url("/news"), &[AUTH], b"").await;
+    assert_eq!(del.status, 204);
+    let gone = eventually(Duration::from_secs(5), async || {
+        value_on(&a, "news").await.is_none()
+    })
+    .await;
+    assert!(gone, "the delete reached A");
+
+    // Writes of one record on both nodes at once: both end with the same value.
+    for i in 0..20 {
+        let (x, y) = (
+            format!("{{\"n\":{i},\"by\":\"a\"}}"),
+            format!("{{\"n\":{i},\"by\":\"b\"}}"),
+        );
+        tokio::join!(put(&a, "race", &x), put(&b, "race", &y));
+    }
+    let same = eventually(Duration::from_secs(5), async || {
+        let (x, y) = (value_on(&a, "race").await, value_on(&b, "race").await);
+        x.is_some() && x == y
+    })
+    .await;
+    assert!(
+        same,
+        "the nodes converge: {:?} / {:?}",
+        value_on(&a, "race").await,
+        value_on(&b, "race").await
+    );
+
+    // A node that joins later starts with every record.
+    for i in 0..10 {
+        put(&a, &format!("item/{i}"), &format!("{{\"i\":{i}}}")).await;
+    }
+    let cn = node("c");
+    let all = eventually(Duration::from_secs(5), async || {
+        value_on(&cn, "item/9").await.is_some()
+            && value_on(&cn, "race").await == value_on(&a, "race").await
+    })
+    .await;
+    assert!(all, "the new node has the fleet's records");
+    assert_eq!(value_on(&cn, "item/3").await.as_deref(), Some(r#"{"i":3}"#));
+}

@@ -39,6 +39,7 @@ pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
 pub use key::{CacheKey, FillKey};
 pub use pending::Pending;
+pub use shared::{stream_order, SharedLog, Snapshot, StreamEntry};
 pub use tiers::{Below, Lease, Tier, TierCounts};
 pub use vary::Selection;
 
@@ -182,6 +183,12 @@ impl Cache {
         if let Some(shared) = self.tiers.as_ref().and_then(|t| t.shared.as_ref()) {
             shared.delete_blob(name).await;
         }
+    }
+
+    /// The replicated log `name` in the shared tier (push records shared by every node), if
+    /// there is a shared tier.
+    pub fn shared_log(&self, name: &str) -> Option<SharedLog> {
+        Some(self.tiers.as_ref()?.shared.as_ref()?.log(name))
     }
 
     /// Whether there are tiers below memory to look in.

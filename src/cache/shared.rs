@@ -11,6 +11,8 @@
 //!   record is written, expiring on its own if that node dies;
 //! - `ns:t:<tag>`: the keys of the records carrying a tag (purge by tag);
 //! - `ns:b:<name>`: blobs other handlers share (image originals), not expiring;
+//! - `{ns:log:<name>}:changes` and `{ns:log:<name>}:state`: a replicated log (push records of a
+//!   route shared by every node): a stream of changes and a hash of the latest values;
 //! - `ns:purges`: a stream of purges (capped), which every node follows to apply each to its
 //!   memory and disk, and reads from where it stopped after a disconnection.
 //!
@@ -357,6 +359,38 @@ impl Shared {
     /// it was away), calling `apply` with the purges other nodes made, a batch at a time, until
     /// the process ends.
     pub(super) fn follow(self: &Arc<Self>, apply: impl Fn(Vec<Ban>) + Send + Sync + 'static) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<StreamEntry>>(16);
+        self.follow_stream(format!("{}:purges", self.cfg.namespace), "0-0".into(), tx);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some(entries) = rx.recv().await {
+                let bans: Vec<Ban> = (entries.into_iter())
+                    .filter(|e| e.field("node") != me.node)
+                    .map(|e| Ban {
+                        kind: e.field("kind").into(),
+                        target: e.field("target").into(),
+                        at_ms: e.field("at").parse().unwrap_or(0),
+                    })
+                    .collect();
+                me.stats
+                    .purges_received
+                    .fetch_add(bans.len() as u64, Ordering::Relaxed);
+                if !bans.is_empty() {
+                    apply(bans);
+                }
+            }
+        });
+    }
+
+    /// Reads `stream` from after the entry `from`, for ever, on a connection of its own (XREAD
+    /// blocks it), sending each batch of entries to `tx` (waiting when its reader is behind);
+    /// ends when `tx`'s receiver is gone.
+    fn follow_stream(
+        self: &Arc<Self>,
+        stream: String,
+        from: String,
+        tx: tokio::sync::mpsc::Sender<Vec<StreamEntry>>,
+    ) {
         let me = Arc::clone(self);
         let reader = self.client.clone_new();
         reader.connect();
@@ -366,9 +400,8 @@ impl Shared {
             ..Default::default()
         });
         tokio::spawn(async move {
-            let stream = format!("{}:purges", me.cfg.namespace);
-            let mut last = "0-0".to_string();
-            loop {
+            let mut last = from;
+            while !tx.is_closed() {
                 type Records = Vec<(String, Vec<(String, String)>)>;
                 let read = reader.xread::<Value, _, _>(
                     Some(1000),
@@ -402,31 +435,129 @@ impl Shared {
                 let Some((_, records)) = streams.pop() else {
                     continue;
                 };
-                let mut bans = Vec::with_capacity(records.len());
-                for (id, fields) in records {
-                    last = id;
-                    let field = |name: &str| {
-                        fields
-                            .iter()
-                            .find(|(k, _)| k == name)
-                            .map(|(_, v)| v.clone())
-                            .unwrap_or_default()
-                    };
-                    if field("node") == me.node {
-                        continue;
-                    }
-                    me.stats.purges_received.fetch_add(1, Ordering::Relaxed);
-                    bans.push(Ban {
-                        kind: field("kind"),
-                        target: field("target"),
-                        at_ms: field("at").parse().unwrap_or(0),
-                    });
-                }
-                if !bans.is_empty() {
-                    apply(bans);
+                let Some((id, _)) = records.last() else {
+                    continue;
+                };
+                last = id.clone();
+                let entries = (records.into_iter())
+                    .map(|(id, fields)| StreamEntry { id, fields })
+                    .collect();
+                if tx.send(entries).await.is_err() {
+                    return;
                 }
             }
         });
+    }
+
+    /// The replicated log `name` (see [`SharedLog`]).
+    pub(super) fn log(self: &Arc<Self>, name: &str) -> SharedLog {
+        // One hash slot for both keys (a cluster runs the scripts on one node).
+        let tag = format!("{{{}:log:{name}}}", self.cfg.namespace);
+        SharedLog {
+            shared: Arc::clone(self),
+            stream: format!("{tag}:changes"),
+            state: format!("{tag}:state"),
+        }
+    }
+}
+
+/// One entry of a stream: its id (`<ms>-<n>`) and fields.
+#[derive(Debug, Clone)]
+pub struct StreamEntry {
+    pub id: String,
+    fields: Vec<(String, String)>,
+}
+
+impl StreamEntry {
+    /// A field's value ("" when absent).
+    pub fn field(&self, name: &str) -> &str {
+        (self.fields.iter())
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// The id as numbers, for ordering.
+    pub fn order(&self) -> (u64, u64) {
+        stream_order(&self.id)
+    }
+}
+
+/// A stream id (`<ms>-<n>`) as numbers, for ordering.
+pub fn stream_order(id: &str) -> (u64, u64) {
+    let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), n.parse().unwrap_or(0))
+}
+
+/// Changes kept in a replicated log's stream for nodes that were away.
+const LOG_CAP: i64 = 100_000;
+
+/// A log of keyed text values (push records) every node shares: each change is appended to a
+/// stream and applied to a hash of the latest values in one script, so that a new node can
+/// start from the hash and follow the stream from the point the hash was read at.
+pub struct SharedLog {
+    shared: Arc<Shared>,
+    stream: String,
+    state: String,
+}
+
+/// A new node's starting point: the latest value of every key, and the stream id it reflects.
+pub struct Snapshot {
+    pub at: String,
+    pub values: Vec<(String, String)>,
+}
+
+impl SharedLog {
+    /// This node's name in the entries it appends (field `node`).
+    pub fn node(&self) -> &str {
+        &self.shared.node
+    }
+
+    /// Appends a change of `key` (its new value, or `None` when deleted); the entry's stream id,
+    /// or `None` when the shared tier did not take it.
+    pub async fn append(&self, key: &str, value: Option<&str>) -> Option<String> {
+        const APPEND: &str = "local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', \
+             'node', ARGV[2], 'key', ARGV[3], 'value', ARGV[4], 'deleted', ARGV[5]) \
+             if ARGV[5] == '1' then redis.call('HDEL', KEYS[2], ARGV[3]) \
+             else redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) end return id";
+        let args = vec![
+            LOG_CAP.to_string(),
+            self.shared.node.clone(),
+            key.to_string(),
+            value.unwrap_or("").to_string(),
+            if value.is_none() { "1" } else { "0" }.to_string(),
+        ];
+        let keys = vec![self.stream.clone(), self.state.clone()];
+        let eval = self
+            .shared
+            .client
+            .eval::<String, _, _, _>(APPEND, keys, args);
+        self.shared.run("EVAL", eval).await
+    }
+
+    /// The latest value of every key and the stream id they reflect.
+    pub async fn snapshot(&self) -> Option<Snapshot> {
+        const SNAPSHOT: &str =
+            "local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1) \
+             local at = '0-0' if #last > 0 then at = last[1][1] end \
+             return {at, redis.call('HGETALL', KEYS[2])}";
+        let keys = vec![self.stream.clone(), self.state.clone()];
+        let eval = self
+            .shared
+            .client
+            .eval::<Value, _, _, _>(SNAPSHOT, keys, Vec::<String>::new());
+        let value = self.shared.run("EVAL", eval).await?;
+        let (at, flat): (String, Vec<String>) = value.convert().ok()?;
+        let values = flat
+            .chunks_exact(2)
+            .map(|kv| (kv[0].clone(), kv[1].clone()))
+            .collect();
+        Some(Snapshot { at, values })
+    }
+
+    /// Follows the log from after the entry `from`: every batch of entries (this node's own
+    /// included) is sent to `tx`, in order.
+    pub fn follow(&self, from: String, tx: tokio::sync::mpsc::Sender<Vec<StreamEntry>>) {
+        self.shared.follow_stream(self.stream.clone(), from, tx);
     }
 }
 

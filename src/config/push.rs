@@ -21,6 +21,10 @@ pub struct PushConfig {
     /// name.
     #[serde(default)]
     pub jwt: Option<JwtConfig>,
+    /// Share the route's records with every node through the shared tier (`[cache.shared]`):
+    /// a change written on any node reaches the subscribers of all of them.
+    #[serde(default)]
+    pub share: bool,
     /// Reads and subscriptions need a JWT whose `larder.subscribe` patterns cover them
     /// (otherwise they are public).
     #[serde(default)]
@@ -86,6 +90,7 @@ impl PushConfig {
     /// A push route storing under `dir`, with `token` for writes.
     pub fn new_dir(dir: PathBuf, token: Option<String>) -> PushConfig {
         PushConfig {
+            share: false,
             dir,
             token,
             jwt: None,

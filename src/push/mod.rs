@@ -16,6 +16,7 @@ pub mod auth;
 pub mod fanout;
 pub mod filter;
 pub mod log;
+pub mod replicate;
 pub mod sse;
 pub mod store;
 pub mod ws;
@@ -32,6 +33,7 @@ use self::auth::{Allowed, Auth};
 use self::filter::{Filter, IdPattern};
 use self::store::{Conditions, Store, Write, WriteError, Written};
 use crate::body::{Body, RequestBody};
+use crate::cache::Cache;
 use crate::compress::AcceptEncoding;
 use crate::config::push::valid_id;
 use crate::config::{Config, HandlerConfig, PushConfig};
@@ -108,9 +110,19 @@ fn refuse(status: StatusCode, text: &str) -> Response<Body> {
 }
 
 impl Push {
-    /// The route at `prefix` for `cfg`; its store is opened by [`open_all`] first.
-    pub fn new(cfg: &PushConfig, prefix: &str) -> Result<Push, String> {
+    /// The route at `prefix` for `cfg`; its store is opened by [`open_all`] first. With
+    /// `share`, the store follows the fleet's log of the route in `cache`'s shared tier
+    /// (started once per store, kept across reloads).
+    pub fn new(cfg: &PushConfig, prefix: &str, cache: &Cache) -> Result<Push, String> {
         let (store, _) = open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
+        if cfg.share {
+            let log = cache
+                .shared_log(&format!("push:{prefix}"))
+                .ok_or("push.share needs [cache.shared]")?;
+            store
+                .replica
+                .get_or_init(|| replicate::Replica::start(&store, log));
+        }
         Ok(Push {
             inner: Arc::new(Inner {
                 auth: Auth::new(cfg)?,
@@ -501,7 +513,15 @@ impl Inner {
                 _ => Write::Put(value),
             }
         };
-        match self.store.write(&id, w, &cond).await {
+        let written = self.store.write(&id, w, &cond).await;
+        if let (Ok(w), Some(replica)) = (&written, self.store.replica.get()) {
+            let json = match w {
+                Written::Created(r) | Written::Replaced(r) => Some(r.json.clone()),
+                Written::Deleted => None,
+            };
+            replica.publish(&id, json).await;
+        }
+        match written {
             Ok(Written::Deleted) => {
                 let mut r = Response::new(Body::empty());
                 *r.status_mut() = StatusCode::NO_CONTENT;

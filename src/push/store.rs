@@ -187,6 +187,8 @@ pub struct Store {
     jobs: Mutex<mpsc::Sender<Job>>,
     max_record: usize,
     dir: PathBuf,
+    /// Its link to the other nodes, when its route shares its records (`share = true`).
+    pub replica: OnceLock<Arc<super::replicate::Replica>>,
 }
 
 fn now_ms() -> u64 {
@@ -305,6 +307,7 @@ impl Store {
             jobs: Mutex::new(tx),
             max_record,
             dir: key.clone(),
+            replica: OnceLock::new(),
         });
         open.insert(key, Arc::downgrade(&store));
         // Heartbeats to idle subscribers and expiry of groups' records, until the store goes.

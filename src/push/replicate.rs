@@ -1,0 +1,171 @@
+//! Push records shared by every node (`share = true` on a push route, with `[cache.shared]`):
+//! a change written on one node reaches the subscribers of every node.
+//!
+//! Each node keeps its own store (its log, its sequence numbers, its subscribers) and the
+//! fleet shares one replicated log in Redis (`crate::cache::SharedLog`, named by the route's
+//! path): a stream of changes and a hash of the latest values, written together by one script.
+//!
+//! - A write acknowledged here is queued and appended to the log by one publisher task, in the
+//!   order this node's writes were acknowledged.
+//! - A follower task reads the log from where this node stopped (a cursor file in the store's
+//!   directory; a new node starts from the hash) and applies each change to the store, unless
+//!   the store holds that value already, or this node has a later change of that record queued
+//!   or appended. Every node thus applies every change in the log's order, and all of them end
+//!   with the record the log wrote last, whatever the interleaving of writes on several nodes.
+//!
+//! When Redis is unavailable, writes are still acknowledged and served here; what could not be
+//! appended is not seen elsewhere (logged as a warning).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::store::{Conditions, Store, Write, WriteError};
+use crate::cache::{stream_order, SharedLog, StreamEntry};
+
+/// Changes waiting to be appended at most (a writer waits beyond).
+const QUEUE: usize = 4096;
+
+/// A store's link to the fleet's log.
+pub struct Replica {
+    queue: mpsc::Sender<(String, Option<Bytes>)>,
+    own: Arc<Mutex<Own>>,
+}
+
+/// This node's changes not yet seen back in the log, by record id.
+#[derive(Default)]
+struct Own {
+    /// Queued, not yet appended.
+    pending: HashMap<String, u32>,
+    /// Appended: the stream id of the last one.
+    appended: HashMap<String, (u64, u64)>,
+}
+
+impl Own {
+    /// Whether the log's entry for `key` at `order` is older than this node's own change of it.
+    fn overtakes(&self, key: &str, order: (u64, u64)) -> bool {
+        self.pending.get(key).is_some_and(|n| *n > 0)
+            || self.appended.get(key).is_some_and(|o| *o > order)
+    }
+}
+
+impl Replica {
+    /// Starts publishing this store's writes to `log` and applying the log's changes to it.
+    pub fn start(store: &Arc<Store>, log: SharedLog) -> Arc<Replica> {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        let own = Arc::new(Mutex::new(Own::default()));
+        let log = Arc::new(log);
+        tokio::spawn(publish(Arc::clone(&log), rx, Arc::clone(&own)));
+        tokio::spawn(follow(Arc::downgrade(store), log, Arc::clone(&own)));
+        Arc::new(Replica { queue, own })
+    }
+
+    /// Queues a change acknowledged here (the record's JSON, or `None`: deleted).
+    pub async fn publish(&self, id: &str, json: Option<Bytes>) {
+        *self
+            .own
+            .lock()
+            .expect("own")
+            .pending
+            .entry(id.to_string())
+            .or_default() += 1;
+        let _ = self.queue.send((id.to_string(), json)).await;
+    }
+}
+
+async fn publish(
+    log: Arc<SharedLog>,
+    mut rx: mpsc::Receiver<(String, Option<Bytes>)>,
+    own: Arc<Mutex<Own>>,
+) {
+    while let Some((id, json)) = rx.recv().await {
+        let text = json.as_ref().map(|j| String::from_utf8_lossy(j));
+        let appended = log.append(&id, text.as_deref()).await;
+        let mut own = own.lock().expect("own");
+        if let Some(n) = own.pending.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                own.pending.remove(&id);
+            }
+        }
+        match appended {
+            Some(sid) => {
+                own.appended.insert(id, stream_order(&sid));
+            }
+            None => tracing::warn!(id, "push: change not shared with the other nodes"),
+        }
+    }
+}
+
+/// Where this node stopped reading the log.
+fn cursor_file(store: &Store) -> PathBuf {
+    store.dir().join("shared.cursor")
+}
+
+async fn follow(store: Weak<Store>, log: Arc<SharedLog>, own: Arc<Mutex<Own>>) {
+    let Some(s) = store.upgrade() else { return };
+    let file = cursor_file(&s);
+    let from = match std::fs::read_to_string(&file) {
+        Ok(c) if !c.trim().is_empty() => c.trim().to_string(),
+        // A new node: every record's latest value first, then the changes after them.
+        _ => loop {
+            if let Some(snap) = log.snapshot().await {
+                for (key, value) in snap.values {
+                    apply(&s, &key, Some(value)).await;
+                }
+                let _ = std::fs::write(&file, &snap.at);
+                break snap.at;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        },
+    };
+    drop(s);
+    let (tx, mut rx) = mpsc::channel::<Vec<StreamEntry>>(16);
+    log.follow(from, tx);
+    while let Some(entries) = rx.recv().await {
+        let Some(s) = store.upgrade() else { return };
+        for e in &entries {
+            let key = e.field("key");
+            let order = e.order();
+            {
+                let mut own = own.lock().expect("own");
+                if own.overtakes(key, order) {
+                    continue;
+                }
+                if e.field("node") == log.node() && own.appended.get(key) == Some(&order) {
+                    own.appended.remove(key);
+                }
+            }
+            let value = (e.field("deleted") != "1").then(|| e.field("value").to_string());
+            apply(&s, key, value).await;
+        }
+        if let Some(last) = entries.last() {
+            let _ = std::fs::write(&file, &last.id);
+        }
+    }
+}
+
+/// Makes the record `key` hold `value` (or be absent), unless it does already.
+async fn apply(store: &Store, key: &str, value: Option<String>) {
+    let current = store.get(key);
+    let w = match (&value, &current) {
+        (None, None) => return,
+        (Some(v), Some(r)) if r.json[..] == *v.as_bytes() => return,
+        (None, Some(_)) => Write::Delete,
+        (Some(v), _) => match serde_json::from_str(v) {
+            Ok(v) => Write::Put(v),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "push: a shared change that is not JSON");
+                return;
+            }
+        },
+    };
+    match store.write(key, w, &Conditions::default()).await {
+        Ok(_) | Err(WriteError::NotFound) => {}
+        Err(e) => tracing::warn!(key, error = ?e, "push: a shared change not applied"),
+    }
+}
