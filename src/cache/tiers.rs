@@ -2,7 +2,7 @@
 //! looks next (disk, then shared), what a fill writes down, and how a purge reaches them.
 //!
 //! A record read from below is decoded ([`Entry::decode`]), checked against the purges made
-//! since it was stored ([`super::bans`]) and against the request's selecting fields (a tier
+//! since it was stored (`bans.rs`) and against the request's selecting fields (a tier
 //! keeps one record per URL), and promoted: stored in memory, and on disk when it came from the
 //! shared tier. Its age counts from when the origin answered, across restarts and nodes
 //! (the record keeps wall-clock times).
