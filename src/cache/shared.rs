@@ -126,6 +126,15 @@ impl Shared {
         })
     }
 
+    /// Waits (at most `within`) for the first connection, so that the first requests after a
+    /// start find the shared tier; whether it came.
+    pub(super) async fn connected(&self, within: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(within, self.client.wait_for_connect()).await,
+            Ok(Ok(()))
+        )
+    }
+
     fn key(&self, kind: &str, rest: &str) -> String {
         format!("{}:{kind}:{rest}", self.cfg.namespace)
     }

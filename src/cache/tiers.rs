@@ -133,7 +133,16 @@ impl Tiers {
             None => None,
         };
         let shared = match &cfg.shared {
-            Some(s) => Some(Arc::new(Shared::connect(s)?)),
+            Some(s) => {
+                let shared = Arc::new(Shared::connect(s)?);
+                // A Redis that is down delays the start by this much at most.
+                if !shared.connected(Duration::from_secs(2)).await {
+                    tracing::warn!(
+                        "shared tier not reachable at start; serving without it until it is"
+                    );
+                }
+                Some(shared)
+            }
             None => None,
         };
         let bans = Bans::load(cfg.disk.as_ref().map(|d| d.dir.join("bans.json")));
