@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::HeaderMap;
+use tokio::sync::mpsc;
 
 use super::bans::{Ban, Bans};
 use super::disk::Disk;
@@ -39,6 +40,21 @@ impl Tier {
         }
     }
 }
+
+/// A write to the shared tier, waiting in its queue.
+struct SharedWrite {
+    key: CacheKey,
+    record: Bytes,
+    ttl: Duration,
+    tags: Box<[Box<str>]>,
+    /// Released once the record is written.
+    lease: Option<Lease>,
+}
+
+/// Queues of shared-tier writes, and writes waiting in each at most (beyond, a write is
+/// dropped: it is a cache).
+const WRITE_QUEUES: usize = 8;
+const WRITE_QUEUE: usize = 1024;
 
 /// What a memory miss found below.
 pub enum Below {
@@ -115,6 +131,10 @@ pub enum OpenError {
 pub(super) struct Tiers {
     pub(super) disk: Option<Disk>,
     pub(super) shared: Option<Arc<Shared>>,
+    /// Queues of writes to the shared tier, by the key's hash: one URL's writes land in the
+    /// order they were made (a record written before its variants were built never lands
+    /// after the complete one), different URLs' in parallel.
+    writes: Vec<mpsc::Sender<SharedWrite>>,
     pub(super) bans: Bans,
     /// Whether the disk tier gets every stored response (else only the evicted).
     pub(super) disk_all: bool,
@@ -145,6 +165,22 @@ impl Tiers {
             }
             None => None,
         };
+        let writes = match &shared {
+            None => Vec::new(),
+            Some(shared) => (0..WRITE_QUEUES)
+                .map(|_| {
+                    let (tx, mut rx) = mpsc::channel::<SharedWrite>(WRITE_QUEUE);
+                    let shared = Arc::clone(shared);
+                    tokio::spawn(async move {
+                        while let Some(w) = rx.recv().await {
+                            shared.write(&w.key, w.record, w.ttl, &w.tags).await;
+                            drop(w.lease);
+                        }
+                    });
+                    tx
+                })
+                .collect(),
+        };
         let bans = Bans::load(cfg.disk.as_ref().map(|d| d.dir.join("bans.json")));
         let grace = [
             cfg.stale_while_revalidate.0,
@@ -157,6 +193,7 @@ impl Tiers {
         Ok(Some(Tiers {
             disk,
             shared,
+            writes,
             bans,
             disk_all: cfg.disk.as_ref().is_some_and(|d| d.write == DiskWrite::All),
             grace,
@@ -227,21 +264,26 @@ impl Tiers {
         complete: bool,
         lease: Option<Lease>,
     ) {
+        let to_disk = complete && self.disk_all && self.disk.is_some();
+        if !to_disk && self.writes.is_empty() {
+            return;
+        }
         let Ok(record) = entry.encode() else {
             return;
         };
-        if complete && self.disk_all {
-            if let Some(disk) = &self.disk {
-                disk.write(key, record.clone());
-            }
+        if let (true, Some(disk)) = (to_disk, &self.disk) {
+            disk.write(key, record.clone());
         }
-        if let Some(shared) = &self.shared {
-            let shared = Arc::clone(shared);
-            let (key, ttl) = (key.clone(), self.ttl(entry));
-            let tags = entry.tags.clone();
-            tokio::spawn(async move {
-                shared.write(&key, record, ttl, &tags).await;
-                drop(lease);
+        if !self.writes.is_empty() {
+            let mut h = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(key, &mut h);
+            let queue = &self.writes[std::hash::Hasher::finish(&h) as usize % self.writes.len()];
+            let _ = queue.try_send(SharedWrite {
+                key: key.clone(),
+                record,
+                ttl: self.ttl(entry),
+                tags: entry.tags.clone(),
+                lease,
             });
         }
     }
