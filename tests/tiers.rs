@@ -866,3 +866,49 @@ async fn push_records_written_on_one_node_reach_the_subscribers_of_every_node() 
     assert!(all, "the new node has the fleet's records");
     assert_eq!(value_on(&cn, "item/3").await.as_deref(), Some(r#"{"i":3}"#));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_was_down_applies_the_purges_it_missed_to_its_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let origin = origin(600, Duration::ZERO).await;
+    let with_disk = |name: &str| {
+        format!(
+            "{}{}",
+            disk_toml(&dir.path().join(format!("disk-{name}"))),
+            shared_toml(&redis.url())
+        )
+    };
+    let mut a = Node::start(dir.path(), "a", origin.addr, &with_disk("a"));
+    let b = Node::start(dir.path(), "b", origin.addr, &with_disk("b"));
+    let c = client();
+    for p in ["/kept", "/purged/1", "/purged/2", "/tagged"] {
+        a.get(&c, p).await;
+        wait_for_encoding_with(&c, &a.url(p), "gzip").await;
+    }
+    let written = eventually(Duration::from_secs(10), async || {
+        a.tier(&c, "disk").await["writes"].as_u64().unwrap() >= 4
+    })
+    .await;
+    assert!(written);
+    a.stop();
+
+    // While A is down: purges by URL, prefix and tag on B (the shared tier is emptied too).
+    let purge = send(&c, "PURGE", &b.url("/purged/1"), &[HOST, AUTH], b"").await;
+    assert_eq!(purge.status, 200);
+    b.purge(&c, "prefix=http://www.fleet.test/purged/").await;
+    b.purge(&c, "tag=tagged").await;
+
+    // A comes back: its disk still holds all four, but the purges it missed apply to them.
+    a.restart();
+    let hits = origin.hits();
+    let kept = a.get(&c, "/kept").await;
+    assert_eq!(kept.cache(), "HIT");
+    assert_eq!(origin.hits(), hits, "/kept is a disk hit");
+    for p in ["/purged/1", "/purged/2", "/tagged"] {
+        let g = a.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "MISS", "{p} was purged while A was down");
+    }
+    assert_eq!(origin.hits(), hits + 3);
+}

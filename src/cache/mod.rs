@@ -111,8 +111,17 @@ impl Cache {
             tiers: Some(Arc::clone(&tiers)),
         });
         if let Some(shared) = &tiers.shared {
+            // What was purged while this node was down applies before it serves (memory is
+            // empty: only the tiers below hold anything to purge).
+            let from = match shared.purges_so_far().await {
+                Some((last, bans)) => {
+                    tiers.purged_elsewhere(bans);
+                    last
+                }
+                None => "0-0".into(),
+            };
             let weak = Arc::downgrade(&cache);
-            shared.follow(move |bans| {
+            shared.follow(from, move |bans| {
                 let Some(cache) = weak.upgrade() else { return };
                 let tiers = Arc::clone(cache.tiers.as_ref().expect("tiers"));
                 let purges = tiers.purged_elsewhere(bans);

@@ -364,12 +364,38 @@ impl Shared {
         keys
     }
 
-    /// Follows the purge stream, from its start (a restarted node learns what was purged while
-    /// it was away), calling `apply` with the purges other nodes made, a batch at a time, until
-    /// the process ends.
-    pub(super) fn follow(self: &Arc<Self>, apply: impl Fn(Vec<Ban>) + Send + Sync + 'static) {
+    /// Every purge the stream holds (what was purged while this node was away), and the id
+    /// of the last: read at start, before serving. `None` when Redis did not answer.
+    pub(super) async fn purges_so_far(&self) -> Option<(String, Vec<Ban>)> {
+        type Records = Vec<(String, Vec<(String, String)>)>;
+        let stream = format!("{}:purges", self.cfg.namespace);
+        let range =
+            self.client
+                .xrange::<Records, _, _, _>(stream, "-", "+", Some(STREAM_CAP as u64));
+        let records = self.run("XRANGE", range).await?;
+        let last = records
+            .last()
+            .map_or_else(|| "0-0".to_string(), |(id, _)| id.clone());
+        let bans = (records.into_iter())
+            .map(|(id, fields)| StreamEntry { id, fields })
+            .map(|e| Ban {
+                kind: e.field("kind").into(),
+                target: e.field("target").into(),
+                at_ms: e.field("at").parse().unwrap_or(0),
+            })
+            .collect();
+        Some((last, bans))
+    }
+
+    /// Follows the purge stream after the entry `from`, calling `apply` with the purges other
+    /// nodes made, a batch at a time, until the process ends.
+    pub(super) fn follow(
+        self: &Arc<Self>,
+        from: String,
+        apply: impl Fn(Vec<Ban>) + Send + Sync + 'static,
+    ) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<StreamEntry>>(16);
-        self.follow_stream(format!("{}:purges", self.cfg.namespace), "0-0".into(), tx);
+        self.follow_stream(format!("{}:purges", self.cfg.namespace), from, tx);
         let me = Arc::clone(self);
         tokio::spawn(async move {
             while let Some(entries) = rx.recv().await {
