@@ -45,7 +45,7 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", requires = "upstream")]
     pub disk: Option<PathBuf>,
     /// Share the cache with every node using this Redis or Valkey (redis://host:port, or
-    /// redis+cluster://host:port for a cluster). With --upstream.
+    /// redis+cluster://host:port,host:port,... for a cluster). With --upstream.
     #[arg(long, value_name = "URL", requires = "upstream")]
     pub shared: Option<String>,
     /// Address to listen on with --upstream, --root, --images or --push.

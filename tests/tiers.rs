@@ -593,7 +593,11 @@ async fn a_redis_cluster_is_shared_like_one_server() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = redis_cluster(3);
     let origin = origin(600, Duration::ZERO).await;
-    let url = format!("redis+cluster://127.0.0.1:{}", cluster[0].port);
+    // Two of the three masters named (the client learns the third from them).
+    let url = format!(
+        "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+        cluster[0].port, cluster[1].port
+    );
     let a = Node::start(dir.path(), "a", origin.addr, &shared_toml(&url));
     let b = Node::start(dir.path(), "b", origin.addr, &shared_toml(&url));
     let c = client();

@@ -51,8 +51,8 @@ pub enum DiskWrite {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SharedConfig {
-    /// `redis://host:port[/db]`, or a cluster: `redis+cluster://host:port`
-    /// (further nodes as `?node=host:port`); user and password in the URL as usual.
+    /// `redis://host:port[/db]`, or a cluster: `redis+cluster://host:port[,host:port...]`
+    /// (or further nodes as `?node=host:port`); user and password in the URL as usual.
     #[serde(default)]
     pub url: Option<String>,
     /// A cluster's nodes, `host:port` each (instead of `url`).
@@ -136,7 +136,26 @@ impl SharedConfig {
     /// (`redis-cluster://first?node=second&node=third`).
     pub fn client_url(&self) -> String {
         match &self.url {
-            Some(url) => url.replacen("redis+cluster://", "redis-cluster://", 1),
+            Some(url) => {
+                let url = url.replacen("redis+cluster://", "redis-cluster://", 1);
+                // `redis+cluster://a:1,b:2,c:3[/...]`: the nodes after the first as `?node=`.
+                match url.strip_prefix("redis-cluster://") {
+                    Some(rest) if rest.split(['/', '?']).next().unwrap_or("").contains(',') => {
+                        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+                        let (hosts, tail) = rest.split_at(end);
+                        let mut hosts = hosts.split(',');
+                        let mut out =
+                            format!("redis-cluster://{}{tail}", hosts.next().unwrap_or(""));
+                        for h in hosts {
+                            out.push(if out.contains('?') { '&' } else { '?' });
+                            out.push_str("node=");
+                            out.push_str(h);
+                        }
+                        out
+                    }
+                    _ => url,
+                }
+            }
             None => {
                 let mut url = format!("redis-cluster://{}", self.nodes[0]);
                 for (i, n) in self.nodes[1..].iter().enumerate() {
@@ -159,6 +178,10 @@ mod tests {
         let mut s = SharedConfig::at("redis+cluster://a:1".into());
         assert!(s.check().is_ok());
         assert_eq!(s.client_url(), "redis-cluster://a:1");
+        s.url = Some("redis+cluster://a:1,b:2,c:3".into());
+        assert_eq!(s.client_url(), "redis-cluster://a:1?node=b:2&node=c:3");
+        s.url = Some("redis+cluster://u:p@a:1,b:2".into());
+        assert_eq!(s.client_url(), "redis-cluster://u:p@a:1?node=b:2");
         s.url = Some("http://a".into());
         assert!(s.check().unwrap_err().contains("not a Redis URL"));
         s.url = None;
