@@ -133,6 +133,17 @@ pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> St
         n(now, &["cache", "capacity"]),
         n(now, &["cache", "fills_in_flight"])
     );
+    for t in now["cache"]["tiers"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{} tier: {} hits, {} misses, {} writes, {} errors",
+            t["tier"].as_str().unwrap_or("?"),
+            n(t, &["hits"]),
+            n(t, &["misses"]),
+            n(t, &["writes"]),
+            n(t, &["errors"])
+        );
+    }
     let _ = writeln!(out, "{:<14}{:>14}{:>12}", "requests", "total", "per second");
     let mut keys: Vec<&str> = vec!["total"];
     if let Some(m) = now["requests"]["by_cache"].as_object() {
@@ -179,7 +190,8 @@ mod tests {
             serde_json::json!({
                 "version": "0.1.0", "uptime_seconds": 10,
                 "connections": {"open": 3, "max": 100},
-                "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0},
+                "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0,
+                          "tiers": [{"tier": "disk", "hits": 7, "misses": 2, "writes": 9, "errors": 0}]},
                 "requests": {"total": hits + misses, "by_cache": {"HIT": hits, "MISS": misses}},
             })
         };
@@ -193,5 +205,9 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("hit ratio 93.8%"), "{table}");
+        assert!(
+            table.contains("disk tier: 7 hits, 2 misses, 9 writes, 0 errors"),
+            "{table}"
+        );
     }
 }
