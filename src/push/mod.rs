@@ -519,7 +519,7 @@ impl Inner {
                 Written::Created(r) | Written::Replaced(r) => Some(r.json.clone()),
                 Written::Deleted => None,
             };
-            replica.publish(&id, json).await;
+            replica.publish(&id, json);
         }
         match written {
             Ok(Written::Deleted) => {

@@ -13,8 +13,9 @@
 //!   or appended. Every node thus applies every change in the log's order, and all of them end
 //!   with the record the log wrote last, whatever the interleaving of writes on several nodes.
 //!
-//! When Redis is unavailable, writes are still acknowledged and served here; what could not be
-//! appended is not seen elsewhere (logged as a warning).
+//! When Redis is unavailable, writes are still acknowledged and served here, and their changes
+//! wait (in order, up to 4096) to be appended once it is back; beyond that a change is not
+//! shared (a warning).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ use tokio::sync::mpsc;
 use super::store::{Conditions, Store, Write, WriteError};
 use crate::cache::{stream_order, SharedLog, StreamEntry};
 
-/// Changes waiting to be appended at most (a writer waits beyond).
+/// Changes waiting to be appended at most (beyond, a change is not shared).
 const QUEUE: usize = 4096;
 
 /// A store's link to the fleet's log.
@@ -64,16 +65,14 @@ impl Replica {
         Arc::new(Replica { queue, own })
     }
 
-    /// Queues a change acknowledged here (the record's JSON, or `None`: deleted).
-    pub async fn publish(&self, id: &str, json: Option<Bytes>) {
-        *self
-            .own
-            .lock()
-            .expect("own")
-            .pending
-            .entry(id.to_string())
-            .or_default() += 1;
-        let _ = self.queue.send((id.to_string(), json)).await;
+    /// Queues a change acknowledged here (the record's JSON, or `None`: deleted). Never waits:
+    /// when the queue is full (Redis away for long), the change is not shared (a warning).
+    pub fn publish(&self, id: &str, json: Option<Bytes>) {
+        let mut own = self.own.lock().expect("own");
+        match self.queue.try_send((id.to_string(), json)) {
+            Ok(()) => *own.pending.entry(id.to_string()).or_default() += 1,
+            Err(_) => tracing::warn!(id, "push: sharing queue full; change not shared"),
+        }
     }
 }
 
@@ -84,7 +83,15 @@ async fn publish(
 ) {
     while let Some((id, json)) = rx.recv().await {
         let text = json.as_ref().map(|j| String::from_utf8_lossy(j));
-        let appended = log.append(&id, text.as_deref()).await;
+        // Retried, in order, until Redis takes it (the queue bounds what waits meanwhile).
+        let mut wait = Duration::from_millis(100);
+        let sid = loop {
+            if let Some(sid) = log.append(&id, text.as_deref()).await {
+                break sid;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
+        };
         let mut own = own.lock().expect("own");
         if let Some(n) = own.pending.get_mut(&id) {
             *n -= 1;
@@ -92,12 +99,7 @@ async fn publish(
                 own.pending.remove(&id);
             }
         }
-        match appended {
-            Some(sid) => {
-                own.appended.insert(id, stream_order(&sid));
-            }
-            None => tracing::warn!(id, "push: change not shared with the other nodes"),
-        }
+        own.appended.insert(id, stream_order(&sid));
     }
 }
 
