@@ -850,6 +850,30 @@ async fn metrics_count_records_subscriptions_and_changes() {
         let line = format!("{name}{{dir=\"{d}\"}} {v}");
         assert!(text.contains(&line), "{line} in\n{text}");
     }
+    // The same in the status document (and the dashboard that reads it).
+    let status = get(
+        &c,
+        &l.admin_url("/_larder/status"),
+        &[("authorization", "Bearer adm")],
+    )
+    .await;
+    let status: Value = serde_json::from_slice(&status.body).unwrap();
+    let push = status["push"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["dir"] == d.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no push route in {status}"));
+    assert_eq!(
+        (
+            &push["records"],
+            &push["subscriptions"],
+            &push["changes"],
+            &push["shared"]
+        ),
+        (&json!(2), &json!(2), &json!(3), &json!(false))
+    );
 }
 
 #[tokio::test]

@@ -814,6 +814,9 @@ async fn push_records_written_on_one_node_reach_the_subscribers_of_every_node() 
         }
     };
 
+    let status = a.status(&c).await;
+    assert_eq!(status["push"][0]["shared"], true, "{status}");
+
     // A subscriber on B sees what is written on A.
     let sub = request(&c, "GET", &b.url("/news?subscribe&init=0"), &[], b"").await;
     assert_eq!(sub.status(), 200);

@@ -658,6 +658,23 @@ impl Query {
 
 /// The push routes' figures for `/metrics`, one sample per open store (labelled by its
 /// directory): records held, subscriptions and distinct topics now, changes made.
+/// Every push store open now, for the admin API's status document: its directory, records,
+/// subscriptions, topics, changes, and whether it is shared with the other nodes.
+pub fn status() -> serde_json::Value {
+    (store::open().iter())
+        .map(|s| {
+            serde_json::json!({
+                "dir": s.dir().display().to_string(),
+                "records": s.len(),
+                "subscriptions": s.fanout.subscribers(),
+                "topics": s.fanout.topics(),
+                "changes": s.seq(),
+                "shared": s.replica.get().is_some(),
+            })
+        })
+        .collect()
+}
+
 pub fn metric_families() -> Vec<crate::metrics::Family> {
     let stores = store::open();
     if stores.is_empty() {

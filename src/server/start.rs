@@ -508,7 +508,8 @@ fn listen_admin(
     Ok((bound, router))
 }
 
-/// The server's part of the admin API's status: uptime, connections, TLS handshakes, ACME.
+/// The server's part of the admin API's status: uptime, connections, TLS handshakes, ACME,
+/// pools, push routes.
 fn server_info(
     conns: &Arc<Semaphore>,
     max_conns: usize,
@@ -543,6 +544,7 @@ fn server_info(
             },
             "acme": acme,
             "pools": pools.read().expect("not poisoned").status(),
+            "push": crate::push::status(),
         })
     })
 }
