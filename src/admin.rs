@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use percent_encoding::percent_decode_str;
 
 use crate::body::Body;
 use crate::cache::{Cache, CacheKey, Purge};
 use crate::config::{AdminConfig, Cidr};
 use crate::http::json_response;
+use crate::http::query::Query;
 
 /// Who may run administrative operations.
 #[derive(Debug, Clone, Default)]
@@ -215,20 +215,14 @@ impl Admin {
                     })
             }
             (&Method::POST, "/_larder/drain" | "/_larder/undrain") => {
-                let query = req.uri().query().unwrap_or("");
-                let param = |name: &str| {
-                    query.split('&').find_map(|kv| {
-                        let (k, v) = kv.split_once('=')?;
-                        (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
-                    })
-                };
+                let query = Query::parse(req.uri().query(), false);
                 let drain = path == "/_larder/drain";
-                match (&self.drain, param("pool"), param("backend")) {
+                match (&self.drain, query.get("pool"), query.get("backend")) {
                     (None, _, _) => json_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "{\"error\":\"no pools\"}".into(),
                     ),
-                    (Some(f), Some(pool), Some(backend)) => match f(&pool, &backend, drain) {
+                    (Some(f), Some(pool), Some(backend)) => match f(pool, backend, drain) {
                         Ok(()) => json_response(
                             StatusCode::OK,
                             serde_json::json!({ "pool": pool, "backend": backend, "drained": drain })
@@ -264,9 +258,7 @@ impl Admin {
                 ),
             },
             (&Method::GET, "/_larder/top") => {
-                let limit = (req.uri().query().unwrap_or(""))
-                    .split('&')
-                    .find_map(|kv| kv.strip_prefix("limit="))
+                let limit = (Query::parse(req.uri().query(), false).get("limit"))
                     .and_then(|l| l.parse().ok())
                     .unwrap_or(10usize)
                     .min(1000);
@@ -445,14 +437,9 @@ impl StatusSource {
 /// `GET /_larder/entries?prefix=http://host/path/&limit=N`: the URLs under a prefix, each
 /// variant with its size per stored encoding, status, age, time to live and tags.
 fn entries(cache: &Cache, query: &str) -> Response<Body> {
-    let param = |name: &str| {
-        query.split('&').find_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
-        })
-    };
-    let prefix = param("prefix").unwrap_or_default();
-    let limit = param("limit")
+    let query = Query::parse(Some(query), false);
+    let prefix = query.get("prefix").unwrap_or_default().to_string();
+    let limit = (query.get("limit"))
         .and_then(|l| l.parse().ok())
         .unwrap_or(100usize)
         .min(10_000);
@@ -489,15 +476,10 @@ fn entries(cache: &Cache, query: &str) -> Response<Body> {
 
 impl Admin {
     async fn purge(&self, query: &str) -> Response<Body> {
-        let Some((kind, value)) = query.split('&').find_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            matches!(k, "url" | "prefix" | "tag").then(|| {
-                (
-                    k.to_string(),
-                    percent_decode_str(v).decode_utf8_lossy().into_owned(),
-                )
-            })
-        }) else {
+        let query = Query::parse(Some(query), false);
+        let Some((kind, value)) = (query.first_of(&["url", "prefix", "tag"]))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        else {
             return json_response(
                 StatusCode::BAD_REQUEST,
                 "{\"error\":\"give one of url=, prefix= or tag=\"}".into(),

@@ -12,6 +12,7 @@ pub mod date;
 pub mod etag;
 pub mod fetch;
 pub mod fields;
+pub mod query;
 pub mod small;
 
 pub use fetch::FetchError;

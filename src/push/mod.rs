@@ -26,7 +26,6 @@ use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use percent_encoding::percent_decode_str;
 use serde_json::Value;
 
 use self::auth::{Allowed, Auth};
@@ -39,6 +38,7 @@ use crate::config::push::valid_id;
 use crate::config::{Config, HandlerConfig, PushConfig};
 use crate::http::conditional::{self, Preconditions};
 use crate::http::json_response;
+use crate::http::query::Query;
 use crate::interim::Sink;
 
 /// The demo page (`demo = true`): the records of the route, live.
@@ -166,7 +166,7 @@ impl Push {
             .unwrap_or(path)
             .trim_start_matches('/')
             .to_string();
-        let query = Query::parse(req.uri().query());
+        let query = Query::parse(req.uri().query(), true);
         let method = req.method().clone();
         if method == Method::OPTIONS {
             return inner.preflight(req.headers());
@@ -615,45 +615,6 @@ fn demo_page() -> Response<Body> {
         "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
          connect-src 'self'",
     )
-}
-
-/// A request's query, decoded (`+` is a space, as forms send it).
-struct Query(Vec<(String, String)>);
-
-impl Query {
-    fn parse(q: Option<&str>) -> Query {
-        let decode = |s: &str| {
-            percent_decode_str(&s.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        Query(
-            q.unwrap_or("")
-                .split('&')
-                .filter(|p| !p.is_empty())
-                .take(32)
-                .map(|p| match p.split_once('=') {
-                    Some((k, v)) => (decode(k), decode(v)),
-                    None => (decode(p), String::new()),
-                })
-                .collect(),
-        )
-    }
-
-    fn get(&self, k: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(k))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn has(&self, k: &str) -> bool {
-        self.0.iter().any(|(n, _)| n == k)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// The push routes' figures for `/metrics`, one sample per open store (labelled by its
