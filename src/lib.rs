@@ -45,8 +45,8 @@
 //!
 //! [`http`] holds the HTTP helpers every handler shares, written once: preconditions and the
 //! 304 ([`http::conditional`]), entity-tags, HTTP-dates, the proxy's hop-by-hop / Via /
-//! X-Forwarded-* fields ([`http::fields`]), query strings ([`http::query`]), short text and JSON responses, and why an upstream
-//! exchange failed ([`http::FetchError`]).
+//! X-Forwarded-* fields ([`http::fields`]), query strings ([`http::query`]), short text and
+//! JSON responses, and why an upstream exchange failed ([`http::FetchError`]).
 //!
 //! # Who imports whom
 //!
