@@ -379,7 +379,7 @@ async fn a_corrupt_disk_record_is_a_miss_never_served() {
 /// A shared tier on `url`; the timeout generous enough for a loaded test machine (the test of
 /// a hanging Redis sets its own).
 fn shared_toml(url: &str) -> String {
-    format!("[cache.shared]\nurl = \"{url}\"\ntimeout = \"1s\"\nlease = \"5s\"\n")
+    format!("[cache.shared]\nurl = \"{url}\"\ntimeout = \"3s\"\nlease = \"10s\"\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -530,7 +530,7 @@ async fn without_redis_larder_serves_from_memory_and_origin() {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = RedisServer::start();
     let origin = origin(600, Duration::ZERO).await;
-    let quick = shared_toml(&redis.url()).replace("\"1s\"", "\"200ms\"");
+    let quick = shared_toml(&redis.url()).replace("\"3s\"", "\"200ms\"");
     let node = Node::start(dir.path(), "a", origin.addr, &quick);
     let c = client();
     assert_eq!(node.get(&c, "/x").await.cache(), "MISS");
@@ -730,7 +730,7 @@ async fn a_lease_whose_node_died_never_leaves_the_others_waiting() {
             })
     })
     .await;
-    let shared = shared_toml(&redis.url()).replace("lease = \"5s\"", "lease = \"1s\"");
+    let shared = shared_toml(&redis.url()).replace("lease = \"10s\"", "lease = \"1s\"");
     let mut a = Node::start(dir.path(), "a", origin.addr, &shared);
     let b = Node::start(dir.path(), "b", origin.addr, &shared);
     let c = client();

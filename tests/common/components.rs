@@ -180,11 +180,7 @@ impl RedisServer {
 
     /// A server with more arguments (`--cluster-enabled yes`, ...).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = super::free_port().port();
         let mut r = RedisServer {
             port,
             child: None,

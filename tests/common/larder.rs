@@ -209,9 +209,21 @@ impl Drop for Child {
 }
 
 /// An address on 127.0.0.1 with a port free a moment ago, for a process told where to listen.
+/// Taken from 20000-25999, below the kernel's ephemeral range (32768 and up here), so that no
+/// outgoing connection of another test takes it before the process binds it (and a Redis
+/// Cluster node's bus, its port + 10000, stays out of the range too); each test binary (by its
+/// pid) starts at its own place, and a port is never handed out twice in one binary.
 pub fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() * 37 % 6_000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (start + n) % 6_000;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
+            return l.local_addr().unwrap();
+        }
+    }
 }
 
 /// Raises this process's open-files limit to its hard limit, as larder does at start: the
