@@ -841,7 +841,7 @@ async fn push_records_written_on_one_node_reach_the_subscribers_of_every_node() 
     assert!(gone, "the delete reached A");
 
     // Writes of one record on both nodes at once: both end with the same value.
-    for i in 0..20 {
+    for i in 0..50 {
         let (x, y) = (
             format!("{{\"n\":{i},\"by\":\"a\"}}"),
             format!("{{\"n\":{i},\"by\":\"b\"}}"),

@@ -39,7 +39,7 @@ pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
 pub use key::{CacheKey, FillKey};
 pub use pending::Pending;
-pub use shared::{stream_order, SharedLog, Snapshot, StreamEntry};
+pub use shared::{SharedLog, Snapshot, StreamEntry};
 pub use tiers::{Below, Lease, Tier, TierCounts};
 pub use vary::Selection;
 

@@ -510,17 +510,6 @@ impl StreamEntry {
             .find(|(k, _)| k == name)
             .map_or("", |(_, v)| v.as_str())
     }
-
-    /// The id as numbers, for ordering.
-    pub fn order(&self) -> (u64, u64) {
-        stream_order(&self.id)
-    }
-}
-
-/// A stream id (`<ms>-<n>`) as numbers, for ordering.
-pub fn stream_order(id: &str) -> (u64, u64) {
-    let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), n.parse().unwrap_or(0))
 }
 
 /// Changes kept in a replicated log's stream for nodes that were away.
@@ -547,11 +536,11 @@ impl SharedLog {
         &self.shared.node
     }
 
-    /// Appends a change of `key` (its new value, or `None` when deleted); the entry's stream id,
-    /// or `None` when the shared tier did not take it.
-    pub async fn append(&self, key: &str, value: Option<&str>) -> Option<String> {
+    /// Appends a change of `key` (its new value, or `None` when deleted), numbered `n` by this
+    /// node (field `n`); the entry's stream id, or `None` when the shared tier did not take it.
+    pub async fn append(&self, key: &str, value: Option<&str>, n: u64) -> Option<String> {
         const APPEND: &str = "local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', \
-             'node', ARGV[2], 'key', ARGV[3], 'value', ARGV[4], 'deleted', ARGV[5]) \
+             'node', ARGV[2], 'key', ARGV[3], 'value', ARGV[4], 'deleted', ARGV[5], 'n', ARGV[6]) \
              if ARGV[5] == '1' then redis.call('HDEL', KEYS[2], ARGV[3]) \
              else redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) end return id";
         let args = vec![
@@ -560,6 +549,7 @@ impl SharedLog {
             key.to_string(),
             value.unwrap_or("").to_string(),
             if value.is_none() { "1" } else { "0" }.to_string(),
+            n.to_string(),
         ];
         let keys = vec![self.stream.clone(), self.state.clone()];
         let eval = self

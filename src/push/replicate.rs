@@ -9,9 +9,11 @@
 //!   order this node's writes were acknowledged.
 //! - A follower task reads the log from where this node stopped (a cursor file in the store's
 //!   directory; a new node starts from the hash) and applies each change to the store, unless
-//!   the store holds that value already, or this node has a later change of that record queued
-//!   or appended. Every node thus applies every change in the log's order, and all of them end
-//!   with the record the log wrote last, whatever the interleaving of writes on several nodes.
+//!   the store holds that value already, or this node has a change of that record of its own
+//!   that the log has not shown yet (numbered by this node when queued, the number carried in
+//!   the entry): that change comes later in the log, and is applied when it comes. Every node
+//!   thus ends with the record the log wrote last, whatever the interleaving of writes on
+//!   several nodes (a local write racing an applied one is restored when its own entry comes).
 //!
 //! When Redis is unavailable, writes are still acknowledged and served here, and their changes
 //! wait (in order, up to 4096) to be appended once it is back; beyond that a change is not
@@ -26,32 +28,24 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::store::{Conditions, Store, Write, WriteError};
-use crate::cache::{stream_order, SharedLog, StreamEntry};
+use crate::cache::{SharedLog, StreamEntry};
 
 /// Changes waiting to be appended at most (beyond, a change is not shared).
 const QUEUE: usize = 4096;
 
 /// A store's link to the fleet's log.
 pub struct Replica {
-    queue: mpsc::Sender<(String, Option<Bytes>)>,
+    queue: mpsc::Sender<(String, Option<Bytes>, u64)>,
     own: Arc<Mutex<Own>>,
 }
 
-/// This node's changes not yet seen back in the log, by record id.
+/// This node's changes the log has not shown back yet.
 #[derive(Default)]
 struct Own {
-    /// Queued, not yet appended.
-    pending: HashMap<String, u32>,
-    /// Appended: the stream id of the last one.
-    appended: HashMap<String, (u64, u64)>,
-}
-
-impl Own {
-    /// Whether the log's entry for `key` at `order` is older than this node's own change of it.
-    fn overtakes(&self, key: &str, order: (u64, u64)) -> bool {
-        self.pending.get(key).is_some_and(|n| *n > 0)
-            || self.appended.get(key).is_some_and(|o| *o > order)
-    }
+    /// Numbers changes as they are queued.
+    next: u64,
+    /// By record id, the number of the last change queued.
+    latest: HashMap<String, u64>,
 }
 
 impl Replica {
@@ -60,7 +54,7 @@ impl Replica {
         let (queue, rx) = mpsc::channel(QUEUE);
         let own = Arc::new(Mutex::new(Own::default()));
         let log = Arc::new(log);
-        tokio::spawn(publish(Arc::clone(&log), rx, Arc::clone(&own)));
+        tokio::spawn(publish(Arc::clone(&log), rx));
         tokio::spawn(follow(Arc::downgrade(store), log, Arc::clone(&own)));
         Arc::new(Replica { queue, own })
     }
@@ -69,37 +63,26 @@ impl Replica {
     /// when the queue is full (Redis away for long), the change is not shared (a warning).
     pub fn publish(&self, id: &str, json: Option<Bytes>) {
         let mut own = self.own.lock().expect("own");
-        match self.queue.try_send((id.to_string(), json)) {
-            Ok(()) => *own.pending.entry(id.to_string()).or_default() += 1,
+        own.next += 1;
+        let n = own.next;
+        match self.queue.try_send((id.to_string(), json, n)) {
+            Ok(()) => {
+                own.latest.insert(id.to_string(), n);
+            }
             Err(_) => tracing::warn!(id, "push: sharing queue full; change not shared"),
         }
     }
 }
 
-async fn publish(
-    log: Arc<SharedLog>,
-    mut rx: mpsc::Receiver<(String, Option<Bytes>)>,
-    own: Arc<Mutex<Own>>,
-) {
-    while let Some((id, json)) = rx.recv().await {
+async fn publish(log: Arc<SharedLog>, mut rx: mpsc::Receiver<(String, Option<Bytes>, u64)>) {
+    while let Some((id, json, n)) = rx.recv().await {
         let text = json.as_ref().map(|j| String::from_utf8_lossy(j));
         // Retried, in order, until Redis takes it (the queue bounds what waits meanwhile).
         let mut wait = Duration::from_millis(100);
-        let sid = loop {
-            if let Some(sid) = log.append(&id, text.as_deref()).await {
-                break sid;
-            }
+        while log.append(&id, text.as_deref(), n).await.is_none() {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(2));
-        };
-        let mut own = own.lock().expect("own");
-        if let Some(n) = own.pending.get_mut(&id) {
-            *n -= 1;
-            if *n == 0 {
-                own.pending.remove(&id);
-            }
         }
-        own.appended.insert(id, stream_order(&sid));
     }
 }
 
@@ -132,14 +115,22 @@ async fn follow(store: Weak<Store>, log: Arc<SharedLog>, own: Arc<Mutex<Own>>) {
         let Some(s) = store.upgrade() else { return };
         for e in &entries {
             let key = e.field("key");
-            let order = e.order();
             {
                 let mut own = own.lock().expect("own");
-                if own.overtakes(key, order) {
+                let latest = own.latest.get(key).copied();
+                if e.field("node") == log.node() {
+                    let n: u64 = e.field("n").parse().unwrap_or(0);
+                    match latest {
+                        // A later change of ours is still to come.
+                        Some(l) if n < l => continue,
+                        Some(l) if n == l => {
+                            own.latest.remove(key);
+                        }
+                        _ => {}
+                    }
+                } else if latest.is_some() {
+                    // Ours, not shown yet, comes after this one.
                     continue;
-                }
-                if e.field("node") == log.node() && own.appended.get(key) == Some(&order) {
-                    own.appended.remove(key);
                 }
             }
             let value = (e.field("deleted") != "1").then(|| e.field("value").to_string());
