@@ -199,6 +199,8 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.args)
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -210,7 +212,11 @@ impl RedisServer {
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
-        panic!("redis-server did not start on port {}", self.port);
+        panic!(
+            "redis-server did not start on port {}: {}",
+            self.port,
+            std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+        );
     }
 
     /// Kills it (as a crash would).

@@ -209,17 +209,17 @@ impl Drop for Child {
 }
 
 /// An address on 127.0.0.1 with a port free a moment ago, for a process told where to listen.
-/// Taken from 20000-25999, below the kernel's ephemeral range (32768 and up here), so that no
-/// outgoing connection of another test takes it before the process binds it (and a Redis
-/// Cluster node's bus, its port + 10000, stays out of the range too); each test binary (by its
-/// pid) starts at its own place, and a port is never handed out twice in one binary.
+/// Taken from 20000-22767, below the kernel's ephemeral range (32768 and up here), so that no
+/// outgoing connection of another test takes it before the process binds it (a Redis Cluster
+/// node's bus, its port + 10000, stays below that range too); each test binary (by its pid)
+/// starts at its own place, and a port is never handed out twice in one binary.
 pub fn free_port() -> SocketAddr {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id() * 37 % 6_000;
+    let start = std::process::id() * 37 % 2_768;
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (start + n) % 6_000;
+        let port = 20_000 + (start + n) % 2_768;
         if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
             return l.local_addr().unwrap();
         }
