@@ -157,6 +157,14 @@ impl Node {
             .unwrap_or_else(|| panic!("no {tier} tier in {s}"))
     }
 
+    /// Whether the disk tier took `n` writes within 10 s.
+    async fn disk_writes(&self, c: &Client, n: u64) -> bool {
+        eventually(Duration::from_secs(10), async || {
+            self.tier(c, "disk").await["writes"].as_u64().unwrap() >= n
+        })
+        .await
+    }
+
     /// Whether `path` left this node's memory within a second (only-if-cached answers 504).
     async fn drops(&self, c: &Client, path: &str) -> bool {
         let url = self.url(path);
@@ -232,11 +240,10 @@ async fn the_disk_tier_keeps_the_cache_across_kill_9_and_every_body_is_the_origi
     for p in &settled {
         wait_for_encoding_with(&c, &node.url(p), "gzip").await;
     }
-    let written = eventually(Duration::from_secs(10), async || {
-        node.tier(&c, "disk").await["writes"].as_u64().unwrap() >= settled.len() as u64
-    })
-    .await;
-    assert!(written, "every settled response is written to disk");
+    assert!(
+        node.disk_writes(&c, settled.len() as u64).await,
+        "every settled response is written to disk"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // kill -9 in the middle of filling more.
@@ -342,11 +349,7 @@ async fn a_corrupt_disk_record_is_a_miss_never_served() {
         assert_body(&node.get(&c, p).await, p);
         wait_for_encoding_with(&c, &node.url(p), "gzip").await;
     }
-    let written = eventually(Duration::from_secs(10), async || {
-        node.tier(&c, "disk").await["writes"].as_u64().unwrap() >= 2
-    })
-    .await;
-    assert!(written);
+    assert!(node.disk_writes(&c, 2).await);
     node.stop();
 
     // Flip one byte inside the stored identity body of one record.
@@ -910,11 +913,7 @@ async fn a_node_that_was_down_applies_the_purges_it_missed_to_its_disk() {
         a.get(&c, p).await;
         wait_for_encoding_with(&c, &a.url(p), "gzip").await;
     }
-    let written = eventually(Duration::from_secs(10), async || {
-        a.tier(&c, "disk").await["writes"].as_u64().unwrap() >= 4
-    })
-    .await;
-    assert!(written);
+    assert!(a.disk_writes(&c, 4).await);
     a.stop();
 
     // While A is down: purges by URL, prefix and tag on B (the shared tier is emptied too).

@@ -98,7 +98,7 @@ impl Cache {
             let tiers = Arc::clone(&tiers);
             tokio::spawn(async move {
                 while let Some((key, entry)) = rx.recv().await {
-                    tiers.write_evicted(&key, &entry);
+                    tiers.write_disk(&key, &entry, true);
                 }
             });
             tx
@@ -250,7 +250,7 @@ impl Cache {
             self.spawn_variants(key.clone(), Arc::clone(&entry));
         } else if to_disk {
             if let Some(t) = &self.tiers {
-                t.write_disk(key, &entry);
+                t.write_disk(key, &entry, false);
             }
         }
         entry

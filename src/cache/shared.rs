@@ -170,8 +170,7 @@ impl Shared {
 
     /// The record stored under `key`, if any.
     pub(super) async fn read(&self, key: &CacheKey) -> Option<Bytes> {
-        let k = self.key("e", key.as_str());
-        let found: Option<Bytes> = self.run("GET", self.client.get(k)).await.flatten();
+        let found = self.read_quiet(key).await;
         let counter = match found {
             Some(_) => &self.stats.hits,
             None => &self.stats.misses,
@@ -264,7 +263,7 @@ impl Shared {
         }
     }
 
-    /// A read while waiting on a lease (not counted as a miss each time).
+    /// A read, not counted (waiting on a lease, each poll is not a miss).
     async fn read_quiet(&self, key: &CacheKey) -> Option<Bytes> {
         let k = self.key("e", key.as_str());
         self.run("GET", self.client.get(k)).await.flatten()

@@ -288,9 +288,10 @@ impl Tiers {
         }
     }
 
-    /// Writes an entry read from the shared tier to the disk.
-    pub(super) fn write_disk(&self, key: &CacheKey, entry: &Entry) {
-        if let (Some(disk), true) = (&self.disk, self.disk_all) {
+    /// Writes an entry to the disk: one read from the shared tier, or, with `evicted`, one
+    /// memory let go of (`write = "evicted"`); the disk takes each only in its own mode.
+    pub(super) fn write_disk(&self, key: &CacheKey, entry: &Entry, evicted: bool) {
+        if let (Some(disk), true) = (&self.disk, self.disk_all != evicted) {
             if let Ok(record) = entry.encode() {
                 disk.write(key, record);
             }
@@ -305,15 +306,6 @@ impl Tiers {
         if let (Some(shared), Ok(rt)) = (&self.shared, tokio::runtime::Handle::try_current()) {
             let (shared, key) = (Arc::clone(shared), key.clone());
             rt.spawn(async move { shared.delete(&key).await });
-        }
-    }
-
-    /// Writes an entry memory let go of to the disk (`write = "evicted"`).
-    pub(super) fn write_evicted(&self, key: &CacheKey, entry: &Entry) {
-        if let (Some(disk), false) = (&self.disk, self.disk_all) {
-            if let Ok(record) = entry.encode() {
-                disk.write(key, record);
-            }
         }
     }
 
