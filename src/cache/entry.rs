@@ -35,8 +35,11 @@ pub struct Entry {
     /// variants and to refresh on revalidation.
     pub headers: HeaderMap,
     variants: [Option<Variant>; 4],
-    /// Stored encodings, smallest body first: a hit sends the first one the client accepts.
-    by_size: Box<[Encoding]>,
+    /// Stored encodings, smallest body first (the first `encodings` of them): a hit sends the
+    /// first one the client accepts. Inline, so that choosing touches no other allocation (a
+    /// cold cache line on every hit of a large cache).
+    by_size: [Encoding; 4],
+    encodings: u8,
     pub freshness: Freshness,
     /// Validators, read once at store time.
     pub etag: Option<HeaderValue>,
@@ -122,11 +125,16 @@ impl Entry {
         }
         // Smallest first; on a tie prefer identity (no decoding work for the client).
         by_size.sort_by_key(|(len, e)| (*len, *e != Encoding::Identity));
+        let mut order = [Encoding::Identity; 4];
+        for (slot, (_, e)) in order.iter_mut().zip(&by_size) {
+            *slot = *e;
+        }
         Entry {
             status,
             headers,
             variants,
-            by_size: by_size.into_iter().map(|(_, e)| e).collect(),
+            by_size: order,
+            encodings: by_size.len().min(4) as u8,
             freshness,
             etag,
             last_modified,
@@ -192,7 +200,7 @@ impl Entry {
     /// The stored encodings, smallest body first.
     #[inline]
     pub fn by_size(&self) -> &[Encoding] {
-        &self.by_size
+        &self.by_size[..usize::from(self.encodings)]
     }
 
     /// The variant of one encoding, if stored.

@@ -5,7 +5,7 @@
 //! - [`key`]: the primary key ([`CacheKey`]) and the key misses coalesce on ([`FillKey`]).
 //! - `memory`: the byte-bounded in-memory store of [`Entry`]s, the tier every hit comes from.
 //! - [`tiers`]: where a memory miss looks next, and what fills write down: `disk` (a bounded
-//!   store kept across restarts, foyer) and `shared` (Redis or Valkey, shared by every node,
+//!   store kept across restarts, a log of segment files) and `shared` (Redis or Valkey, shared by every node,
 //!   with leases so that a URL is fetched once for the fleet, and the purge stream); `bans`
 //!   keeps the purges those tiers apply when they read a record.
 //! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
@@ -206,6 +206,12 @@ impl Cache {
         self.tiers.is_some()
     }
 
+    /// Whether there is a disk tier.
+    #[inline]
+    pub fn has_disk(&self) -> bool {
+        self.tiers.as_ref().is_some_and(|t| t.disk.is_some())
+    }
+
     /// What the tiers below memory hold for a request memory missed: the disk's record, else
     /// the shared tier's; with `lease`, when neither has one, the URL's lease in the shared
     /// tier (or, when another node holds it, that node's response once it is stored). A record
@@ -216,12 +222,34 @@ impl Cache {
         request: &HeaderMap,
         lease: bool,
     ) -> Below {
+        if let Some(entry) = self.from_disk(key, request).await {
+            return Below::Found(entry, Tier::Disk);
+        }
+        self.from_shared(key, request, lease).await
+    }
+
+    /// The disk tier's entry for `key` that answers `request` (promoted to memory), if any.
+    /// A proxy miss reads it before it coalesces (a disk hit needs no fill), and then asks
+    /// [`Cache::from_shared`] only.
+    pub async fn from_disk(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        request: &HeaderMap,
+    ) -> Option<Arc<Entry>> {
+        let entry = self.tiers.as_ref()?.read_disk(key, request).await?;
+        Some(self.promote(key, entry, false))
+    }
+
+    /// [`Cache::below`] without the disk: the shared tier, then (`lease`) its lease.
+    pub async fn from_shared(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        request: &HeaderMap,
+        lease: bool,
+    ) -> Below {
         let Some(tiers) = &self.tiers else {
             return Below::Miss;
         };
-        if let Some(entry) = tiers.read_disk(key, request).await {
-            return Below::Found(self.promote(key, entry, false), Tier::Disk);
-        }
         if let Some(entry) = tiers.read_shared(key, request).await {
             return Below::Found(self.promote(key, entry, true), Tier::Shared);
         }

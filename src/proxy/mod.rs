@@ -196,7 +196,8 @@ impl Proxy {
         if directives.only_if_cached {
             // §5.2.1.7: answered from what is stored, in memory or below it.
             if stored.is_none() && !has_auth && me.cache.has_tiers() {
-                if let Below::Found(entry, _) = me.cache.below(&key, req.headers(), false).await {
+                let below = Box::pin(me.cache.below(&key, req.headers(), false)).await;
+                if let Below::Found(entry, _) = below {
                     if directives.accepts(&entry.freshness, SystemTime::now()) {
                         let (method, headers) = (req.method(), req.headers());
                         return me
@@ -234,8 +235,25 @@ impl Proxy {
             .await;
         }
 
+        // A disk hit needs no fill, so the disk is read before coalescing (concurrent misses of
+        // one URL may each read it, and promote the same entry).
+        let mut stored = stored;
+        let disk_read = stored.is_none() && me.cache.has_disk();
+        if disk_read {
+            if let Some(entry) = me.cache.from_disk(&key, &parts.headers).await {
+                if directives.accepts(&entry.freshness, SystemTime::now()) {
+                    let (method, headers) = (&parts.method, &parts.headers);
+                    return me
+                        .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                        .await;
+                }
+                // Stale: revalidated like an entry of memory's.
+                stored = Some(entry);
+            }
+        }
+
         // Misses are boxed so the future of a hit stays small: hyper moves it.
-        Box::pin(self.coalesced(parts, peer, key, &directives, stored)).await
+        Box::pin(self.coalesced(parts, peer, key, &directives, stored, disk_read)).await
     }
 
     /// Answers a miss through the fill that serves it: leads the fill, or waits on the one in
@@ -251,6 +269,7 @@ impl Proxy {
         key: CacheKey,
         directives: &RequestDirectives,
         mut stored: Option<Arc<Entry>>,
+        disk_read: bool,
     ) -> Response<Body> {
         let me = &self.0;
         let mut fill_key = me.cache.fill_key(&key, &parts.headers);
@@ -262,10 +281,17 @@ impl Proxy {
         for _ in 0..3 {
             let follower = match me.cache.join(&fill_key) {
                 Join::Leader(guard) => {
-                    // Below memory: the disk, then the shared tier (and its lease).
+                    // Below memory: the disk (unless read already), then the shared tier
+                    // (and its lease).
                     let mut lease = None;
                     if stored.is_none() && me.cache.has_tiers() {
-                        match me.cache.below(&key, &parts.headers, true).await {
+                        let below = match disk_read {
+                            true => {
+                                Box::pin(me.cache.from_shared(&key, &parts.headers, true)).await
+                            }
+                            false => Box::pin(me.cache.below(&key, &parts.headers, true)).await,
+                        };
+                        match below {
                             Below::Found(entry, _) => {
                                 if directives.accepts(&entry.freshness, SystemTime::now()) {
                                     guard.complete(Arc::clone(&entry));
