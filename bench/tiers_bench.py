@@ -191,7 +191,7 @@ def disk_cell(procs, binary, tmp):
     deadline = time.time() + 60
     while tier_counts(18331)["disk"]["writes"] < OBJECTS and time.time() < deadline:
         time.sleep(0.5)
-    time.sleep(2)  # foyer's flushers
+    time.sleep(2)  # the writes are counted once written; let the machine settle
     before = tier_counts(18331)["disk"]
     res["larder"] = wrk(tmp, PORT_LARDER, OBJECTS, 50, [lp.pid])
     after = tier_counts(18331)["disk"]
