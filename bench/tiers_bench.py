@@ -317,6 +317,12 @@ def goals(doc):
 
 
 def run(procs, args):
+    # A stray server on one of these ports would be measured in place of the one started here.
+    ports = [PORT_ORIGIN, PORT_LARDER, PORT_NGINX, PORT_REDIS, 18331, 18332, *PORT_NODES]
+    busy = [str(p) for p in ports if H.port_busy(p)]
+    if busy:
+        H.warn(f"tiers: ports already in use on 127.0.0.1: {', '.join(busy)}")
+        return 1
     tmp = Path(os.environ.get("LARDER_BENCH_TMP") or "/tmp") / "tiers"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
