@@ -30,6 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -63,6 +64,9 @@ pub(super) struct Disk {
 struct Shared {
     hasher: RandomState,
     state: Mutex<State>,
+    /// When a failure was last logged: a failing drive logs once per ten seconds, not once per
+    /// read or write (every failure is counted in `errors`).
+    last_warning: Mutex<Option<Instant>>,
 }
 
 struct State {
@@ -157,7 +161,7 @@ impl Disk {
             Ok(found) => found,
             Err(e) => {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(key = key.as_str(), error = %e, "disk tier read failed");
+                self.shared.warn("read", &e.to_string());
                 // A record that cannot be read is dropped.
                 self.remove(key);
                 None
@@ -235,6 +239,19 @@ impl Disk {
 impl Shared {
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
+    }
+
+    /// Logs a failure, at most once per ten seconds.
+    fn warn(&self, what: &str, why: &str) {
+        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                operation = what,
+                error = why,
+                "disk tier failed (logged once per 10 s)"
+            );
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -382,6 +399,7 @@ fn open_blocking(dir: &Path, capacity: u64) -> io::Result<(Arc<Shared>, Writer)>
             index: HashMap::new(),
             segments: VecDeque::new(),
         }),
+        last_warning: Mutex::new(None),
     });
     {
         let mut state = shared.lock();
@@ -521,7 +539,7 @@ impl Writer {
                     Op::Flush(done) => {
                         self.write_out(&mut buf, &mut pending, stats);
                         if let Err(e) = self.active.sync_data() {
-                            tracing::warn!(error = %e, "disk tier: sync failed");
+                            self.shared.warn("sync", &e.to_string());
                         }
                         let _ = done.send(());
                     }
@@ -573,7 +591,7 @@ impl Writer {
         if let Err(e) = written {
             // Nothing of this batch is indexed; the file's end is cut back to what is.
             stats.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "disk tier write failed");
+            self.shared.warn("write", &e.to_string());
             let _ = self.active.set_len(self.active_len);
             buf.clear();
             pending.clear();
@@ -609,7 +627,7 @@ impl Writer {
             Ok(f) => Arc::new(f),
             Err(e) => {
                 // Keep the full segment: writes that do not fit are dropped until this works.
-                tracing::warn!(error = %e, "disk tier: cannot start a segment");
+                self.shared.warn("start a segment", &e.to_string());
                 return;
             }
         };
@@ -649,7 +667,7 @@ impl Writer {
     fn delete(&self, ids: Vec<u64>) {
         for id in ids {
             if let Err(e) = std::fs::remove_file(segment_path(&self.dir, id)) {
-                tracing::warn!(segment = id, error = %e, "disk tier: cannot delete a segment");
+                self.shared.warn("delete a segment", &e.to_string());
             }
         }
     }
