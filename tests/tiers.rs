@@ -220,16 +220,17 @@ fn disk_toml(dir: &Path) -> String {
     )
 }
 
+/// An origin, and a node in front of it with a disk tier in `dir/disk`.
+async fn disk_node(dir: &Path) -> (Origin, Node) {
+    let origin = origin(600, Duration::ZERO).await;
+    let node = Node::start(dir, "a", origin.addr, &disk_toml(&dir.join("disk")));
+    (origin, node)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_disk_tier_keeps_the_cache_across_kill_9_and_every_body_is_the_origins() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = origin(600, Duration::ZERO).await;
-    let mut node = Node::start(
-        dir.path(),
-        "a",
-        origin.addr,
-        &disk_toml(&dir.path().join("disk")),
-    );
+    let (origin, mut node) = disk_node(dir.path()).await;
     let c = client();
 
     // Filled, compressed variants built, and written down (give the writer time).
@@ -377,6 +378,29 @@ async fn a_corrupt_disk_record_is_a_miss_never_served() {
     assert_body(&g, bad);
     assert_eq!(g.cache(), "MISS", "the corrupt record is a miss");
     assert_eq!(origin.hits(), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_hit_goes_into_memory_on_its_second_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, mut node) = disk_node(dir.path()).await;
+    let c = client();
+    let p = "/twice/read";
+    assert_body(&node.get(&c, p).await, p);
+    wait_for_encoding_with(&c, &node.url(p), "gzip").await;
+    assert!(node.disk_writes(&c, 1).await);
+    node.stop();
+    node.restart();
+
+    // Memory is empty: the first two requests read the disk, the second puts it in memory.
+    let hits = |t: serde_json::Value| t["hits"].as_u64().unwrap();
+    for (n, disk_hits) in [(1, 1), (2, 2), (3, 2), (4, 2)] {
+        let g = node.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "HIT", "request {n}");
+        assert_eq!(hits(node.tier(&c, "disk").await), disk_hits, "request {n}");
+    }
+    assert_eq!(origin.hits(), 1, "never fetched again");
 }
 
 /// A shared tier on `url`; the timeout generous enough for a loaded test machine (the test of

@@ -31,6 +31,7 @@ pub mod vary;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::HeaderMap;
@@ -228,15 +229,22 @@ impl Cache {
         self.from_shared(key, request, lease).await
     }
 
-    /// The disk tier's entry for `key` that answers `request` (promoted to memory), if any.
-    /// A proxy miss reads it before it coalesces (a disk hit needs no fill), and then asks
+    /// The disk tier's entry for `key` that answers `request`, if any: promoted to memory on
+    /// its second read (the doorkeeper, docs/design.md "Tiers"), or at once when stale or
+    /// lacking its compressed variants (what replaces it in memory needs it there). A proxy
+    /// miss reads it before it coalesces (a disk hit needs no fill), and then asks
     /// [`Cache::from_shared`] only.
     pub async fn from_disk(
         self: &Arc<Self>,
         key: &CacheKey,
         request: &HeaderMap,
     ) -> Option<Arc<Entry>> {
-        let entry = self.tiers.as_ref()?.read_disk(key, request).await?;
+        let tiers = self.tiers.as_ref()?;
+        let entry = tiers.read_disk(key, request).await?;
+        let partial = entry.negotiated && entry.by_size().len() == 1;
+        if !partial && entry.freshness.is_fresh(SystemTime::now()) && !tiers.doorkeeper.admit(key) {
+            return Some(Arc::new(entry));
+        }
         Some(self.promote(key, entry, false))
     }
 

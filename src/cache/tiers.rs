@@ -7,6 +7,7 @@
 //! shared tier. Its age counts from when the origin answered, across restarts and nodes
 //! (the record keeps wall-clock times).
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -140,6 +141,44 @@ pub(super) struct Tiers {
     pub(super) disk_all: bool,
     /// The longest a stale response may still be served, by the cache settings.
     grace: Duration,
+    /// Which disk hits go into memory.
+    pub(super) doorkeeper: Doorkeeper,
+}
+
+/// Which disk hits are promoted to memory: a record read from the disk goes into memory on its
+/// second read within a while, not on its first (TinyLFU's doorkeeper, the CDNs' "cache on
+/// second hit"). An object read once (a crawler, a scan) then costs a disk read, not the eviction
+/// of something memory holds for a reason, nor the insert and the eviction's free; an object read
+/// again goes in on that read. A direct-mapped table of recent keys' hashes, about one slot per
+/// 8 KiB of memory: a key whose slot another key took since is read from disk once more.
+pub(super) struct Doorkeeper {
+    hasher: RandomState,
+    slots: Box<[AtomicU64]>,
+}
+
+impl Doorkeeper {
+    fn new(memory_bytes: u64) -> Doorkeeper {
+        let n = (memory_bytes / 8192)
+            .clamp(1024, 1 << 20)
+            .next_power_of_two();
+        Doorkeeper {
+            hasher: RandomState::new(),
+            slots: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Whether `key` was read recently (it is let in now); otherwise notes that it was.
+    pub(super) fn admit(&self, key: &CacheKey) -> bool {
+        let h = self.hasher.hash_one(key.as_str()) | 1; // never 0, an empty slot
+        let slot = &self.slots[h as usize & (self.slots.len() - 1)];
+        if slot.load(Ordering::Relaxed) == h {
+            slot.store(0, Ordering::Relaxed);
+            true
+        } else {
+            slot.store(h, Ordering::Relaxed);
+            false
+        }
+    }
 }
 
 impl Tiers {
@@ -197,6 +236,7 @@ impl Tiers {
             bans,
             disk_all: cfg.disk.as_ref().is_some_and(|d| d.write == DiskWrite::All),
             grace,
+            doorkeeper: Doorkeeper::new(cfg.max_size.0),
         }))
     }
 
