@@ -259,6 +259,11 @@ def goals(cells, idle):
 
 
 def run(procs, args):
+    # A stray server on one of these ports would be measured in place of the one started here.
+    busy = [str(p) for p in (PORT_LARDER, PORT_NCHAN) if H.port_busy(p)]
+    if busy:
+        H.warn(f"push: ports already in use on 127.0.0.1: {', '.join(busy)}")
+        return 1
     tmp = Path(os.environ.get("LARDER_BENCH_TMP") or "/tmp") / "push"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
