@@ -197,6 +197,13 @@ impl Entry {
         e
     }
 
+    /// Whether larder negotiates its coding but holds only the identity body so far (its
+    /// compressed variants are to be built).
+    #[inline]
+    pub fn lacks_variants(&self) -> bool {
+        self.negotiated && self.encodings == 1
+    }
+
     /// The stored encodings, smallest body first.
     #[inline]
     pub fn by_size(&self) -> &[Encoding] {

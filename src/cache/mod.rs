@@ -5,9 +5,9 @@
 //! - [`key`]: the primary key ([`CacheKey`]) and the key misses coalesce on ([`FillKey`]).
 //! - `memory`: the byte-bounded in-memory store of [`Entry`]s, the tier every hit comes from.
 //! - [`tiers`]: where a memory miss looks next, and what fills write down: `disk` (a bounded
-//!   store kept across restarts, a log of segment files) and `shared` (Redis or Valkey, shared by every node,
-//!   with leases so that a URL is fetched once for the fleet, and the purge stream); `bans`
-//!   keeps the purges those tiers apply when they read a record.
+//!   store kept across restarts, a log of segment files) and `shared` (Redis or Valkey, shared
+//!   by every node, with leases so that a URL is fetched once for the fleet, and the purge
+//!   stream); `bans` keeps the purges those tiers apply when they read a record.
 //! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
 //!   encoding, for tiers that keep bytes.
 //! - [`coalesce`]: miss coalescing; [`pending`]: compressed variants on their way.
@@ -216,7 +216,8 @@ impl Cache {
     /// What the tiers below memory hold for a request memory missed: the disk's record, else
     /// the shared tier's; with `lease`, when neither has one, the URL's lease in the shared
     /// tier (or, when another node holds it, that node's response once it is stored). A record
-    /// found is promoted to memory (and from the shared tier to the disk).
+    /// found is promoted to memory (from the disk as [`Cache::from_disk`] says; from the shared
+    /// tier at once, and to the disk).
     pub async fn below(
         self: &Arc<Self>,
         key: &CacheKey,
@@ -226,35 +227,6 @@ impl Cache {
         if let Some(entry) = self.from_disk(key, request).await {
             return Below::Found(entry, Tier::Disk);
         }
-        self.from_shared(key, request, lease).await
-    }
-
-    /// The disk tier's entry for `key` that answers `request`, if any: promoted to memory on
-    /// its second read (the doorkeeper, docs/design.md "Tiers"), or at once when stale or
-    /// lacking its compressed variants (what replaces it in memory needs it there). A proxy
-    /// miss reads it before it coalesces (a disk hit needs no fill), and then asks
-    /// [`Cache::from_shared`] only.
-    pub async fn from_disk(
-        self: &Arc<Self>,
-        key: &CacheKey,
-        request: &HeaderMap,
-    ) -> Option<Arc<Entry>> {
-        let tiers = self.tiers.as_ref()?;
-        let entry = tiers.read_disk(key, request).await?;
-        let partial = entry.negotiated && entry.by_size().len() == 1;
-        if !partial && entry.freshness.is_fresh(SystemTime::now()) && !tiers.doorkeeper.admit(key) {
-            return Some(Arc::new(entry));
-        }
-        Some(self.promote(key, entry, false))
-    }
-
-    /// [`Cache::below`] without the disk: the shared tier, then (`lease`) its lease.
-    pub async fn from_shared(
-        self: &Arc<Self>,
-        key: &CacheKey,
-        request: &HeaderMap,
-        lease: bool,
-    ) -> Below {
         let Some(tiers) = &self.tiers else {
             return Below::Miss;
         };
@@ -273,10 +245,30 @@ impl Cache {
         }
     }
 
+    /// The disk tier's entry for `key` that answers `request`, if any: promoted to memory on
+    /// its second read (the doorkeeper, docs/design.md "Tiers"), or at once when stale or
+    /// lacking its compressed variants (what replaces it in memory needs it there). A proxy
+    /// miss reads it before it coalesces (a disk hit needs no fill).
+    pub async fn from_disk(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        request: &HeaderMap,
+    ) -> Option<Arc<Entry>> {
+        let tiers = self.tiers.as_ref()?;
+        let entry = tiers.read_disk(key, request).await?;
+        if !entry.lacks_variants()
+            && entry.freshness.is_fresh(SystemTime::now())
+            && !tiers.doorkeeper.admit(key)
+        {
+            return Some(Arc::new(entry));
+        }
+        Some(self.promote(key, entry, false))
+    }
+
     /// Stores an entry read from below in memory (and on disk, `to_disk`), building the
     /// compressed variants a record written before they were ready lacks.
     fn promote(self: &Arc<Self>, key: &CacheKey, mut entry: Entry, to_disk: bool) -> Arc<Entry> {
-        let partial = entry.negotiated && entry.by_size().len() == 1;
+        let partial = entry.lacks_variants();
         if partial {
             entry.pending = Some(Pending::new());
         }

@@ -238,8 +238,7 @@ impl Proxy {
         // A disk hit needs no fill, so the disk is read before coalescing (concurrent misses of
         // one URL may each read it, and promote the same entry).
         let mut stored = stored;
-        let disk_read = stored.is_none() && me.cache.has_disk();
-        if disk_read {
+        if stored.is_none() && me.cache.has_disk() {
             if let Some(entry) = me.cache.from_disk(&key, &parts.headers).await {
                 if directives.accepts(&entry.freshness, SystemTime::now()) {
                     let (method, headers) = (&parts.method, &parts.headers);
@@ -253,7 +252,7 @@ impl Proxy {
         }
 
         // Misses are boxed so the future of a hit stays small: hyper moves it.
-        Box::pin(self.coalesced(parts, peer, key, &directives, stored, disk_read)).await
+        Box::pin(self.coalesced(parts, peer, key, &directives, stored)).await
     }
 
     /// Answers a miss through the fill that serves it: leads the fill, or waits on the one in
@@ -269,7 +268,6 @@ impl Proxy {
         key: CacheKey,
         directives: &RequestDirectives,
         mut stored: Option<Arc<Entry>>,
-        disk_read: bool,
     ) -> Response<Body> {
         let me = &self.0;
         let mut fill_key = me.cache.fill_key(&key, &parts.headers);
@@ -281,17 +279,11 @@ impl Proxy {
         for _ in 0..3 {
             let follower = match me.cache.join(&fill_key) {
                 Join::Leader(guard) => {
-                    // Below memory: the disk (unless read already), then the shared tier
-                    // (and its lease).
+                    // Below memory: the disk (`handle_slow` found nothing there for this
+                    // request: an index lookup), then the shared tier (and its lease).
                     let mut lease = None;
                     if stored.is_none() && me.cache.has_tiers() {
-                        let below = match disk_read {
-                            true => {
-                                Box::pin(me.cache.from_shared(&key, &parts.headers, true)).await
-                            }
-                            false => Box::pin(me.cache.below(&key, &parts.headers, true)).await,
-                        };
-                        match below {
+                        match Box::pin(me.cache.below(&key, &parts.headers, true)).await {
                             Below::Found(entry, _) => {
                                 if directives.accepts(&entry.freshness, SystemTime::now()) {
                                     guard.complete(Arc::clone(&entry));
