@@ -417,6 +417,22 @@ impl StatusSource {
             );
         }
         if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {
+            let (sent, saved) = m.bytes();
+            let by_encoding: serde_json::Map<String, serde_json::Value> =
+                (crate::metrics::ENCODINGS.iter())
+                    .zip(sent)
+                    .map(|(k, n)| (k.to_string(), n.into()))
+                    .collect();
+            o.insert(
+                "bytes".into(),
+                serde_json::json!({
+                    "sent": sent.iter().sum::<u64>(),
+                    "saved": saved,
+                    "sent_by_encoding": by_encoding,
+                }),
+            );
+        }
+        if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {
             o.insert(
                 "latency".into(),
                 serde_json::json!({
@@ -541,7 +557,8 @@ fn normalize_url_prefix(prefix: &str) -> String {
 }
 
 /// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
-/// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`.
+/// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`,
+/// and every field of `[tracing.headers]`.
 pub fn redact(text: &str) -> String {
     let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
         return String::new();
@@ -565,6 +582,17 @@ pub fn redact(text: &str) -> String {
         }
     }
     walk(doc.as_table_mut());
+    // The fields sent to the tracing collector carry its credentials, whatever their names.
+    if let Some(fields) = (doc.get_mut("tracing"))
+        .and_then(|t| t.get_mut("headers"))
+        .and_then(|h| h.as_table_like_mut())
+    {
+        for (_, item) in fields.iter_mut() {
+            if item.as_str().is_some() {
+                *item = toml_edit::value("<redacted>");
+            }
+        }
+    }
     doc.to_string()
 }
 

@@ -31,6 +31,7 @@ use serde::Deserialize;
 
 pub mod access_log;
 pub mod image_params;
+pub mod otel;
 pub mod pool;
 pub mod push;
 pub mod tiers;
@@ -38,6 +39,7 @@ pub mod tls;
 
 pub use access_log::{AccessLogConfig, LogFormat, LogPiece, LOG_FIELDS};
 use image_params::{FormatChoice, Preset};
+pub use otel::TracingConfig;
 pub use pool::{
     BackendConfig, Balance, HashOn, HealthCheck, HealthConfig, PassiveConfig, PoolConfig,
     UpstreamRef, UpstreamTlsConfig,
@@ -126,6 +128,9 @@ pub struct Config {
     /// One line per request, when set.
     #[serde(default)]
     pub access_log: Option<AccessLogConfig>,
+    /// A span per request exported to OpenTelemetry, when set.
+    #[serde(default)]
+    pub tracing: Option<TracingConfig>,
     /// Where this configuration came from, to name keys and lines in errors found after
     /// parsing ([`Config::fit_open_files`]). Part of `==` like the rest: to see what changed
     /// between two configurations, compare their parts.
@@ -497,6 +502,7 @@ impl Config {
             compression: CompressionConfig::default(),
             admin: AdminConfig::default(),
             access_log: None,
+            tracing: None,
             listeners: vec![ListenerConfig {
                 addr: listen,
                 tls: None,

@@ -10,7 +10,7 @@ use http::{Method, Response, StatusCode};
 
 use crate::body::Body;
 use crate::cache::Entry;
-use crate::compress::AcceptEncoding;
+use crate::compress::{AcceptEncoding, Encoding};
 use crate::http::conditional::{self, Preconditions};
 use crate::range::{self, Decision};
 
@@ -77,11 +77,17 @@ fn respond(
 ) -> Response<Body> {
     let fields = RequestFields::scan(req_headers);
     let accept = AcceptEncoding::parse(fields.accept_encoding);
-    let enc = accept.choose(entry.by_size());
-    let variant = entry
-        .variant(enc)
-        .or_else(|| entry.by_size().first().and_then(|e| entry.variant(*e)))
-        .expect("an entry has at least one variant");
+    let mut enc = accept.choose(entry.by_size());
+    let variant = match entry.variant(enc) {
+        Some(v) => v,
+        None => {
+            enc = *entry
+                .by_size()
+                .first()
+                .expect("an entry has at least one variant");
+            entry.variant(enc).expect("by_size names stored variants")
+        }
+    };
     let mark = |h: &mut HeaderMap| {
         if let Some((status, name)) = stamp {
             h.insert(
@@ -130,6 +136,13 @@ fn respond(
     let body = if *method == Method::HEAD {
         Body::empty()
     } else {
+        let sent = variant.body.len();
+        let saved = entry
+            .variant(Encoding::Identity)
+            .map_or(0, |i| i.body.len().saturating_sub(sent));
+        // A coding larder does not know is stored as the identity body, as it came.
+        let coding = if entry.opaque { 4 } else { enc as usize };
+        crate::metrics::note_delivered(coding, saved as u64);
         Body::Full(Some(variant.body.clone()))
     };
     let mut resp = Response::new(body);
@@ -214,6 +227,65 @@ mod tests {
         let empty = HeaderMap::new();
         let f = RequestFields::scan(&empty);
         assert!(!f.range && f.accept_encoding.is_none() && f.pre.if_none_match.is_none());
+    }
+
+    /// An entry with room made for the stamp ([`Entry::reserve_stamp`]) is delivered with one
+    /// Age and one cache-status field holding this delivery's values, in every response shape,
+    /// and its copy of the header block never grows; a file entry (no stamp) gets neither.
+    #[test]
+    fn stamped_delivery_fills_the_reserved_fields_once() {
+        use crate::cache::entry::tests_support::fresh;
+        use bytes::Bytes;
+        let xc = HeaderName::from_static("x-cache");
+        let mut h = HeaderMap::new();
+        h.insert(header::ETAG, hv("\"v\""));
+        h.insert(header::CONTENT_TYPE, hv("text/plain"));
+        let build = || {
+            Entry::build(
+                StatusCode::OK,
+                h.clone(),
+                vec![
+                    (Encoding::Identity, Bytes::from_static(b"0123456789")),
+                    (Encoding::Gzip, Bytes::from_static(b"0123")),
+                ],
+                fresh(),
+                true,
+            )
+        };
+        let mut stamped = build();
+        stamped.reserve_stamp(&xc);
+        let reserved = stamped.variant(Encoding::Gzip).unwrap().head.len();
+        let derived = stamped.with_bodies(stamped.bodies());
+        assert_eq!(
+            derived.variant(Encoding::Gzip).unwrap().head.len(),
+            reserved
+        );
+        let get = Method::GET;
+        let cases: [&[(&str, &str)]; 4] = [
+            &[],
+            &[("accept-encoding", "gzip")],
+            &[("if-none-match", "\"v\"")],
+            &[("range", "bytes=0-1")],
+        ];
+        for req in cases {
+            let mut rh = HeaderMap::new();
+            for (k, v) in req {
+                rh.insert(HeaderName::from_static(k), hv(v));
+            }
+            for e in [&stamped, &derived] {
+                let r = from_entry(e, &get, &rh, CacheStatus::Stale, &xc);
+                let h = r.headers();
+                assert_eq!(h.get_all(&xc).iter().count(), 1, "{req:?}");
+                assert_eq!(h[&xc], "STALE", "{req:?}");
+                assert_eq!(h.get_all(header::AGE).iter().count(), 1, "{req:?}");
+                if r.status() == StatusCode::OK {
+                    assert!(h.len() <= reserved, "{req:?}: {h:?}");
+                }
+            }
+        }
+        let plain = as_origin(&build(), &get, &HeaderMap::new());
+        assert!(plain.headers().get(&xc).is_none());
+        assert!(plain.headers().get(header::AGE).is_none());
     }
 
     #[test]

@@ -31,8 +31,9 @@
 //! [`static_files`] (files from a root: memory-cached small files with pre-compressed
 //! siblings, streamed large files, path safety), [`images`] (upload, store by MD5, transform,
 //! cached results), [`respond`] (fixed responses, the redirect to HTTPS), [`metrics`] (requests
-//! counted per worker thread, the OpenMetrics exposition), [`access_log`] (a line per request,
-//! written by a thread of its own), [`stats`] (`larder stats`), [`admin`] (who may purge, the
+//! counted per worker thread, the OpenMetrics exposition, bytes sent and saved), [`access_log`]
+//! (a line per request, written by a thread of its own), [`otel`] (a span per request,
+//! exported to OpenTelemetry over OTLP), [`stats`] (`larder stats`), [`admin`] (who may purge, the
 //! admin API and its dashboard), [`body`] (the response and request body types).
 //!
 //! [`push`] is a handler of its own: live JSON records written over HTTP and pushed to
@@ -62,12 +63,12 @@
 //!    (config, metrics).
 //! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
-//!    metrics).
+//!    metrics); [`otel`] (body, config, upstream).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`], [`push`] (the
 //!    lines above).
-//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, tls, upstream),
-//!    [`server`] (route, interim, memory, tls, metrics, access_log, upstream), [`cli`] (config,
-//!    tls).
+//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
+//!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream),
+//!    [`cli`] (config, tls).
 
 pub mod access_log;
 pub mod admin;
@@ -83,6 +84,7 @@ pub mod inbound;
 pub mod interim;
 pub mod memory;
 pub mod metrics;
+pub mod otel;
 pub mod proxy;
 pub mod push;
 pub mod range;

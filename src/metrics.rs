@@ -11,8 +11,14 @@
 //! reads the shards and the registered figures at scrape time.
 //!
 //! Labels: `route` (the listener's address and the route's host and path prefix), `method`
-//! (GET, HEAD, POST, other), `status` (1xx..5xx) and `cache` (the cache-status the response
-//! carries: HIT, MISS, EXPIRED, REVALIDATED, STALE, BYPASS, or none).
+//! (GET, HEAD, POST, other), `status` (1xx..5xx), `cache` (the cache-status the response
+//! carries: HIT, MISS, EXPIRED, REVALIDATED, STALE, BYPASS, or none) and `encoding` (the
+//! content coding of the body sent: identity, gzip, br, zstd, other).
+//!
+//! Bytes: the body bytes of each response by route and coding (a body of known length is
+//! counted when its head is ready; a streamed one chunk by chunk as it is sent), and the bytes a
+//! stored compressed variant saved: the identity body's length less the variant's, noted by the
+//! delivery that chose it ([`note_delivered`]).
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +42,9 @@ pub const CACHE: [&str; 7] = [
     "STALE",
     "BYPASS",
 ];
+/// Content codings of the bytes sent, in the order of `crate::compress::Encoding`, then any
+/// other.
+pub const ENCODINGS: [&str; 5] = ["identity", "gzip", "br", "zstd", "other"];
 const STATUS_CLASSES: usize = 5;
 /// Upper bounds of the request-duration histogram's buckets, in seconds.
 pub const BUCKETS: [f64; 12] = [
@@ -56,9 +65,11 @@ pub enum CacheResult {
 }
 
 thread_local! {
-    /// The cache result of the response this thread made last, taken when it completes (a
-    /// response is made and completes in the same poll of its task).
-    static NOTED: Cell<u8> = const { Cell::new(0) };
+    /// What the handler of the response this thread made last noted of it, taken when it
+    /// completes (a response is made and completes in the same poll of its task): the cache
+    /// result (bits 0-7), the coding of a stored body it chose plus one (bits 8-15; 0: none
+    /// noted) and the bytes that coding saved (bits 16-63).
+    static NOTED: Cell<u64> = const { Cell::new(0) };
     /// This thread's shards, one per server running in the process (tests run many).
     static SHARDS: RefCell<Vec<(u64, Arc<Shard>)>> = const { RefCell::new(Vec::new()) };
 }
@@ -66,7 +77,54 @@ thread_local! {
 /// Notes the cache result of the response being made on this thread.
 #[inline]
 pub fn note_cache(r: CacheResult) {
-    NOTED.with(|n| n.set(r as u8));
+    NOTED.with(|n| n.set((n.get() & !0xff) | r as u64));
+}
+
+/// Notes that the response being made on this thread sends a stored body in coding
+/// `encoding` (an index into [`ENCODINGS`]) that is `saved` bytes smaller than the identity
+/// body.
+#[inline]
+pub fn note_delivered(encoding: usize, saved: u64) {
+    let saved = saved.min((1 << 48) - 1);
+    NOTED.with(|n| n.set((n.get() & 0xff) | ((encoding as u64 + 1) << 8) | (saved << 16)));
+}
+
+/// Forgets what was noted (a request starts).
+#[inline]
+pub fn clear_notes() {
+    NOTED.with(|n| n.set(0));
+}
+
+/// What the handler of the response just made noted ([`note_cache`], [`note_delivered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notes {
+    /// An index into [`CACHE`].
+    pub cache: usize,
+    /// An index into [`ENCODINGS`], when the body is a stored one.
+    pub encoding: Option<usize>,
+    pub saved: u64,
+}
+
+/// Takes what was noted of the response just made, and forgets it.
+#[inline]
+pub fn take_notes() -> Notes {
+    let n = NOTED.with(|n| n.replace(0));
+    Notes {
+        cache: (n & 0xff) as usize,
+        encoding: ((n >> 8) & 0xff).checked_sub(1).map(|e| e as usize),
+        saved: n >> 16,
+    }
+}
+
+/// The [`ENCODINGS`] index of a Content-Encoding field value (none: identity).
+pub fn encoding_class(v: Option<&http::HeaderValue>) -> usize {
+    match v.map(|v| v.as_bytes()) {
+        None | Some(b"identity") => 0,
+        Some(b"gzip") => 1,
+        Some(b"br") => 2,
+        Some(b"zstd") => 3,
+        Some(_) => 4,
+    }
 }
 
 /// One thread's counters. Only the owning thread stores; scrapes load.
@@ -77,6 +135,10 @@ struct Shard {
     buckets: Box<[AtomicU64]>,
     /// routes × cache results: total duration in nanoseconds.
     nanos: Box<[AtomicU64]>,
+    /// routes × encodings: body bytes sent.
+    sent: Box<[AtomicU64]>,
+    /// routes: bytes saved by stored compressed variants.
+    saved: Box<[AtomicU64]>,
 }
 
 impl Shard {
@@ -87,6 +149,8 @@ impl Shard {
             requests: zeros(routes * METHODS.len() * STATUS_CLASSES * CACHE.len()),
             buckets: zeros(per_route_cache * (BUCKETS.len() + 1)),
             nanos: zeros(per_route_cache),
+            sent: zeros(routes * ENCODINGS.len()),
+            saved: zeros(routes),
         }
     }
 }
@@ -206,6 +270,25 @@ impl Metrics {
             }
         }
         t
+    }
+
+    /// Body bytes sent over all routes, by coding (indexed as [`ENCODINGS`]), and the bytes
+    /// stored compressed variants saved.
+    pub fn bytes(&self) -> ([u64; ENCODINGS.len()], u64) {
+        let shards = lock(&self.state.shards).clone();
+        let mut sent = [0u64; ENCODINGS.len()];
+        let mut saved = 0;
+        for s in &shards {
+            for (i, c) in s.sent.iter().enumerate() {
+                sent[i % ENCODINGS.len()] += c.load(Ordering::Relaxed);
+            }
+            saved += s
+                .saved
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum::<u64>();
+        }
+        (sent, saved)
     }
 
     /// Requests by duration over every route and cache result: one count per bucket of
@@ -331,6 +414,36 @@ impl Collector for Collect {
                     )?;
             }
         }
+        let mut sent = encoder.encode_descriptor(
+            "larder_sent_bytes",
+            "Response body bytes sent, by route and content coding.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (r, route) in routes.iter().enumerate() {
+            for (e, encoding) in ENCODINGS.iter().enumerate() {
+                let n = sum(|s| &s.sent, r * ENCODINGS.len() + e);
+                if n == 0 {
+                    continue;
+                }
+                let labels = [("route", route.as_str()), ("encoding", encoding)];
+                Value(n, true).encode(sent.encode_family(&labels)?)?;
+            }
+        }
+        let mut saved = encoder.encode_descriptor(
+            "larder_saved_bytes",
+            "Body bytes not sent because a stored compressed variant was sent instead of the \
+             identity body (identity length less the variant's), by route.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (r, route) in routes.iter().enumerate() {
+            let n = sum(|s| &s.saved, r);
+            if n == 0 {
+                continue;
+            }
+            Value(n, true).encode(saved.encode_family(&[("route", route.as_str())])?)?;
+        }
         for read in lock(&state.families).iter() {
             for f in read() {
                 let kind = if f.counter {
@@ -360,35 +473,30 @@ fn request_index(route: u32, method: usize, status: usize, cache: usize) -> usiz
     ((route as usize * METHODS.len() + method) * STATUS_CLASSES + status) * CACHE.len() + cache
 }
 
-/// The cache result the handler of the response just made noted (an index into [`CACHE`]),
-/// and forgets it.
-#[inline]
-pub fn take_cache() -> usize {
-    NOTED.with(|n| n.replace(0)) as usize
+/// What a completed request sent: the body's coding (an index into [`ENCODINGS`]), its bytes
+/// (those known when its head is ready) and the bytes its coding saved.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sent {
+    pub encoding: usize,
+    pub bytes: u64,
+    pub saved: u64,
 }
 
 /// Counts one completed request of server `server` on `route` (this thread's shard): its
-/// method class, status, cache result ([`take_cache`]) and duration.
+/// method class, status, cache result ([`Notes::cache`]), duration and bytes.
 #[inline]
-pub fn record(server: u64, route: u32, method: usize, status: u16, cache: usize, started: Instant) {
+pub fn record(
+    server: u64,
+    route: u32,
+    method: usize,
+    status: u16,
+    cache: usize,
+    started: Instant,
+    sent: Sent,
+) {
     let status = (usize::from(status / 100)).clamp(1, 5) - 1;
     let nanos = started.elapsed().as_nanos() as u64;
-    SHARDS.with(|shards| {
-        let mut shards = shards.borrow_mut();
-        let at = match shards.iter().position(|(id, _)| *id == server) {
-            Some(at) => at,
-            None => {
-                let Some(m) = (SERVERS.lock().unwrap_or_else(|e| e.into_inner()).iter())
-                    .find(|(id, _)| *id == server)
-                    .and_then(|(_, w)| w.upgrade())
-                else {
-                    return;
-                };
-                shards.push((server, m.new_shard()));
-                shards.len() - 1
-            }
-        };
-        let shard = &shards[at].1;
+    with_shard(server, |shard| {
         let Some(c) = shard
             .requests
             .get(request_index(route, method, status, cache))
@@ -404,7 +512,93 @@ pub fn record(server: u64, route: u32, method: usize, status: u16, cache: usize,
             .unwrap_or(BUCKETS.len());
         bump(&shard.buckets[rc * (BUCKETS.len() + 1) + b], 1);
         bump(&shard.nanos[rc], nanos);
+        let e = route as usize * ENCODINGS.len() + sent.encoding.min(ENCODINGS.len() - 1);
+        bump(&shard.sent[e], sent.bytes);
+        if sent.saved > 0 {
+            bump(&shard.saved[route as usize], sent.saved);
+        }
     });
+}
+
+/// Counts `bytes` more body bytes sent on `route` in coding `encoding` (a streamed body's
+/// chunk, on the thread that polled it).
+pub fn add_sent(server: u64, route: u32, encoding: usize, bytes: u64) {
+    with_shard(server, |shard| {
+        let e = route as usize * ENCODINGS.len() + encoding.min(ENCODINGS.len() - 1);
+        if let Some(c) = shard.sent.get(e) {
+            bump(c, bytes);
+        }
+    });
+}
+
+/// Runs `f` on this thread's shard of server `server` (made on the thread's first request).
+#[inline]
+fn with_shard(server: u64, f: impl FnOnce(&Shard)) {
+    SHARDS.with(|shards| {
+        let mut shards = shards.borrow_mut();
+        let at = match shards.iter().position(|(id, _)| *id == server) {
+            Some(at) => at,
+            None => {
+                let Some(m) = (SERVERS.lock().unwrap_or_else(|e| e.into_inner()).iter())
+                    .find(|(id, _)| *id == server)
+                    .and_then(|(_, w)| w.upgrade())
+                else {
+                    return;
+                };
+                shards.push((server, m.new_shard()));
+                shards.len() - 1
+            }
+        };
+        f(&shards[at].1);
+    });
+}
+
+/// A streamed response body whose bytes are counted as they are sent ([`add_sent`]).
+pub struct CountedBody<B> {
+    inner: B,
+    server: u64,
+    route: u32,
+    encoding: usize,
+}
+
+impl<B> CountedBody<B> {
+    pub fn new(inner: B, server: u64, route: u32, encoding: usize) -> CountedBody<B> {
+        CountedBody {
+            inner,
+            server,
+            route,
+            encoding,
+        }
+    }
+}
+
+impl<B> http_body::Body for CountedBody<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                add_sent(self.server, self.route, self.encoding, data.len() as u64);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The method class of `m` (an index into [`METHODS`]).
@@ -428,13 +622,19 @@ mod tests {
         let r = m.route("127.0.0.1:80 */".into());
         let id = m.id();
         let t0 = Instant::now();
+        let sent = |encoding, bytes, saved| Sent {
+            encoding,
+            bytes,
+            saved,
+        };
         note_cache(CacheResult::Hit);
-        record(id, r, 0, 200, take_cache(), t0);
+        record(id, r, 0, 200, take_notes().cache, t0, sent(1, 100, 900));
         std::thread::scope(|s| {
             s.spawn(|| {
                 note_cache(CacheResult::Hit);
-                record(id, r, 0, 200, take_cache(), t0);
-                record(id, r, 3, 404, take_cache(), t0);
+                record(id, r, 0, 200, take_notes().cache, t0, sent(1, 50, 450));
+                record(id, r, 3, 404, take_notes().cache, t0, sent(0, 7, 0));
+                add_sent(id, r, 4, 5);
             });
         });
         let text = m.render();
@@ -452,5 +652,43 @@ mod tests {
         assert!(text.contains(
             "larder_request_duration_seconds_count{route=\"127.0.0.1:80 */\",cache=\"HIT\"} 2"
         ));
+        for line in [
+            "larder_sent_bytes_total{route=\"127.0.0.1:80 */\",encoding=\"gzip\"} 150",
+            "larder_sent_bytes_total{route=\"127.0.0.1:80 */\",encoding=\"identity\"} 7",
+            "larder_sent_bytes_total{route=\"127.0.0.1:80 */\",encoding=\"other\"} 5",
+            "larder_saved_bytes_total{route=\"127.0.0.1:80 */\"} 1350",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert_eq!(m.bytes(), ([7, 150, 0, 0, 5], 1350));
+    }
+
+    #[test]
+    fn notes_pack_cache_result_coding_and_saving() {
+        clear_notes();
+        assert_eq!(
+            take_notes(),
+            Notes {
+                cache: 0,
+                encoding: None,
+                saved: 0
+            }
+        );
+        note_cache(CacheResult::Stale);
+        note_delivered(2, 123_456_789);
+        note_cache(CacheResult::Hit);
+        assert_eq!(
+            take_notes(),
+            Notes {
+                cache: CacheResult::Hit as usize,
+                encoding: Some(2),
+                saved: 123_456_789
+            }
+        );
+        assert_eq!(take_notes().encoding, None, "taken once");
+        let v = |s: &'static str| http::HeaderValue::from_static(s);
+        assert_eq!(encoding_class(None), 0);
+        assert_eq!(encoding_class(Some(&v("br"))), 2);
+        assert_eq!(encoding_class(Some(&v("x-custom"))), 4);
     }
 }

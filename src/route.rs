@@ -115,13 +115,23 @@ impl Handler {
                 let host = strip_port(crate::inbound::authority(req.uri(), req.headers()));
                 return Serving::Ready(Some(r.handle(host, req.uri())));
             }
-            Handler::Static(s) => Box::pin(Arc::clone(s).serve(req)),
+            Handler::Static(s) => match s.fresh_hit(req) {
+                Ok(hit) => return Serving::Ready(Some(hit)),
+                Err(req) => Box::pin(Arc::clone(s).serve(req)),
+            },
+            // A fresh hit is answered here, without a future; everything else is boxed once.
             // Only a proxied request can meet an origin's 1xx responses.
             Handler::Proxy(p) => {
+                let req = match p.fresh_hit(req, peer) {
+                    Ok(hit) => return Serving::Ready(Some(hit)),
+                    Err(req) => req,
+                };
                 let p = Arc::clone(p);
                 match sink {
-                    Some(sink) => Box::pin(async move { sink.scope(p.handle(req, peer)).await }),
-                    None => Box::pin(async move { p.handle(req, peer).await }),
+                    Some(sink) => {
+                        Box::pin(async move { sink.scope(p.handle_slow(req, peer)).await })
+                    }
+                    None => Box::pin(async move { p.handle_slow(req, peer).await }),
                 }
             }
             Handler::Images(i) => {
@@ -161,8 +171,11 @@ struct Route {
     /// Fields added to every response: `Strict-Transport-Security` (TLS listeners only),
     /// `Alt-Svc` (listeners that also serve HTTP/3). Usually none.
     extra: Vec<(HeaderName, HeaderValue)>,
-    /// The route's id in the server's metrics.
+    /// The route's id in the server's metrics (its position among the router's routes when
+    /// requests are not counted).
     metric: u32,
+    /// `{listener} {host}{prefix}`, when requests are counted, logged or traced.
+    label: String,
 }
 
 /// The routes of one listener, in match order.
@@ -177,8 +190,8 @@ pub struct Router {
     counted: Option<u64>,
     /// The server's access log id, when requests are logged.
     logged: Option<u64>,
-    /// Each route's label (`{listener} {host}{prefix}`), by metrics id, when counted or logged.
-    labels: Vec<String>,
+    /// The server's span exporter, when requests are traced.
+    traced: Option<Arc<crate::otel::Spans>>,
 }
 
 /// What is noted of a request at its start to count and log it when its response is ready
@@ -189,6 +202,8 @@ pub struct Observed {
     counted: Option<(u64, usize)>,
     /// Access log id and the request's part of the line.
     logged: Option<(u64, Box<crate::access_log::Entry>)>,
+    /// The request's span, when it is traced.
+    traced: Option<Box<crate::otel::Traced>>,
     route: u32,
 }
 
@@ -196,20 +211,58 @@ impl Observed {
     /// The route `dispatch_route` chose (and its label, for the log).
     pub fn routed(mut self, route: u32, router: &Router) -> Observed {
         self.route = route;
-        if let Some((_, e)) = &mut self.logged {
-            if let Some(l) = router.labels.get(route as usize) {
-                e.route.clone_from(l);
+        if self.logged.is_none() && self.traced.is_none() {
+            return self;
+        }
+        if let Some(r) = router.routes.iter().find(|r| r.metric == route) {
+            if let Some((_, e)) = &mut self.logged {
+                e.route.clone_from(&r.label);
+            }
+            if let Some(t) = &mut self.traced {
+                t.routed(&r.prefix, &r.label);
             }
         }
         self
     }
 
-    /// Counts and logs the request now that `response` is ready.
-    pub fn finish(self, response: &Response<Body>) {
-        let cache = crate::metrics::take_cache();
+    /// Counts and logs the request now that `response` is ready. A streamed body of unknown
+    /// length is wrapped to count its bytes as they go.
+    pub fn finish(self, response: &mut Response<Body>) {
+        let notes = crate::metrics::take_notes();
+        let cache = notes.cache;
         let status = response.status().as_u16();
+        if let Some(t) = self.traced {
+            let sent = http_body::Body::size_hint(response.body()).exact();
+            t.finish(status, crate::metrics::CACHE[cache.min(6)], sent);
+        }
         if let Some((server, method)) = self.counted {
-            crate::metrics::record(server, self.route, method, status, cache, self.started);
+            let encoding = notes.encoding.unwrap_or_else(|| {
+                crate::metrics::encoding_class(response.headers().get(header::CONTENT_ENCODING))
+            });
+            let bytes = match http_body::Body::size_hint(response.body()).exact() {
+                Some(n) => n,
+                None => {
+                    let body = std::mem::replace(response.body_mut(), Body::empty());
+                    *response.body_mut() = Body::stream(crate::metrics::CountedBody::new(
+                        body, server, self.route, encoding,
+                    ));
+                    0
+                }
+            };
+            let sent = crate::metrics::Sent {
+                encoding,
+                bytes,
+                saved: notes.saved,
+            };
+            crate::metrics::record(
+                server,
+                self.route,
+                method,
+                status,
+                cache,
+                self.started,
+                sent,
+            );
         }
         if let Some((log, mut e)) = self.logged {
             e.status = status;
@@ -309,6 +362,7 @@ impl Router {
                     .into_iter()
                     .collect(),
                 metric: 0,
+                label: String::new(),
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -327,7 +381,7 @@ impl Router {
             http01: None,
             counted: None,
             logged: None,
-            labels: Vec::new(),
+            traced: None,
         }
     }
 
@@ -340,12 +394,13 @@ impl Router {
                 handler: Handler::Admin(Arc::new(admin)),
                 extra: Vec::new(),
                 metric: 0,
+                label: String::new(),
             }],
             by_host: false,
             http01: None,
             counted: None,
             logged: None,
-            labels: Vec::new(),
+            traced: None,
         }
     }
 
@@ -355,6 +410,7 @@ impl Router {
         &mut self,
         metrics: Option<&crate::metrics::Metrics>,
         log: Option<u64>,
+        spans: Option<&Arc<crate::otel::Spans>>,
         listener: &str,
     ) {
         for (i, r) in self.routes.iter_mut().enumerate() {
@@ -368,19 +424,20 @@ impl Router {
                 Some(m) => m.route(label.clone()),
                 None => i as u32,
             };
-            self.labels.push(label);
+            r.label = label;
         }
         self.counted = metrics.map(|m| m.id());
         self.logged = log;
+        self.traced = spans.cloned();
     }
 
     /// At a request's start: what its completion will count and log (None: neither is on).
     #[inline]
-    pub fn observe<B>(&self, req: &Request<B>, peer: SocketAddr) -> Option<Observed> {
-        if self.counted.is_none() && self.logged.is_none() {
+    pub fn observe<B>(&self, req: &mut Request<B>, peer: SocketAddr) -> Option<Observed> {
+        if self.counted.is_none() && self.logged.is_none() && self.traced.is_none() {
             return None;
         }
-        crate::metrics::note_cache(crate::metrics::CacheResult::None);
+        crate::metrics::clear_notes();
         let logged = (self.logged)
             .filter(|id| crate::access_log::wants(*id))
             .map(|id| {
@@ -393,7 +450,9 @@ impl Router {
                 );
                 (id, Box::new(e))
             });
+        let traced = (self.traced.as_ref()).and_then(|spans| spans.begin(req, peer));
         Some(Observed {
+            traced,
             started: std::time::Instant::now(),
             counted: (self.counted).map(|id| (id, crate::metrics::method_class(req.method()))),
             logged,

@@ -177,6 +177,24 @@ pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> St
             100.0 * hits as f64 / lookups as f64
         );
     }
+    if now["bytes"].is_object() {
+        let _ = writeln!(
+            out,
+            "{:<14}{:>14}{:>12}",
+            "body bytes", "total", "per second"
+        );
+        for k in ["sent", "saved"] {
+            let total = n(now, &["bytes", k]);
+            let rate = before.map(|b| total.saturating_sub(n(b, &["bytes", k])));
+            let _ = writeln!(
+                out,
+                "{:<14}{:>14}{:>12}",
+                k,
+                total,
+                rate.map_or("-".into(), |r| r.to_string())
+            );
+        }
+    }
     out
 }
 
@@ -193,6 +211,7 @@ mod tests {
                 "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0,
                           "tiers": [{"tier": "disk", "hits": 7, "misses": 2, "writes": 9, "errors": 0}]},
                 "requests": {"total": hits + misses, "by_cache": {"HIT": hits, "MISS": misses}},
+                "bytes": {"sent": hits * 10, "saved": hits * 30},
             })
         };
         let table = render(&at(150, 10), Some(&at(100, 9)));
@@ -207,6 +226,10 @@ mod tests {
         assert!(table.contains("hit ratio 93.8%"), "{table}");
         assert!(
             table.contains("disk tier: 7 hits, 2 misses, 9 writes, 0 errors"),
+            "{table}"
+        );
+        assert!(
+            table.contains("saved                   4500        1500"),
             "{table}"
         );
     }

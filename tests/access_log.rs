@@ -93,6 +93,56 @@ async fn combined_json_and_template_lines() {
     }
 }
 
+/// With metrics on (an admin listener), route ids are the metrics' own, numbered across
+/// listeners: a request on the second listener is still logged with its own route.
+#[tokio::test(flavor = "multi_thread")]
+async fn routes_are_named_on_every_listener_with_metrics_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let log = dir.path().join("routes.log");
+    let larder = Larder::start(&format!(
+        r#"
+[admin]
+token = "t"
+listen = "127.0.0.1:0"
+
+[access_log]
+path = {:?}
+format = "{{route}} {{status}}"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/one/"
+  respond = {{ body = "1" }}
+  [[listener.route]]
+  path = "/"
+  respond = {{ body = "root" }}
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/two/"
+  proxy = {{ upstream = "{}" }}
+"#,
+        log.display().to_string(),
+        origin.url()
+    ))
+    .await;
+    let c = client();
+    let second = larder.addr_of(1);
+    get(&c, &format!("http://{second}/two/x"), &[]).await;
+    get(&c, &larder.url("/one/x"), &[]).await;
+    let got = lines(&log, 2).await;
+    assert_eq!(
+        got,
+        [
+            format!("{second} */two/ 200"),
+            format!("{} */one/ 200", larder.addr)
+        ]
+    );
+}
+
 fn larder_dropped(l: &Larder) -> Option<u64> {
     l.access_log_dropped()
 }

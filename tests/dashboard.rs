@@ -37,7 +37,10 @@ async fn browser(script: &'static str, args: Vec<String>) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboard_logs_in_shows_live_counters_and_purges() {
     let origin = Origin::start(|seen, _| {
-        Reply::ok(format!("page {}", seen.path)).header("cache-control", "max-age=600")
+        // Compressible pages: hits of the gzip variants save bandwidth.
+        Reply::ok(format!("<p>page {}</p>\n", seen.path).repeat(100))
+            .header("content-type", "text/html")
+            .header("cache-control", "max-age=600")
     })
     .await;
     let l = Larder::start(&format!(
@@ -70,6 +73,11 @@ addr = "127.0.0.1:0"
         seen["pools"].as_str().unwrap().contains(&origin.url()),
         "{seen}"
     );
+    assert!(
+        seen["bw_saved"].as_str().unwrap().contains("% · "),
+        "{seen}"
+    );
+    assert!(seen["bw_out"].as_str().unwrap().ends_with("/s"), "{seen}");
     assert_eq!(seen["listed"], 3, "{seen}");
     assert_eq!(seen["after_purge"], 2, "{seen}");
     // The purge happened in larder, not only on the page.

@@ -134,9 +134,111 @@ addr = "127.0.0.1:0"
         "larder_request_duration_seconds",
         "larder_cache_entries",
         "larder_connections_open",
+        "larder_sent_bytes",
     ] {
         assert!(said.split_whitespace().any(|w| w == family), "{said}");
     }
+}
+
+/// The value of the sample `series` (name and labels, as printed) in a scrape, 0 if absent.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Bytes sent by route and content coding, counted where each response completes: a stored
+/// body by its length, a streamed body of unknown length chunk by chunk as it goes; bytes saved
+/// are the identity body's length less the compressed variant's, per response that sent one.
+/// The status JSON (what the dashboard reads) has the same totals.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_bytes_sent_by_coding_and_bytes_saved() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let page = "<p>larder keeps one copy per encoding</p>\n".repeat(500);
+    let produced = std::sync::Arc::new(AtomicU64::new(0));
+    let (body, made) = (page.clone(), std::sync::Arc::clone(&produced));
+    let origin = Origin::start(move |seen, _| {
+        if seen.path == "/stream" {
+            return Reply::generated(300_000, false, &made).header("cache-control", "no-store");
+        }
+        Reply::ok(body.clone())
+            .header("content-type", "text/html")
+            .header("cache-control", "max-age=600")
+    })
+    .await;
+    let config = format!(
+        r#"
+[admin]
+token = "{TOKEN}"
+listen = "127.0.0.1:0"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  proxy = {{ upstream = "{}" }}
+"#,
+        origin.url()
+    );
+    let larder = Larder::start(&config).await;
+    let c = client();
+    let url = larder.url("/page");
+    get(&c, &url, &[]).await;
+    wait_for_encoding(&c, &url, "gzip").await;
+    let auth = format!("Bearer {TOKEN}");
+    let scrape = || async {
+        get(
+            &c,
+            &larder.admin_url("/metrics"),
+            &[("authorization", &auth)],
+        )
+        .await
+        .text()
+    };
+    let route = format!("{} */", larder.addr);
+    let gzip = format!("larder_sent_bytes_total{{route=\"{route}\",encoding=\"gzip\"}}");
+    let identity = format!("larder_sent_bytes_total{{route=\"{route}\",encoding=\"identity\"}}");
+    let saved = format!("larder_saved_bytes_total{{route=\"{route}\"}}");
+    let before = scrape().await;
+
+    let mut gz_len = 0;
+    for _ in 0..5 {
+        let g = get(&c, &url, &[("accept-encoding", "gzip")]).await;
+        assert_eq!(g.header("content-encoding"), Some("gzip"));
+        assert_eq!(decode(&g.body, Some("gzip")), page.as_bytes());
+        gz_len = g.body.len() as u64;
+    }
+    for _ in 0..2 {
+        let g = get(&c, &url, &[]).await;
+        assert_eq!(g.body.len(), page.len());
+    }
+    let streamed = get(&c, &larder.url("/stream"), &[]).await;
+    assert_eq!(streamed.body.len(), 300_000);
+    assert!(streamed.header("content-length").is_none(), "streamed");
+    assert_eq!(produced.load(Ordering::Relaxed), 300_000);
+
+    let after = scrape().await;
+    let delta = |series: &str| sample(&after, series) - sample(&before, series);
+    assert!(gz_len > 0 && gz_len < page.len() as u64 / 4, "{gz_len}");
+    assert_eq!(delta(&gzip), 5 * gz_len, "{after}");
+    assert_eq!(delta(&identity), 2 * page.len() as u64 + 300_000, "{after}");
+    assert_eq!(delta(&saved), 5 * (page.len() as u64 - gz_len), "{after}");
+
+    let status: serde_json::Value = serde_json::from_str(
+        &get(
+            &c,
+            &larder.admin_url("/_larder/status"),
+            &[("authorization", &auth)],
+        )
+        .await
+        .text(),
+    )
+    .unwrap();
+    assert_eq!(status["bytes"]["saved"], sample(&after, &saved), "{status}");
+    assert_eq!(
+        status["bytes"]["sent_by_encoding"]["gzip"],
+        sample(&after, &gzip),
+        "{status}"
+    );
 }
 
 /// Without an admin listener nothing is counted, and the admin API has no `/metrics`.

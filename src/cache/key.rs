@@ -12,9 +12,9 @@ impl CacheKey {
         let mut s = String::with_capacity(scheme.len() + host.len() + path_and_query.len() + 3);
         s.push_str(scheme);
         s.push_str("://");
-        for c in host.chars() {
-            s.push(c.to_ascii_lowercase());
-        }
+        let at = s.len();
+        s.push_str(host);
+        s[at..].make_ascii_lowercase();
         s.push_str(path_and_query);
         CacheKey(s.into_boxed_str())
     }

@@ -143,6 +143,8 @@ pub(super) struct Tiers {
     grace: Duration,
     /// Which disk hits go into memory.
     pub(super) doorkeeper: Doorkeeper,
+    /// The cache-status field every delivery of a record adds ([`Entry::reserve_stamp`]).
+    status_header: http::HeaderName,
 }
 
 /// Which disk hits are promoted to memory: a record read from the disk goes into memory on its
@@ -237,6 +239,7 @@ impl Tiers {
             disk_all: cfg.disk.as_ref().is_some_and(|d| d.write == DiskWrite::All),
             grace,
             doorkeeper: Doorkeeper::new(cfg.max_size.0),
+            status_header: cfg.status_header.0.clone(),
         }))
     }
 
@@ -281,7 +284,7 @@ impl Tiers {
 
     /// A record, decoded, if it is whole, not purged since, and answers `request`.
     fn usable(&self, key: &CacheKey, record: Bytes, request: &HeaderMap) -> Option<Entry> {
-        let entry = match Entry::decode(record) {
+        let mut entry = match Entry::decode(record) {
             Ok(e) => e,
             Err(e) => {
                 tracing::debug!(key = key.as_str(), error = %e, "stored record not read");
@@ -291,6 +294,7 @@ impl Tiers {
         if self.bans.bans(key, &entry) || !entry.selection.matches(request) {
             return None;
         }
+        entry.reserve_stamp(&self.status_header);
         Some(entry)
     }
 

@@ -491,7 +491,9 @@ impl Inner {
             );
             (Bytes::from(out), format)
         };
-        Ok(Arc::new(result_entry(&md5, &key, body, format, negotiated)))
+        let mut entry = result_entry(&md5, &key, body, format, negotiated);
+        entry.reserve_stamp(&self.status_header);
+        Ok(Arc::new(entry))
     }
 }
 

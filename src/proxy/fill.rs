@@ -371,6 +371,7 @@ impl Fill<'_> {
         );
         entry.auth_ok = storable.auth_ok;
         entry.tags = tags;
+        entry.reserve_stamp(&me.status_header);
         if negotiated {
             entry.pending = Some(Pending::new());
         }

@@ -85,9 +85,8 @@ impl Proxy {
         self.0.pool.describe()
     }
 
-    /// Serves one request. A fresh hit is answered synchronously; everything else (stale,
-    /// miss, pass, purge) runs in a boxed future, so the future hyper holds and moves for every
-    /// request stays small.
+    /// Serves one request: [`Proxy::fresh_hit`], else [`Proxy::handle_slow`] (the router
+    /// calls the two itself, so that a hit makes no future at all).
     pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
@@ -95,11 +94,12 @@ impl Proxy {
         }
     }
 
-    /// The hot path: a GET/HEAD whose stored response satisfies it as is. Anything else hands
-    /// the request back unchanged (moved, not boxed: boxing would allocate on every miss).
+    /// The hot path: a GET/HEAD whose stored response satisfies it as is, answered
+    /// synchronously. Anything else hands the request back unchanged (moved, not boxed:
+    /// boxing would allocate on every miss) for [`Proxy::handle_slow`].
     #[inline]
     #[allow(clippy::result_large_err)]
-    fn fresh_hit(
+    pub fn fresh_hit(
         &self,
         req: Request<RequestBody>,
         peer: SocketAddr,
@@ -133,7 +133,8 @@ impl Proxy {
         }
     }
 
-    async fn handle_slow(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
+    /// Everything but a fresh hit: stale, miss, pass, purge.
+    pub async fn handle_slow(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         let me = &self.0;
         let method = req.method();
         if method.as_str() == "PURGE" {

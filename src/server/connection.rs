@@ -147,7 +147,7 @@ pub async fn serve_connection<S: Stream>(
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
         // The router in force now serves this request to its end, whatever reloads come.
         let router = routers.current();
-        let observed = router.observe(&req, peer);
+        let observed = router.observe(&mut req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {
             Ok(()) => router.dispatch_route(req.map(RequestBody::Hyper), peer, sink.clone()),
@@ -541,9 +541,9 @@ impl Future for InService {
     type Output = Result<Response<Body>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let r = std::task::ready!(Pin::new(&mut self.serving).poll(cx));
+        let mut r = std::task::ready!(Pin::new(&mut self.serving).poll(cx));
         if let Some(o) = self.observed.take() {
-            o.finish(&r);
+            o.finish(&mut r);
         }
         Poll::Ready(Ok(r))
     }

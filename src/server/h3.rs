@@ -117,9 +117,10 @@ async fn request(
     max_headers: usize,
 ) {
     let head_only = req.method() == Method::HEAD;
-    let observed = router.observe(&req, peer);
+    let mut req = req;
+    let observed = router.observe(&mut req, peer);
     let mut req = req.map(|()| RequestBody::Stream(upload(recv).boxed()));
-    let (response, route) = match crate::inbound::admit(&mut req, max_headers) {
+    let (mut response, route) = match crate::inbound::admit(&mut req, max_headers) {
         Ok(()) => {
             let (serving, route) = router.dispatch_route(req, peer, None);
             (serving.await, route)
@@ -127,7 +128,7 @@ async fn request(
         Err(refused) => (refused.response(), crate::route::UNROUTED),
     };
     if let Some(o) = observed {
-        o.routed(route, router).finish(&response);
+        o.routed(route, router).finish(&mut response);
     }
     let _ = respond(response, &mut send, head_only).await;
 }

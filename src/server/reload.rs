@@ -8,7 +8,7 @@
 //! cannot bind changes nothing.
 //!
 //! What a running process cannot change (`[server]`, `[cache]`, `[compression]`, `[admin]`,
-//! `[access_log]`, a listener's TLS settings) is kept as it runs, and named in the answer as
+//! `[access_log]`, `[tracing]`, a listener's TLS settings) is kept as it runs, and named in the answer as
 //! needing a restart.
 
 use std::net::SocketAddr;
@@ -32,6 +32,8 @@ pub(super) struct RouterParts {
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The access log's id, when there is one.
     pub access_log: Option<u64>,
+    /// The span exporter, when requests are traced.
+    pub spans: Option<Arc<crate::otel::Spans>>,
     pub http01: Arc<tls::acme::Http01>,
 }
 
@@ -46,8 +48,13 @@ impl RouterParts {
     ) -> Router {
         let pools = self.pools.read().expect("not poisoned");
         let mut router = Router::new(l, &config.admin, &self.cache, &pools);
-        if self.metrics.is_some() || self.access_log.is_some() {
-            router.observe_into(self.metrics.as_deref(), self.access_log, &bound.to_string());
+        if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
+            router.observe_into(
+                self.metrics.as_deref(),
+                self.access_log,
+                self.spans.as_ref(),
+                &bound.to_string(),
+            );
         }
         let answers_http01 = config.listeners.iter().any(|l| {
             (l.tls.as_ref()).is_some_and(|t| {
@@ -157,6 +164,7 @@ impl Reloader {
                 "[admin]",
             ),
             (new.access_log != old.access_log, "[access_log]"),
+            (new.tracing != old.tracing, "[tracing]"),
         ] {
             if changed {
                 restart.push(name.to_string());
@@ -165,6 +173,7 @@ impl Reloader {
         new.cache = old.cache.clone();
         new.compression = old.compression.clone();
         new.access_log = old.access_log.clone();
+        new.tracing = old.tracing.clone();
         new.admin.listen = old.admin.listen;
         new.admin.token = old.admin.token.clone();
 

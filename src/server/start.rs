@@ -35,6 +35,8 @@ pub enum Error {
     #[error("{0}")]
     AccessLog(String),
     #[error("{0}")]
+    Tracing(String),
+    #[error("{0}")]
     Pool(String),
     #[error("{0}")]
     Push(String),
@@ -65,6 +67,8 @@ pub struct Handle {
     reloader: Arc<Reloader>,
     /// The access log, when configured (its writer stops once the last handle is gone).
     access_log: Option<Arc<crate::access_log::AccessLog>>,
+    /// The span exporter, when configured: what it holds is sent at shutdown.
+    spans: Option<Arc<crate::otel::Spans>>,
 }
 
 impl Handle {
@@ -84,6 +88,9 @@ impl Handle {
         self.background.stop(deadline).await;
         // What the disk tier was given is written before the process goes.
         self.cache.flush().await;
+        if let Some(spans) = self.spans {
+            let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+        }
         open
     }
 
@@ -201,6 +208,10 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         Some(cfg) => Some(crate::access_log::AccessLog::start(cfg).map_err(Error::AccessLog)?),
         None => None,
     };
+    let spans = match &config.tracing {
+        Some(cfg) => Some(crate::otel::Spans::start(cfg).map_err(Error::Tracing)?),
+        None => None,
+    };
     // HTTP-01 answers of ACME orders, served by every plain listener.
     let http01 = Arc::new(tls::acme::Http01::default());
     for l in &config.listeners {
@@ -220,6 +231,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         pools: Arc::clone(&pools),
         metrics: metrics.clone(),
         access_log: access_log.as_ref().map(|l| l.id()),
+        spans: spans.clone(),
         http01: Arc::clone(&http01),
     };
     let mut slots = Vec::new();
@@ -400,6 +412,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         tls: tls_acceptors,
         metrics,
         access_log,
+        spans,
         pools,
         reloader,
     })

@@ -17,7 +17,7 @@
 //! with its connections and health.
 
 mod balance;
-mod connect;
+pub mod connect;
 pub mod exchange;
 mod health;
 

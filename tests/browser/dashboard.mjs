@@ -28,7 +28,7 @@ try {
   const total = async () => Number((await page.textContent("#total")).replace(/[^0-9.]/g, ""));
   out.total_before = await total();
   for (let i = 0; i < 30; i++) {
-    const r = await fetch(site + "/page" + (i % 3));
+    const r = await fetch(site + "/page" + (i % 3), { headers: { "accept-encoding": "gzip" } });
     await r.arrayBuffer();
   }
   await page.waitForFunction((before) => {
@@ -40,6 +40,10 @@ try {
   // A second tick so the rate and latency show.
   await page.waitForFunction(() => document.querySelector("#rps").textContent !== "–");
   out.hit_ratio = await page.textContent("#hit-ratio");
+  // Hits sent gzip variants: the bandwidth saved shows a share above zero.
+  await page.waitForFunction(() => /^[1-9][0-9.]*% · /.test(document.querySelector("#bw-saved").textContent), null, { timeout: 10000 });
+  out.bw_saved = await page.textContent("#bw-saved");
+  out.bw_out = await page.textContent("#bw-out");
   out.pools = await page.textContent("#pools");
   await page.waitForFunction(() => document.querySelectorAll("#top tr td").length >= 3 * 3, null, { timeout: 10000 });
   out.top = await page.textContent("#top");
