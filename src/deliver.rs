@@ -141,7 +141,10 @@ fn respond(
             .variant(Encoding::Identity)
             .map_or(0, |i| i.body.len().saturating_sub(sent));
         // A coding larder does not know is stored as the identity body, as it came.
-        let coding = if entry.opaque { 4 } else { enc as usize };
+        let coding = match entry.opaque {
+            true => crate::metrics::OTHER_CODING,
+            false => enc as usize,
+        };
         crate::metrics::note_delivered(coding, saved as u64);
         Body::Full(Some(variant.body.clone()))
     };

@@ -45,6 +45,8 @@ pub const CACHE: [&str; 7] = [
 /// Content codings of the bytes sent, in the order of `crate::compress::Encoding`, then any
 /// other.
 pub const ENCODINGS: [&str; 5] = ["identity", "gzip", "br", "zstd", "other"];
+/// The [`ENCODINGS`] index of a coding larder does not know.
+pub const OTHER_CODING: usize = 4;
 const STATUS_CLASSES: usize = 5;
 /// Upper bounds of the request-duration histogram's buckets, in seconds.
 pub const BUCKETS: [f64; 12] = [
@@ -123,12 +125,16 @@ pub fn encoding_class(v: Option<&http::HeaderValue>) -> usize {
         Some(b"gzip") => 1,
         Some(b"br") => 2,
         Some(b"zstd") => 3,
-        Some(_) => 4,
+        Some(_) => OTHER_CODING,
     }
 }
 
-/// One thread's counters. Only the owning thread stores; scrapes load.
+/// One thread's counters. Only the owning thread stores; scrapes load. A shard is sized for
+/// the routes registered when it was made: a thread that meets a route added since (a reload)
+/// gets a new shard, and the old one stays summed ([`with_shard`]).
 struct Shard {
+    /// The routes it has counters for.
+    routes: usize,
     /// routes × methods × status classes × cache results.
     requests: Box<[AtomicU64]>,
     /// routes × cache results × (buckets + the +Inf bucket).
@@ -146,6 +152,7 @@ impl Shard {
         let zeros = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
         let per_route_cache = routes * CACHE.len();
         Shard {
+            routes,
             requests: zeros(routes * METHODS.len() * STATUS_CLASSES * CACHE.len()),
             buckets: zeros(per_route_cache * (BUCKETS.len() + 1)),
             nanos: zeros(per_route_cache),
@@ -153,6 +160,13 @@ impl Shard {
             saved: zeros(routes),
         }
     }
+}
+
+/// The value of counter `i` of a shard's `counters`, 0 past a shard made before route ids that
+/// high existed.
+#[inline]
+fn read(counters: &[AtomicU64], i: usize) -> u64 {
+    counters.get(i).map_or(0, |c| c.load(Ordering::Relaxed))
 }
 
 /// Adds `by` to a counter only this thread writes.
@@ -262,8 +276,7 @@ impl Metrics {
                 for m in 0..METHODS.len() {
                     for st in 0..STATUS_CLASSES {
                         for (c, slot) in t.iter_mut().enumerate() {
-                            *slot += s.requests[request_index(r as u32, m, st, c)]
-                                .load(Ordering::Relaxed);
+                            *slot += read(&s.requests, request_index(r as u32, m, st, c));
                         }
                     }
                 }
@@ -352,7 +365,7 @@ impl Collector for Collect {
         let routes = lock(&state.routes).clone();
         let shards = lock(&state.shards).clone();
         let sum = |f: fn(&Shard) -> &[AtomicU64], i: usize| -> u64 {
-            shards.iter().map(|s| f(s)[i].load(Ordering::Relaxed)).sum()
+            shards.iter().map(|s| read(f(s), i)).sum()
         };
         let mut requests = encoder.encode_descriptor(
             "larder_requests",
@@ -496,14 +509,11 @@ pub fn record(
 ) {
     let status = (usize::from(status / 100)).clamp(1, 5) - 1;
     let nanos = started.elapsed().as_nanos() as u64;
-    with_shard(server, |shard| {
-        let Some(c) = shard
-            .requests
-            .get(request_index(route, method, status, cache))
-        else {
-            return;
-        };
-        bump(c, 1);
+    with_shard(server, route, |shard| {
+        bump(
+            &shard.requests[request_index(route, method, status, cache)],
+            1,
+        );
         let rc = route as usize * CACHE.len() + cache;
         let secs = nanos as f64 / 1e9;
         let b = BUCKETS
@@ -523,30 +533,43 @@ pub fn record(
 /// Counts `bytes` more body bytes sent on `route` in coding `encoding` (a streamed body's
 /// chunk, on the thread that polled it).
 pub fn add_sent(server: u64, route: u32, encoding: usize, bytes: u64) {
-    with_shard(server, |shard| {
+    with_shard(server, route, |shard| {
         let e = route as usize * ENCODINGS.len() + encoding.min(ENCODINGS.len() - 1);
-        if let Some(c) = shard.sent.get(e) {
-            bump(c, bytes);
-        }
+        bump(&shard.sent[e], bytes);
     });
 }
 
-/// Runs `f` on this thread's shard of server `server` (made on the thread's first request).
+/// Runs `f` on this thread's shard of server `server` that has counters for `route`: made on
+/// the thread's first request, and made anew (the old one stays summed at scrapes) when a
+/// reload registered routes since.
 #[inline]
-fn with_shard(server: u64, f: impl FnOnce(&Shard)) {
+fn with_shard(server: u64, route: u32, f: impl FnOnce(&Shard)) {
     SHARDS.with(|shards| {
         let mut shards = shards.borrow_mut();
-        let at = match shards.iter().position(|(id, _)| *id == server) {
-            Some(at) => at,
-            None => {
+        let found = shards.iter().position(|(id, _)| *id == server);
+        let at = match found {
+            Some(at) if (route as usize) < shards[at].1.routes => at,
+            _ => {
                 let Some(m) = (SERVERS.lock().unwrap_or_else(|e| e.into_inner()).iter())
                     .find(|(id, _)| *id == server)
                     .and_then(|(_, w)| w.upgrade())
                 else {
                     return;
                 };
-                shards.push((server, m.new_shard()));
-                shards.len() - 1
+                let shard = m.new_shard();
+                if shard.routes <= route as usize {
+                    return; // not a route of this server's
+                }
+                match found {
+                    Some(at) => {
+                        shards[at].1 = shard;
+                        at
+                    }
+                    None => {
+                        shards.push((server, shard));
+                        shards.len() - 1
+                    }
+                }
             }
         };
         f(&shards[at].1);

@@ -187,8 +187,14 @@ struct Exporter {
 }
 
 /// A runtime that may be dropped anywhere (a runtime dropped within another's task would
-/// panic): it is shut down in the background.
+/// panic): it is shut down in the background. (The option is taken only by `drop`.)
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnRuntime {
+    fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("taken only when dropped")
+    }
+}
 
 impl Drop for OwnRuntime {
     fn drop(&mut self) {
@@ -249,10 +255,10 @@ impl HttpClient for Exporter {
                 .to_bytes();
             Ok::<_, HttpError>(Response::from_parts(parts, body))
         };
-        let Some(runtime) = &self.runtime.0 else {
-            return Err("the exporter is stopped".into());
-        };
-        let task = runtime.spawn(async move { tokio::time::timeout(timeout, exchange).await });
+        let task = self
+            .runtime
+            .get()
+            .spawn(async move { tokio::time::timeout(timeout, exchange).await });
         match task.await? {
             Ok(answer) => answer,
             Err(_) => Err(format!("no answer within {timeout:?}").into()),

@@ -231,15 +231,16 @@ impl Observed {
         let notes = crate::metrics::take_notes();
         let cache = notes.cache;
         let status = response.status().as_u16();
+        let known = http_body::Body::size_hint(response.body()).exact();
         if let Some(t) = self.traced {
-            let sent = http_body::Body::size_hint(response.body()).exact();
-            t.finish(status, crate::metrics::CACHE[cache.min(6)], sent);
+            let cache = crate::metrics::CACHE.get(cache).copied().unwrap_or("none");
+            t.finish(status, cache, known);
         }
         if let Some((server, method)) = self.counted {
             let encoding = notes.encoding.unwrap_or_else(|| {
                 crate::metrics::encoding_class(response.headers().get(header::CONTENT_ENCODING))
             });
-            let bytes = match http_body::Body::size_hint(response.body()).exact() {
+            let bytes = match known {
                 Some(n) => n,
                 None => {
                     let body = std::mem::replace(response.body_mut(), Body::empty());

@@ -387,3 +387,50 @@ async fn larder_stats_once() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
 }
+
+/// A reload registers the new routers' routes with the metrics: requests on them are counted
+/// on worker threads that counted requests before it, and a scrape reads every thread's
+/// counts whatever routes they knew.
+#[tokio::test(flavor = "multi_thread")]
+async fn routes_added_by_a_reload_are_counted() {
+    let config = |body: &str| {
+        format!(
+            r#"
+[admin]
+token = "{TOKEN}"
+listen = "127.0.0.1:0"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  respond = {{ body = "{body}" }}
+"#
+        )
+    };
+    let larder = Larder::start(&config("before")).await;
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(get(&c, &larder.url("/"), &[]).await.text(), "before");
+    }
+    larder.reload(&config("after")).unwrap();
+    for _ in 0..7 {
+        assert_eq!(get(&c, &larder.url("/"), &[]).await.text(), "after");
+    }
+    let text = larder.metrics_text().unwrap();
+    let counted: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("larder_requests_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, 12, "{text}");
+    let auth = format!("Bearer {TOKEN}");
+    let status = get(
+        &c,
+        &larder.admin_url("/_larder/status"),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(status.status, 200);
+    let status: serde_json::Value = serde_json::from_str(&status.text()).unwrap();
+    assert_eq!(status["requests"]["total"], 12, "{status}");
+}

@@ -85,8 +85,9 @@ impl Proxy {
         self.0.pool.describe()
     }
 
-    /// Serves one request: [`Proxy::fresh_hit`], else [`Proxy::handle_slow`] (the router
-    /// calls the two itself, so that a hit makes no future at all).
+    /// Serves one request: [`Proxy::fresh_hit`], else [`Proxy::handle_slow`], as the router
+    /// does (it calls the two itself, so that a hit makes no future at all).
+    #[cfg(test)]
     pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
