@@ -23,7 +23,6 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -52,6 +51,31 @@ const STATUS_CLASSES: usize = 5;
 pub const BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5,
 ];
+/// [`BUCKETS`] in nanoseconds, which a completed request is compared against.
+const BUCKET_NANOS: [u64; 12] = {
+    let mut out = [0u64; 12];
+    let mut i = 0;
+    while i < BUCKETS.len() {
+        out[i] = (BUCKETS[i] * 1e9) as u64;
+        i += 1;
+    }
+    out
+};
+
+/// Now on the monotonic clock (the one `std::time::Instant` reads), in nanoseconds: a
+/// request's start and end are two of these, subtracted without `Duration`'s checks.
+#[inline]
+pub fn clock() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write; CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
 
 /// The cache result of a response, as the handler that made it noted it ([`note_cache`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -496,7 +520,8 @@ pub struct Sent {
 }
 
 /// Counts one completed request of server `server` on `route` (this thread's shard): its
-/// method class, status, cache result ([`Notes::cache`]), duration and bytes.
+/// method class, status, cache result ([`Notes::cache`]), duration (`nanos`, from
+/// [`clock`] readings) and bytes.
 #[inline]
 pub fn record(
     server: u64,
@@ -504,21 +529,19 @@ pub fn record(
     method: usize,
     status: u16,
     cache: usize,
-    started: Instant,
+    nanos: u64,
     sent: Sent,
 ) {
     let status = (usize::from(status / 100)).clamp(1, 5) - 1;
-    let nanos = started.elapsed().as_nanos() as u64;
     with_shard(server, route, |shard| {
         bump(
             &shard.requests[request_index(route, method, status, cache)],
             1,
         );
         let rc = route as usize * CACHE.len() + cache;
-        let secs = nanos as f64 / 1e9;
-        let b = BUCKETS
+        let b = BUCKET_NANOS
             .iter()
-            .position(|le| secs <= *le)
+            .position(|le| nanos <= *le)
             .unwrap_or(BUCKETS.len());
         bump(&shard.buckets[rc * (BUCKETS.len() + 1) + b], 1);
         bump(&shard.nanos[rc], nanos);
@@ -640,11 +663,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_are_bucketed_in_nanoseconds() {
+        assert_eq!(BUCKET_NANOS[0], 100_000);
+        assert_eq!(BUCKET_NANOS[3], 1_000_000);
+        assert_eq!(BUCKET_NANOS[11], 2_500_000_000);
+        let (a, i, b) = (clock(), std::time::Instant::now(), clock());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let (c, j) = (clock(), std::time::Instant::now());
+        assert!(a <= b && b < c);
+        // The same clock as Instant's: the two measure the same interval within 1 ms.
+        let ours = c - a;
+        let std = j.duration_since(i).as_nanos() as u64;
+        assert!(ours.abs_diff(std) < 1_000_000, "{ours} vs {std}");
+    }
+
+    #[test]
     fn counts_per_thread_are_summed_at_scrape() {
         let m = Metrics::new();
         let r = m.route("127.0.0.1:80 */".into());
         let id = m.id();
-        let t0 = Instant::now();
+        // 300 µs: in the bucket up to 0.5 ms.
+        let t0 = 300_000;
         let sent = |encoding, bytes, saved| Sent {
             encoding,
             bytes,
@@ -675,6 +714,12 @@ mod tests {
         assert!(text.contains(
             "larder_request_duration_seconds_count{route=\"127.0.0.1:80 */\",cache=\"HIT\"} 2"
         ));
+        assert!(text.contains(
+            "larder_request_duration_seconds_bucket{le=\"0.00025\",route=\"127.0.0.1:80 */\",cache=\"HIT\"} 0"
+        ), "{text}");
+        assert!(text.contains(
+            "larder_request_duration_seconds_bucket{le=\"0.0005\",route=\"127.0.0.1:80 */\",cache=\"HIT\"} 2"
+        ), "{text}");
         for line in [
             "larder_sent_bytes_total{route=\"127.0.0.1:80 */\",encoding=\"gzip\"} 150",
             "larder_sent_bytes_total{route=\"127.0.0.1:80 */\",encoding=\"identity\"} 7",

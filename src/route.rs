@@ -197,7 +197,8 @@ pub struct Router {
 /// What is noted of a request at its start to count and log it when its response is ready
 /// (the server's completion point calls [`Observed::finish`]).
 pub struct Observed {
-    started: std::time::Instant,
+    /// [`crate::metrics::clock`] at the request's start.
+    started: u64,
     /// Metrics id and method class.
     counted: Option<(u64, usize)>,
     /// Access log id and the request's part of the line.
@@ -209,12 +210,16 @@ pub struct Observed {
 
 impl Observed {
     /// The route `dispatch_route` chose (and its label, for the log).
-    pub fn routed(mut self, route: u32, router: &Router) -> Observed {
+    #[inline]
+    pub fn routed(&mut self, route: u32, router: &Router) {
         self.route = route;
-        if self.logged.is_none() && self.traced.is_none() {
-            return self;
+        if self.logged.is_some() || self.traced.is_some() {
+            self.label(router);
         }
-        if let Some(r) = router.routes.iter().find(|r| r.metric == route) {
+    }
+
+    fn label(&mut self, router: &Router) {
+        if let Some(r) = router.routes.iter().find(|r| r.metric == self.route) {
             if let Some((_, e)) = &mut self.logged {
                 e.route.clone_from(&r.label);
             }
@@ -222,7 +227,6 @@ impl Observed {
                 t.routed(&r.prefix, &r.label);
             }
         }
-        self
     }
 
     /// Counts and logs the request now that `response` is ready. A streamed body of unknown
@@ -232,6 +236,7 @@ impl Observed {
         let cache = notes.cache;
         let status = response.status().as_u16();
         let known = http_body::Body::size_hint(response.body()).exact();
+        let nanos = crate::metrics::clock().saturating_sub(self.started);
         if let Some(t) = self.traced {
             let cache = crate::metrics::CACHE.get(cache).copied().unwrap_or("none");
             t.finish(status, cache, known);
@@ -255,20 +260,12 @@ impl Observed {
                 bytes,
                 saved: notes.saved,
             };
-            crate::metrics::record(
-                server,
-                self.route,
-                method,
-                status,
-                cache,
-                self.started,
-                sent,
-            );
+            crate::metrics::record(server, self.route, method, status, cache, nanos, sent);
         }
         if let Some((log, mut e)) = self.logged {
             e.status = status;
             e.cache = cache;
-            e.duration = self.started.elapsed();
+            e.duration = std::time::Duration::from_nanos(nanos);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             crate::access_log::log(log, *e);
@@ -454,7 +451,7 @@ impl Router {
         let traced = (self.traced.as_ref()).and_then(|spans| spans.begin(req, peer));
         Some(Observed {
             traced,
-            started: std::time::Instant::now(),
+            started: crate::metrics::clock(),
             counted: (self.counted).map(|id| (id, crate::metrics::method_class(req.method()))),
             logged,
             route: UNROUTED,

@@ -147,7 +147,7 @@ pub async fn serve_connection<S: Stream>(
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
         // The router in force now serves this request to its end, whatever reloads come.
         let router = routers.current();
-        let observed = router.observe(&mut req, peer);
+        let mut observed = router.observe(&mut req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {
             Ok(()) => router.dispatch_route(req.map(RequestBody::Hyper), peer, sink.clone()),
@@ -156,10 +156,13 @@ pub async fn serve_connection<S: Stream>(
                 crate::route::UNROUTED,
             ),
         };
+        if let Some(o) = &mut observed {
+            o.routed(route, &router);
+        }
         InService {
             serving,
             _busy: busy,
-            observed: observed.map(|o| o.routed(route, &router)),
+            observed,
         }
     });
     let io = TokioIo::new(Tracked::new(stream, Arc::clone(&activity), interim));

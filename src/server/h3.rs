@@ -127,8 +127,9 @@ async fn request(
         }
         Err(refused) => (refused.response(), crate::route::UNROUTED),
     };
-    if let Some(o) = observed {
-        o.routed(route, router).finish(&mut response);
+    if let Some(mut o) = observed {
+        o.routed(route, router);
+        o.finish(&mut response);
     }
     let _ = respond(response, &mut send, head_only).await;
 }
