@@ -1111,3 +1111,49 @@ fn the_quick_start_generates_and_prints_a_write_token() {
     });
     drop(lines);
 }
+
+/// A reload applies the settings of a store it keeps open: a lower group maximum removes the
+/// oldest records at once (subscribers see the removes), a shorter history, a smaller record
+/// limit and a faster heartbeat.
+#[tokio::test]
+async fn a_reload_applies_the_store_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let before =
+        "heartbeat = \"60s\"\n[[listener.route.push.group]]\nmatch = \"recent/*\"\nmax = 5";
+    let l = Larder::start(&push_config(dir.path(), before)).await;
+    let c = client();
+    for i in 1..=5 {
+        assert_eq!(
+            put(&c, &l.url(&format!("/recent/{i}")), "1").await.status,
+            201
+        );
+    }
+    let big = format!("\"{}\"", "x".repeat(300));
+    assert_eq!(put(&c, &l.url("/big"), &big).await.status, 201);
+    let mut s = Sse::open(&c, &l.url("/?subscribe&match=recent/*&init=0"), &[]).await;
+    assert_eq!(s.next().await.event, "init");
+
+    let after = "history = 3\nmax_record_size = \"200B\"\nheartbeat = \"200ms\"\n[[listener.route.push.group]]\nmatch = \"recent/*\"\nmax = 2";
+    let restart = l.reload(&push_config(dir.path(), after)).unwrap();
+    assert!(restart.is_empty(), "{restart:?}");
+    let mut removed = Vec::new();
+    while removed.len() < 3 {
+        let e = s.next().await;
+        assert_eq!(e.event, "remove");
+        removed.push(e.json()["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(removed, ["recent/1", "recent/2", "recent/3"]);
+    assert_eq!(get(&c, &l.url("/recent/3"), &[]).await.status, 404);
+    assert_eq!(get(&c, &l.url("/recent/4"), &[]).await.status, 200);
+    // The record limit: the same body is refused now, a small one still goes.
+    assert_eq!(put(&c, &l.url("/big2"), &big).await.status, 413);
+    assert_eq!(put(&c, &l.url("/small"), "1").await.status, 201);
+    // The heartbeat: an idle stream hears one within 2 s (60 s before the reload).
+    assert!(s.heartbeat_within(Duration::from_secs(2)).await);
+    // The history: changes 1-6 were the sets, 7-9 the removes, 10 the small set; three are
+    // kept, so a resume after 7 works and one after 6 is told to start over.
+    let mut ok = Sse::open(&c, &l.url("/?subscribe&init=0"), &[("last-event-id", "7")]).await;
+    assert_eq!(ok.next().await.id, Some(8));
+    let mut old = Sse::open(&c, &l.url("/?subscribe"), &[("last-event-id", "6")]).await;
+    assert_eq!(old.next().await.event, "reset");
+}

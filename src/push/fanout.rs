@@ -11,6 +11,7 @@
 //! the record was removed or no longer passes but passed before.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -80,8 +81,8 @@ impl Topic {
 /// The topics of a push route.
 pub struct Fanout {
     topics: RwLock<HashMap<String, Arc<Topic>>>,
-    /// Events a subscriber may fall behind by.
-    queue: usize,
+    /// Events a subscriber may fall behind by (in topics made from now on).
+    queue: AtomicUsize,
     heartbeat: Arc<Event>,
 }
 
@@ -89,9 +90,14 @@ impl Fanout {
     pub fn new(queue: usize) -> Fanout {
         Fanout {
             topics: RwLock::default(),
-            queue: queue.max(1),
+            queue: AtomicUsize::new(queue.max(1)),
             heartbeat: Arc::new(Event::new(0, Bytes::from_static(b":\n\n"), Bytes::new())),
         }
+    }
+
+    /// The ring size of topics made from now on (a reload).
+    pub fn set_queue(&self, queue: usize) {
+        self.queue.store(queue.max(1), Ordering::Relaxed);
     }
 
     /// The topic of `pattern` and `filter`, made if none has them.
@@ -105,7 +111,7 @@ impl Fanout {
             Arc::new(Topic {
                 pattern: pattern.clone(),
                 filter: filter.clone(),
-                tx: broadcast::channel(self.queue).0,
+                tx: broadcast::channel(self.queue.load(Ordering::Relaxed)).0,
             })
         }))
     }

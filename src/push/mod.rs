@@ -115,6 +115,14 @@ impl Push {
     /// (started once per store, kept across reloads).
     pub fn new(cfg: &PushConfig, prefix: &str, cache: &Cache) -> Result<Push, String> {
         let (store, _) = open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
+        // A reload's settings apply to the store it keeps open.
+        store.configure(
+            cfg.history.0 as usize,
+            cfg.queue.0 as usize,
+            cfg.max_record_size.0 as usize,
+            &cfg.groups,
+            cfg.heartbeat.0,
+        );
         if cfg.share {
             let log = cache
                 .shared_log(&format!("push:{prefix}"))

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -163,6 +164,20 @@ struct Group {
     order: BTreeMap<u64, Arc<str>>,
 }
 
+impl Group {
+    /// The groups of `cfg`, with no records yet.
+    fn all(cfg: &[GroupConfig]) -> Vec<Group> {
+        (cfg.iter())
+            .map(|g| Group {
+                pattern: g.pattern.clone(),
+                max: g.max.map(|m| m.0 as usize),
+                ttl: g.ttl.map(|t| t.0),
+                order: BTreeMap::new(),
+            })
+            .collect()
+    }
+}
+
 struct State {
     records: BTreeMap<Arc<str>, Arc<Record>>,
     seq: u64,
@@ -185,7 +200,9 @@ pub struct Store {
     state: Arc<Mutex<State>>,
     pub fanout: Arc<Fanout>,
     jobs: Mutex<mpsc::Sender<Job>>,
-    max_record: usize,
+    max_record: AtomicUsize,
+    /// Between heartbeats, in milliseconds.
+    heartbeat_ms: AtomicU64,
     dir: PathBuf,
     /// Its link to the other nodes, when its route shares its records (`share = true`).
     pub replica: OnceLock<Arc<super::replicate::Replica>>,
@@ -248,14 +265,7 @@ impl Store {
             seq: 0,
             history: VecDeque::new(),
             history_max: history.max(1),
-            groups: (groups.iter())
-                .map(|g| Group {
-                    pattern: g.pattern.clone(),
-                    max: g.max.map(|m| m.0 as usize),
-                    ttl: g.ttl.map(|t| t.0),
-                    order: BTreeMap::new(),
-                })
-                .collect(),
+            groups: Group::all(groups),
             live_bytes: 0,
             failed: false,
         };
@@ -305,14 +315,15 @@ impl Store {
             state,
             fanout,
             jobs: Mutex::new(tx),
-            max_record,
+            max_record: AtomicUsize::new(max_record),
+            heartbeat_ms: AtomicU64::new(heartbeat.as_millis() as u64),
             dir: key.clone(),
             replica: OnceLock::new(),
         });
         open.insert(key, Arc::downgrade(&store));
         // Heartbeats to idle subscribers and expiry of groups' records, until the store goes.
         let weak = Arc::downgrade(&store);
-        let tick = heartbeat.min(Duration::from_secs(1));
+        let mut tick = heartbeat.min(Duration::from_secs(1));
         std::thread::Builder::new()
             .name("larder-push-tick".into())
             .spawn(move || {
@@ -321,6 +332,10 @@ impl Store {
                     std::thread::sleep(tick);
                     let Some(store) = weak.upgrade() else { return };
                     since_beat += tick;
+                    // A reload may have changed it.
+                    let heartbeat =
+                        Duration::from_millis(store.heartbeat_ms.load(Ordering::Relaxed));
+                    tick = heartbeat.clamp(Duration::from_millis(10), Duration::from_secs(1));
                     if since_beat >= heartbeat {
                         since_beat = Duration::ZERO;
                         store.fanout.heartbeat();
@@ -333,6 +348,51 @@ impl Store {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Applies a push route's settings to its open store (a reload): the history's length
+    /// (shortened at once), the ring of topics made from now on, the largest record, the
+    /// heartbeat, and the groups (their records counted again; those over a new maximum are
+    /// removed now, as changes like any other; a new TTL applies at the next second's expiry).
+    pub fn configure(
+        &self,
+        history: usize,
+        queue: usize,
+        max_record: usize,
+        groups: &[GroupConfig],
+        heartbeat: Duration,
+    ) {
+        self.max_record.store(max_record, Ordering::Relaxed);
+        self.heartbeat_ms
+            .store(heartbeat.as_millis() as u64, Ordering::Relaxed);
+        self.fanout.set_queue(queue);
+        let mut st = self.state.lock().expect("state");
+        st.history_max = history.max(1);
+        while st.history.len() > st.history_max {
+            st.history.pop_front();
+        }
+        let same = st.groups.len() == groups.len()
+            && st.groups.iter().zip(groups).all(|(a, b)| {
+                a.pattern == b.pattern
+                    && a.max == b.max.map(|m| m.0 as usize)
+                    && a.ttl == b.ttl.map(|t| t.0)
+            });
+        if same || st.failed {
+            return;
+        }
+        let mut fresh = Group::all(groups);
+        for g in &mut fresh {
+            for (id, r) in &st.records {
+                if g.pattern.matches(id) {
+                    g.order.insert(r.seq, Arc::clone(id));
+                }
+            }
+        }
+        st.groups = fresh;
+        let changes = st.evict_over_max(None);
+        if !changes.is_empty() {
+            self.submit(&changes, None);
+        }
     }
 
     /// The record `id`.
@@ -422,8 +482,9 @@ impl Store {
             let new = match value {
                 Some(v) => {
                     let json = serde_json::to_vec(&v).expect("a value serializes");
-                    if json.len() > self.max_record {
-                        return Err(WriteError::TooLarge(self.max_record));
+                    let max_record = self.max_record.load(Ordering::Relaxed);
+                    if json.len() > max_record {
+                        return Err(WriteError::TooLarge(max_record));
                     }
                     st.seq += 1;
                     Some(Arc::new(Record::new(v, json.into(), st.seq, t)))
@@ -444,7 +505,7 @@ impl Store {
             };
             let seq = st.seq;
             let mut changes = vec![st.apply(&id, seq, new)];
-            changes.extend(st.evict_over_max(&id));
+            changes.extend(st.evict_over_max(Some(&id)));
             let (tx, rx) = oneshot::channel();
             self.submit(&changes, Some(tx));
             (rx, written)
@@ -623,13 +684,14 @@ impl State {
         change
     }
 
-    /// Removes the oldest records of the groups of `id` that hold more than their maximum.
-    fn evict_over_max(&mut self, id: &str) -> Vec<Arc<Change>> {
+    /// Removes the oldest records of the groups (of `id`, or all) that hold more than their
+    /// maximum.
+    fn evict_over_max(&mut self, id: Option<&str>) -> Vec<Arc<Change>> {
         let mut out = Vec::new();
         for gi in 0..self.groups.len() {
             let g = &self.groups[gi];
             let Some(max) = g.max else { continue };
-            if !g.pattern.matches(id) {
+            if id.is_some_and(|id| !g.pattern.matches(id)) {
                 continue;
             }
             while self.groups[gi].order.len() > max {
