@@ -332,6 +332,17 @@ addr = "127.0.0.1:0"
             assert_eq!(g.text(), body);
         }
     }
+    // HTTP/2 chosen by ALPN: the connection tells the client so (on an h2 connection an
+    // HTTP/1.1 request would fail with 502).
+    let l = Larder::start(&pooled(&format!(
+        "backends = [{url:?}]\nhttp2 = true\n[pool.app.tls]\n{ca_line}"
+    )))
+    .await;
+    for _ in 0..3 {
+        let g = get(&client(), &l.url("/x"), &[]).await;
+        assert_eq!(g.status, 200, "{}", g.text());
+        assert_eq!(g.text(), "over tls");
+    }
 }
 
 /// `http2 = true` speaks HTTP/2 to the backends (h2c here; ALPN with https).
