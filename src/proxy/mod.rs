@@ -365,13 +365,22 @@ impl Proxy {
             parts.method,
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         );
-        let key = cache_key_of(&parts);
-        let host = key_host(&parts).to_string();
-        let path = parts.uri.path().to_string();
-        let resp =
-            Box::pin(self.forward(Request::from_parts(parts, Body::stream(body)), peer, status))
-                .await;
-        if unsafe_method && (resp.status().is_success() || resp.status().is_redirection()) {
+        // What an unsafe method's success invalidates (RFC 9111 §4.4): noted before the
+        // request goes; a safe method allocates none of it.
+        let target = unsafe_method.then(|| {
+            (
+                cache_key_of(&parts),
+                key_host(&parts).to_string(),
+                parts.uri.path().to_string(),
+            )
+        });
+        let resp = self
+            .forward(Request::from_parts(parts, Body::stream(body)), peer, status)
+            .await;
+        let Some((key, host, path)) = target else {
+            return resp;
+        };
+        if resp.status().is_success() || resp.status().is_redirection() {
             let cache = &self.0.cache;
             cache.remove(&key);
             for name in [header::LOCATION, header::CONTENT_LOCATION] {

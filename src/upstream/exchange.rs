@@ -68,9 +68,10 @@ async fn exchange(
     };
     let mut req = Request::from_parts(parts, body);
     forward_interim(&mut req);
+    // The head to send again if a pooled connection turns out closed (its 1xx callback is
+    // added only then: it allocates the request's extension map).
     let retry = (req.method().is_idempotent() && upload.is_none()).then(|| {
         let mut again = Request::new(Body::empty());
-        forward_interim(&mut again);
         *again.method_mut() = req.method().clone();
         *again.uri_mut() = req.uri().clone();
         *again.version_mut() = req.version();
@@ -79,8 +80,9 @@ async fn exchange(
     });
     let attempts = async {
         match (client.request(req).await, retry) {
-            (Err(e), Some(again)) if closed_before_answer(&e) => {
+            (Err(e), Some(mut again)) if closed_before_answer(&e) => {
                 tracing::debug!(error = %source_chain(&e), "pooled upstream connection was closed; retrying once");
+                forward_interim(&mut again);
                 client.request(again).await
             }
             (first, _) => first,
