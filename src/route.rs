@@ -470,6 +470,15 @@ impl Router {
         }
     }
 
+    /// Whether HTTP/2 connections to this listener accept WebSocket (RFC 8441): it has a push
+    /// route, and no proxy route. Advertising it makes browsers send every WebSocket to the
+    /// listener over HTTP/2, and the proxy passes WebSockets through on HTTP/1.1 only; without
+    /// it they open an HTTP/1.1 connection for them.
+    pub fn websocket_over_h2(&self) -> bool {
+        let any = |f: fn(&Handler) -> bool| self.routes.iter().any(|r| f(&r.handler));
+        any(|h| matches!(h, Handler::Push(_))) && !any(|h| matches!(h, Handler::Proxy(_)))
+    }
+
     /// The handler for a host (without port, any case) and path, if a route matches.
     pub fn find(&self, host: &str, path: &str) -> Option<&Handler> {
         self.route(host, path).map(|r| &r.handler)

@@ -22,8 +22,9 @@ pub struct Upgraded {
     pub io: Box<dyn Io>,
     /// What the client sent past the request, already read.
     pub read_ahead: Bytes,
-    /// The connection's place under the server's connection bound, held while it lives.
-    pub permit: tokio::sync::OwnedSemaphorePermit,
+    /// The connection's place under the server's connection bound, held while it lives
+    /// (none for a stream of an HTTP/2 connection, which holds the place itself).
+    pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Whether a request asks for an upgrade: an `Upgrade` field and `upgrade` among the

@@ -582,6 +582,22 @@ async fn a_slow_subscriber_is_cut_off_and_the_others_get_everything() {
     );
 }
 
+/// The next text message of a WebSocket, as JSON (within 5 s).
+async fn next(
+    ws: &mut (impl StreamExt<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin),
+) -> Value {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("a message")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = m {
+            return serde_json::from_str(&t).unwrap();
+        }
+    }
+}
+
 #[tokio::test]
 async fn websocket_clients_get_subscribe_and_unsubscribe() {
     let (l, _dir) = push_larder("ws_max_message = \"1KiB\"").await;
@@ -591,20 +607,6 @@ async fn websocket_clients_get_subscribe_and_unsubscribe() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 101);
-    async fn next(
-        ws: &mut (impl StreamExt<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin),
-    ) -> Value {
-        loop {
-            let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
-                .await
-                .expect("a message")
-                .unwrap()
-                .unwrap();
-            if let Message::Text(t) = m {
-                return serde_json::from_str(&t).unwrap();
-            }
-        }
-    }
     ws.send(Message::text(r#"{"op":"get","id":"cars/1"}"#))
         .await
         .unwrap();
@@ -1156,4 +1158,79 @@ async fn a_reload_applies_the_store_settings() {
     assert_eq!(ok.next().await.id, Some(8));
     let mut old = Sse::open(&c, &l.url("/?subscribe"), &[("last-event-id", "6")]).await;
     assert_eq!(old.next().await.event, "reset");
+}
+
+/// WebSocket over HTTP/2 (RFC 8441): a listener whose routes serve it (push, no proxy) says so
+/// in its SETTINGS, and an extended CONNECT gets a session with the same messages as HTTP/1.1.
+/// A listener with a proxy route does not offer it (its WebSockets go over HTTP/1.1).
+#[tokio::test]
+async fn websocket_over_http2() {
+    use http_body_util::Empty;
+    use hyper_util::rt::TokioIo;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    fn connect(url: &str, version: &str) -> http::Request<Empty<Bytes>> {
+        let mut req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(url)
+            .header("sec-websocket-version", version)
+            .body(Empty::new())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        req
+    }
+
+    let (l, _dir) = push_larder("").await;
+    let c = client();
+    put(&c, &l.url("/cars/1"), r#"{"price": 90}"#).await;
+    let mut send = h2_connection(l.addr).await;
+    // A first exchange: its answer follows the server's SETTINGS, which enable extended CONNECT.
+    let first = http::Request::get(l.url("/cars/1"))
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(send.send_request(first).await.unwrap().status(), 200);
+    let refused = send.send_request(connect(&l.url("/"), "8")).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let resp = send.send_request(connect(&l.url("/"), "13")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let stream = hyper::upgrade::on(resp).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(stream),
+        Role::Client,
+        None,
+    )
+    .await;
+    ws.send(Message::text(
+        r#"{"op":"subscribe","name":"cars","match":"cars/*","init":false}"#,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        json!({"op": "subscribe", "name": "cars"})
+    );
+    assert_eq!(next(&mut ws).await["event"], "init");
+    put(&c, &l.url("/cars/2"), r#"{"price": 70}"#).await;
+    assert_eq!(
+        next(&mut ws).await,
+        json!({"sub": "cars", "event": "set", "seq": 2, "id": "cars/2", "value": {"price": 70}})
+    );
+
+    // A listener that also proxies does not offer WebSocket over HTTP/2.
+    let dir = tempfile::tempdir().unwrap();
+    let both = Larder::start(&format!(
+        "[[listener]]\naddr = \"127.0.0.1:0\"\n  [[listener.route]]\n  path = \"/records/\"\n  push = {{ dir = \"{}\", token = \"{TOKEN}\" }}\n  [[listener.route]]\n  path = \"/\"\n  proxy = {{ upstream = \"http://127.0.0.1:9\" }}\n",
+        dir.path().display()
+    ))
+    .await;
+    let mut send = h2_connection(both.addr).await;
+    let first = http::Request::get(both.url("/records/x"))
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(send.send_request(first).await.unwrap().status(), 404);
+    assert!(send
+        .send_request(connect(&both.url("/records/"), "13"))
+        .await
+        .is_err());
 }

@@ -166,7 +166,7 @@ impl Push {
         res
     }
 
-    async fn route(&self, req: Request<RequestBody>, sink: Option<Sink>) -> Response<Body> {
+    async fn route(&self, mut req: Request<RequestBody>, sink: Option<Sink>) -> Response<Body> {
         let inner = &self.inner;
         let path = req.uri().path();
         let rest = path
@@ -184,6 +184,19 @@ impl Push {
                 StatusCode::BAD_REQUEST,
                 "an id is segments of A-Z a-z 0-9 _ - . ~ : @ separated by /, at most 512 bytes",
             );
+        }
+        // WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with `:protocol = websocket`.
+        if method == Method::CONNECT {
+            let ws = (req.extensions().get::<hyper::ext::Protocol>())
+                .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+            if !ws {
+                return refuse(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not served");
+            }
+            let read = inner.auth.reader(req.headers(), query.get("authorization"));
+            if let Allowed::Nothing(status, why) = read {
+                return refuse(status, why);
+            }
+            return inner.websocket_h2(&mut req, read);
         }
         let get = method == Method::GET || method == Method::HEAD;
         if get {
@@ -459,7 +472,7 @@ impl Inner {
         let Some(sink) = sink else {
             return refuse(
                 StatusCode::BAD_REQUEST,
-                "WebSocket is served over HTTP/1.1 (use SSE over HTTP/2 and HTTP/3)",
+                "WebSocket is served over HTTP/1.1, and over HTTP/2 as RFC 8441 says (use SSE over HTTP/3)",
             );
         };
         let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
@@ -480,6 +493,40 @@ impl Inner {
             HeaderValue::try_from(accept).expect("base64"),
         );
         r
+    }
+
+    /// A WebSocket session on an HTTP/2 stream: 200, then the stream's bytes are the socket's.
+    fn websocket_h2(
+        self: &Arc<Self>,
+        req: &mut Request<RequestBody>,
+        read: Allowed,
+    ) -> Response<Body> {
+        if req
+            .headers()
+            .get(header::SEC_WEBSOCKET_VERSION)
+            .map(|v| v.as_bytes())
+            != Some(b"13")
+        {
+            let mut r = refuse(StatusCode::BAD_REQUEST, "WebSocket version 13 only");
+            r.headers_mut().insert(
+                header::SEC_WEBSOCKET_VERSION,
+                HeaderValue::from_static("13"),
+            );
+            return r;
+        }
+        let upgrade = hyper::upgrade::on(req);
+        let inner = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Ok(stream) = upgrade.await {
+                let up = crate::upgrade::Upgraded {
+                    io: Box::new(hyper_util::rt::TokioIo::new(stream)),
+                    read_ahead: bytes::Bytes::new(),
+                    permit: None,
+                };
+                ws::session(inner, up, read).await;
+            }
+        });
+        Response::new(Body::empty())
     }
 
     async fn write(

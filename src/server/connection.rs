@@ -44,6 +44,9 @@ pub enum Protocol {
 pub struct Builders {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
+    /// `h2` that also accepts WebSocket over HTTP/2 (RFC 8441's extended CONNECT), for
+    /// listeners whose routes serve it ([`crate::route::Router::websocket_over_h2`]).
+    h2_ws: http2::Builder<TokioExecutor>,
     pub h2c: bool,
     pub header_read_timeout: Duration,
     /// Request header fields at most (HTTP/2 is checked by [`crate::inbound::admit`]).
@@ -81,9 +84,12 @@ pub fn connection_builder(cfg: &ServerConfig) -> Builders {
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
+    let mut h2_ws = h2.clone();
+    h2_ws.enable_connect_protocol();
     Builders {
         h1,
         h2,
+        h2_ws,
         h2c: cfg.h2c,
         header_read_timeout: cfg.header_read_timeout.0,
         max_headers,
@@ -138,6 +144,8 @@ pub async fn serve_connection<S: Stream>(
     let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(Arc::clone(&interim)));
     // Where the connection hands itself over after a 101 (`crate::upgrade`).
     let upgrades = Arc::clone(&interim);
+    // Decided per connection by the routes in force when it opens.
+    let ws_h2 = protocol == Protocol::Http2 && router.load_full().websocket_over_h2();
     let routers = crate::route::RouterCache::new(router);
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
@@ -169,7 +177,8 @@ pub async fn serve_connection<S: Stream>(
     match protocol {
         Protocol::Http2 => {
             // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
-            let conn = builder.h2.serve_connection(io, service);
+            let h2 = if ws_h2 { &builder.h2_ws } else { &builder.h2 };
+            let conn = h2.serve_connection(io, service);
             Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
         }
         Protocol::Http1 => {
@@ -349,7 +358,7 @@ async fn serve_h1<T, S>(
                         Bytes::copy_from_slice(&parts.read_buf)
                     },
                     // The connection still counts against `max_connections`.
-                    permit,
+                    permit: Some(permit),
                 };
                 if let Err(back) = to.send(handed) {
                     let mut io = back.io;
