@@ -175,6 +175,9 @@ def run_cell(system, client, subs, rate, count):
     time.sleep(1.0)  # let the server settle with every subscriber idle
     rss1 = H.rss_kb(system.pids())
     cpu0 = sum(H.proc_cpu_ns(p) for p in system.pids())
+    # Each core's busy share while publishing: the server's (CPU 0) and the load side's (CPU 1:
+    # the client, the publisher and the loopback receive path), to say which one set the pace.
+    core0, core1 = H.cpu_ticks(0), H.cpu_ticks(1)
     conn = http.client.HTTPConnection(H.HOST, system.port, timeout=10)
     failed = 0
     t0 = time.time()
@@ -188,6 +191,8 @@ def run_cell(system, client, subs, rate, count):
         if not system.publish(conn, body):
             failed += 1
     pub_s = time.time() - t0
+    busy0 = H.busy_pct(core0, H.cpu_ticks(0))
+    busy1 = H.busy_pct(core1, H.cpu_ticks(1))
     out, err = cl.communicate(timeout=timeout + 30)
     cpu1 = sum(H.proc_cpu_ns(p) for p in system.pids())
     try:
@@ -204,6 +209,8 @@ def run_cell(system, client, subs, rate, count):
         client_cpu_us=r["client_cpu_s"] * 1e6 / d,
         rss_per_sub_kb=(rss1 - rss0) / subs,
         rss_kb=rss1,
+        cpu0_busy_pct=busy0,
+        cpu1_busy_pct=busy1,
     )
     time.sleep(2.0)  # the server drops the closed subscribers
     return r
@@ -215,20 +222,21 @@ def markdown(doc):
              "(bench/sse_client.c, one epoll thread) and publisher on CPU 1; ~90-byte JSON "
              "changes; latency is publish to delivery, measured on every delivery.", "",
              "| subscribers | publishes/s | system | delivered/s | p50 ms | p99 ms | lost | "
-             "server µs/delivery | client µs/delivery | RSS/subscriber KiB |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "server µs/delivery | client µs/delivery | RSS/subscriber KiB | CPU0/CPU1 % |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     # RSS/subscriber in the table is the growth during the cell (it includes event buffers).
     for cell in doc["cells"]:
         for name, r in cell["results"].items():
             if "error" in r:
                 lines.append(f"| {cell['subs']:,} | {cell['rate']} | {name} | error: "
-                             f"{r['error']} | | | | | | |")
+                             f"{r['error']} | | | | | | | |")
                 continue
             lines.append(
                 f"| {cell['subs']:,} | {cell['rate']} | {name} | {r['delivered_per_s']:,.0f} | "
                 f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['lost']:,} | "
                 f"{r['server_cpu_us']:.2f} | {r['client_cpu_us']:.2f} | "
-                f"{r['rss_per_sub_kb']:.1f} |")
+                f"{r['rss_per_sub_kb']:.1f} | "
+                f"{r.get('cpu0_busy_pct', 0):.0f}/{r.get('cpu1_busy_pct', 0):.0f} |")
     lines.append("")
     for g in doc["goals"]:
         mark = {True: "met", False: "NOT met", None: "n/a"}[g["met"]]
@@ -291,7 +299,8 @@ def run(procs, args):
                           f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
                           f"lost {r['lost']}  server {r['server_cpu_us']:.2f} µs/delivery  "
                           f"client {r['client_cpu_us']:.2f} µs/delivery  "
-                          f"RSS/sub {r['rss_per_sub_kb']:.1f} KiB")
+                          f"RSS/sub {r['rss_per_sub_kb']:.1f} KiB  "
+                          f"CPU0/CPU1 {r['cpu0_busy_pct']:.0f}/{r['cpu1_busy_pct']:.0f}%")
             cells.append(dict(subs=subs, rate=rate, publishes=count, results=res))
     finally:
         for s in systems:
