@@ -777,6 +777,10 @@ async fn a_lease_whose_node_died_never_leaves_the_others_waiting() {
     })
     .await;
     assert!(leased, "A took the lease");
+    // ...and its fetch reached the origin (the lease is taken first: killed before that, A
+    // would leave the slow first answer to B, which would time out).
+    let fetching = eventually(Duration::from_secs(5), async || origin.hits() >= 1).await;
+    assert!(fetching, "A's fetch reached the origin");
     a.kill();
     let _ = stuck.await;
     // B waits for the lease to expire (1 s), then fetches for itself.
