@@ -66,7 +66,7 @@ pub fn open_all(config: &Config) -> Result<Vec<Arc<Store>>, String> {
             let HandlerConfig::Push(p) = &r.handler else {
                 continue;
             };
-            let (store, opened) = open(p).map_err(|e| {
+            let (store, opened) = Store::open(p).map_err(|e| {
                 format!(
                     "listener {i} ({}) route {j} ({}): push.dir {}: {e}",
                     l.addr,
@@ -90,15 +90,18 @@ pub fn open_all(config: &Config) -> Result<Vec<Arc<Store>>, String> {
     Ok(out)
 }
 
-fn open(p: &PushConfig) -> std::io::Result<(Arc<Store>, store::Opened)> {
-    Store::open(
-        &p.dir,
-        p.history.0 as usize,
-        p.queue.0 as usize,
-        p.max_record_size.0 as usize,
-        &p.groups,
-        p.heartbeat.0,
-    )
+/// The refusal (`status`, naming the version served) of a WebSocket request that is not of
+/// version 13 (RFC 6455 §4.4), if it is not.
+fn not_version_13(h: &http::HeaderMap, status: StatusCode) -> Option<Response<Body>> {
+    if h.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) == Some(b"13") {
+        return None;
+    }
+    let mut r = refuse(status, "WebSocket version 13 only");
+    (r.headers_mut()).insert(
+        header::SEC_WEBSOCKET_VERSION,
+        HeaderValue::from_static("13"),
+    );
+    Some(r)
 }
 
 /// Why a request was refused.
@@ -114,15 +117,10 @@ impl Push {
     /// `share`, the store follows the fleet's log of the route in `cache`'s shared tier
     /// (started once per store, kept across reloads).
     pub fn new(cfg: &PushConfig, prefix: &str, cache: &Cache) -> Result<Push, String> {
-        let (store, _) = open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
+        let (store, _) =
+            Store::open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
         // A reload's settings apply to the store it keeps open.
-        store.configure(
-            cfg.history.0 as usize,
-            cfg.queue.0 as usize,
-            cfg.max_record_size.0 as usize,
-            &cfg.groups,
-            cfg.heartbeat.0,
-        );
+        store.configure(cfg);
         if cfg.share {
             let log = cache
                 .shared_log(&format!("push:{prefix}"))
@@ -186,23 +184,20 @@ impl Push {
             );
         }
         // WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with `:protocol = websocket`.
-        if method == Method::CONNECT {
-            let ws = (req.extensions().get::<hyper::ext::Protocol>())
+        let ws_h2 = method == Method::CONNECT
+            && (req.extensions().get::<hyper::ext::Protocol>())
                 .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
-            if !ws {
-                return refuse(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not served");
-            }
-            let read = inner.auth.reader(req.headers(), query.get("authorization"));
-            if let Allowed::Nothing(status, why) = read {
-                return refuse(status, why);
-            }
-            return inner.websocket_h2(&mut req, read);
+        if method == Method::CONNECT && !ws_h2 {
+            return refuse(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not served");
         }
         let get = method == Method::GET || method == Method::HEAD;
-        if get {
+        if get || ws_h2 {
             let read = inner.auth.reader(req.headers(), query.get("authorization"));
             if let Allowed::Nothing(status, why) = read {
                 return refuse(status, why);
+            }
+            if ws_h2 {
+                return inner.websocket_h2(&mut req, read);
             }
             if method == Method::GET && crate::upgrade::wanted(req.headers()) {
                 return inner.websocket(&req, sink, read);
@@ -461,12 +456,7 @@ impl Inner {
                 "only WebSocket upgrades are served",
             );
         };
-        if h.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13") {
-            let mut r = refuse(StatusCode::UPGRADE_REQUIRED, "WebSocket version 13 only");
-            r.headers_mut().insert(
-                header::SEC_WEBSOCKET_VERSION,
-                HeaderValue::from_static("13"),
-            );
+        if let Some(r) = not_version_13(h, StatusCode::UPGRADE_REQUIRED) {
             return r;
         }
         let Some(sink) = sink else {
@@ -501,17 +491,8 @@ impl Inner {
         req: &mut Request<RequestBody>,
         read: Allowed,
     ) -> Response<Body> {
-        if req
-            .headers()
-            .get(header::SEC_WEBSOCKET_VERSION)
-            .map(|v| v.as_bytes())
-            != Some(b"13")
-        {
-            let mut r = refuse(StatusCode::BAD_REQUEST, "WebSocket version 13 only");
-            r.headers_mut().insert(
-                header::SEC_WEBSOCKET_VERSION,
-                HeaderValue::from_static("13"),
-            );
+        // HTTP/2 has no 426 (nothing to upgrade): a plain 400.
+        if let Some(r) = not_version_13(req.headers(), StatusCode::BAD_REQUEST) {
             return r;
         }
         let upgrade = hyper::upgrade::on(req);

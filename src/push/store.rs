@@ -27,7 +27,7 @@ use super::fanout::{self, Event, Fanout, Topic};
 use super::filter::IdPattern;
 use super::log::{self, Log};
 use crate::compress::Encoding;
-use crate::config::{CompressionConfig, GroupConfig};
+use crate::config::{CompressionConfig, GroupConfig, PushConfig};
 
 /// A record as stored: its value, its serialized text (what GET and events send), its
 /// entity-tag and the sequence number of its last change.
@@ -176,6 +176,11 @@ impl Group {
             })
             .collect()
     }
+
+    /// Whether `other` has the same pattern and limits (whatever records each counts).
+    fn same_limits(&self, other: &Group) -> bool {
+        self.pattern == other.pattern && self.max == other.max && self.ttl == other.ttl
+    }
 }
 
 struct State {
@@ -238,15 +243,11 @@ pub struct Opened {
 }
 
 impl Store {
-    /// Opens the store in `dir` (creating it), replaying its log; or the one already open there.
-    pub fn open(
-        dir: &Path,
-        history: usize,
-        queue: usize,
-        max_record: usize,
-        groups: &[GroupConfig],
-        heartbeat: Duration,
-    ) -> io::Result<(Arc<Store>, Opened)> {
+    /// Opens the store in `cfg.dir` (creating it), replaying its log; or the one already open
+    /// there (whose settings [`Store::configure`] changes).
+    pub fn open(cfg: &PushConfig) -> io::Result<(Arc<Store>, Opened)> {
+        let dir = &cfg.dir;
+        let heartbeat = cfg.heartbeat.0;
         std::fs::create_dir_all(dir)?;
         #[cfg(unix)]
         {
@@ -264,8 +265,8 @@ impl Store {
             records: BTreeMap::new(),
             seq: 0,
             history: VecDeque::new(),
-            history_max: history.max(1),
-            groups: Group::all(groups),
+            history_max: cfg.history.0 as usize,
+            groups: Group::all(&cfg.groups),
             live_bytes: 0,
             failed: false,
         };
@@ -289,7 +290,7 @@ impl Store {
         };
         let log = Log::open(&path, rec.valid_len)?;
         let state = Arc::new(Mutex::new(st));
-        let fanout = Arc::new(Fanout::new(queue));
+        let fanout = Arc::new(Fanout::new(cfg.queue.0 as usize));
         let (tx, rx) = mpsc::channel();
         let (w_state, w_fanout) = (Arc::clone(&state), Arc::clone(&fanout));
         // Committed changes are published from a task on the server's runtime when there is
@@ -315,7 +316,7 @@ impl Store {
             state,
             fanout,
             jobs: Mutex::new(tx),
-            max_record: AtomicUsize::new(max_record),
+            max_record: AtomicUsize::new(cfg.max_record_size.0 as usize),
             heartbeat_ms: AtomicU64::new(heartbeat.as_millis() as u64),
             dir: key.clone(),
             replica: OnceLock::new(),
@@ -323,7 +324,10 @@ impl Store {
         open.insert(key, Arc::downgrade(&store));
         // Heartbeats to idle subscribers and expiry of groups' records, until the store goes.
         let weak = Arc::downgrade(&store);
-        let mut tick = heartbeat.min(Duration::from_secs(1));
+        let tick_of = |heartbeat: Duration| {
+            heartbeat.clamp(Duration::from_millis(10), Duration::from_secs(1))
+        };
+        let mut tick = tick_of(heartbeat);
         std::thread::Builder::new()
             .name("larder-push-tick".into())
             .spawn(move || {
@@ -335,7 +339,7 @@ impl Store {
                     // A reload may have changed it.
                     let heartbeat =
                         Duration::from_millis(store.heartbeat_ms.load(Ordering::Relaxed));
-                    tick = heartbeat.clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tick = tick_of(heartbeat);
                     if since_beat >= heartbeat {
                         since_beat = Duration::ZERO;
                         store.fanout.heartbeat();
@@ -354,33 +358,21 @@ impl Store {
     /// (shortened at once), the ring of topics made from now on, the largest record, the
     /// heartbeat, and the groups (their records counted again; those over a new maximum are
     /// removed now, as changes like any other; a new TTL applies at the next second's expiry).
-    pub fn configure(
-        &self,
-        history: usize,
-        queue: usize,
-        max_record: usize,
-        groups: &[GroupConfig],
-        heartbeat: Duration,
-    ) {
-        self.max_record.store(max_record, Ordering::Relaxed);
-        self.heartbeat_ms
-            .store(heartbeat.as_millis() as u64, Ordering::Relaxed);
-        self.fanout.set_queue(queue);
+    pub fn configure(&self, cfg: &PushConfig) {
+        (self.max_record).store(cfg.max_record_size.0 as usize, Ordering::Relaxed);
+        (self.heartbeat_ms).store(cfg.heartbeat.0.as_millis() as u64, Ordering::Relaxed);
+        self.fanout.set_queue(cfg.queue.0 as usize);
         let mut st = self.state.lock().expect("state");
-        st.history_max = history.max(1);
+        st.history_max = cfg.history.0 as usize;
         while st.history.len() > st.history_max {
             st.history.pop_front();
         }
-        let same = st.groups.len() == groups.len()
-            && st.groups.iter().zip(groups).all(|(a, b)| {
-                a.pattern == b.pattern
-                    && a.max == b.max.map(|m| m.0 as usize)
-                    && a.ttl == b.ttl.map(|t| t.0)
-            });
+        let mut fresh = Group::all(&cfg.groups);
+        let same = fresh.len() == st.groups.len()
+            && fresh.iter().zip(&st.groups).all(|(a, b)| a.same_limits(b));
         if same || st.failed {
             return;
         }
-        let mut fresh = Group::all(groups);
         for g in &mut fresh {
             for (id, r) in &st.records {
                 if g.pattern.matches(id) {

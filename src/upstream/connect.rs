@@ -34,16 +34,10 @@ pub enum Client {
 #[derive(Clone)]
 pub struct Bare<C>(C);
 
-impl<C> tower_service::Service<http::Uri> for Bare<C>
-where
-    C: tower_service::Service<http::Uri>,
-    C::Future: Send + 'static,
-{
+impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for Bare<C> {
     type Response = BareIo<C::Response>;
     type Error = C::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
-    >;
+    type Future = futures_util::future::MapOk<C::Future, fn(C::Response) -> Self::Response>;
 
     fn poll_ready(
         &mut self,
@@ -53,8 +47,7 @@ where
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let connecting = self.0.call(uri);
-        Box::pin(async move { connecting.await.map(BareIo) })
+        futures_util::TryFutureExt::map_ok(self.0.call(uri), BareIo)
     }
 }
 
