@@ -669,6 +669,64 @@ addr = "127.0.0.1:0"
     assert_eq!(got[0].cache(), "MISS");
 }
 
+/// HTTP/2 over TLS writes the responses of one poll of a connection together (larder holds
+/// rustls's records and flushes at the task's next poll): many concurrent streams, with bodies
+/// on both sides of rustls's 64 KiB send buffer and more in all than the client's connection
+/// window (so larder waits for window updates midway), each arrive whole; and a lone request
+/// on a connection gone quiet is answered, not left in the buffer waiting for company.
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_responses_written_together_arrive_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    let bodies: Vec<(String, Vec<u8>)> = [100usize, 8 * 1024, 300 * 1024]
+        .iter()
+        .map(|&n| {
+            let body: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            (format!("/f/{n}.bin"), body)
+        })
+        .collect();
+    for (path, body) in &bodies {
+        std::fs::write(files.join(&path[3..]), body).unwrap();
+    }
+    let config = format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [listener.tls]
+{}
+  [[listener.route]]
+  path = "/f/"
+  static = {{ root = {:?}, strip_prefix = true }}
+"#,
+        cert_keys(&cert, &key),
+        files.display().to_string()
+    );
+    let larder = Larder::start(&config).await;
+    let tls = Tls::connect(larder.addr, "site.test", ca.client_config(&[b"h2"]))
+        .await
+        .unwrap();
+    // 60 streams at once (20 of each size, 6 MB in all), then a lone request after a pause.
+    let many: Vec<String> = (0..60).map(|i| bodies[i % 3].0.clone()).collect();
+    let rounds = [many.clone(), vec![bodies[0].0.clone()], many];
+    let got = tokio::time::timeout(
+        Duration::from_secs(20),
+        tls.h2_rounds("site.test", &rounds, Duration::from_millis(300)),
+    )
+    .await
+    .expect("every response arrives");
+    for (round, paths) in got.iter().zip(&rounds) {
+        assert_eq!(round.len(), paths.len());
+        for (g, path) in round.iter().zip(paths) {
+            let want = &bodies.iter().find(|(p, _)| p == path).unwrap().1;
+            assert_eq!(g.status, 200, "{path}");
+            assert!(g.body[..] == want[..], "{path}: {} bytes", g.body.len());
+        }
+    }
+}
+
 /// `kill -HUP` makes the running binary re-read its certificates (a long watch interval keeps
 /// the file watcher out of it); the process keeps serving.
 #[tokio::test(flavor = "multi_thread")]

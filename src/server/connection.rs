@@ -173,7 +173,11 @@ pub async fn serve_connection<S: Stream>(
             observed,
         }
     });
-    let io = TokioIo::new(Tracked::new(stream, Arc::clone(&activity), interim));
+    let mut tracked = Tracked::new(stream, Arc::clone(&activity), interim);
+    if protocol == Protocol::Http2 {
+        tracked = tracked.batched();
+    }
+    let io = TokioIo::new(tracked);
     match protocol {
         Protocol::Http2 => {
             // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
@@ -520,7 +524,14 @@ async fn drive_h2<C>(
     }
     loop {
         tokio::select! {
-            res = conn.as_mut() => {
+            // The writes of one poll leave together, at the next (see `Tracked::batched`).
+            res = std::future::poll_fn(|cx| {
+                let r = conn.as_mut().poll(cx);
+                if r.is_pending() {
+                    activity.flush_at_next_poll(cx);
+                }
+                r
+            }) => {
                 if let Err(e) = res {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -38,11 +38,85 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
         *pending = Bytes::copy_from_slice(buf.filled());
         Poll::Ready(Ok(()))
     }
+
+    /// Writes `bufs` into the stream's own send buffer and leaves the system call to
+    /// `poll_flush` (or to when that buffer is full): see [`Tracked::batched`]. A stream
+    /// without such a buffer writes through.
+    fn poll_write_held(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self).poll_write_vectored(cx, bufs)
+    }
+
+    /// Whether bytes written by `poll_write_held` wait for a flush.
+    fn holds_writes(&self) -> bool {
+        false
+    }
 }
 
 /// A TLS connection parks with the default: rustls may hold decrypted bytes of its own, which a
 /// readiness wait on the socket would not see.
-impl Stream for tokio_rustls::server::TlsStream<TcpStream> {}
+///
+/// rustls encrypts what it is given into records it keeps until they are written out (it
+/// copies the plaintext once for that in any case), so a held write costs nothing more than a
+/// written-through one: the records of several responses then leave in one `writev`.
+impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
+    fn poll_write_held(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let (tcp, tls) = self.get_mut();
+        loop {
+            let n = io::Write::write_vectored(&mut tls.writer(), bufs)?;
+            // Zero with something to write: rustls's send buffer is at its limit (64 KiB by
+            // default), so records go out before more are made.
+            if n > 0 || bufs.iter().all(|b| b.is_empty()) {
+                return Poll::Ready(Ok(n));
+            }
+            std::task::ready!(poll_write_tls(tcp, tls, cx))?;
+        }
+    }
+
+    fn holds_writes(&self) -> bool {
+        self.get_ref().1.wants_write()
+    }
+}
+
+/// Writes out every record rustls holds, in as few `writev` calls as the socket takes.
+fn poll_write_tls(
+    tcp: &mut TcpStream,
+    tls: &mut rustls::ServerConnection,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    /// rustls's records written to the socket without waiting; `WouldBlock` when it is full.
+    struct Socket<'a>(&'a TcpStream);
+    impl io::Write for Socket<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.try_write(buf)
+        }
+        fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+            self.0.try_write_vectored(bufs)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    while tls.wants_write() {
+        match tls.write_tls(&mut Socket(tcp)) {
+            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Ok(_) => {}
+            // Readiness was cleared by the failed write: this registers the task's waker.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::task::ready!(tcp.poll_write_ready(cx))?
+            }
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+    Poll::Ready(Ok(()))
+}
 
 impl Stream for TcpStream {
     #[inline]
@@ -70,6 +144,10 @@ pub struct Activity {
     pub watchdog_woken: AtomicBool,
     /// The connection task's waker.
     pub task: futures_util::task::AtomicWaker,
+    /// Batched writes ([`Tracked::batched`]): a flush was put off and is owed at the task's
+    /// next poll, whose number the driver then advances ([`Activity::flush_at_next_poll`]).
+    flush_owed: AtomicBool,
+    poll_number: AtomicU32,
 }
 
 impl std::task::Wake for Activity {
@@ -95,6 +173,18 @@ impl Activity {
     pub fn take_active(&self) -> bool {
         self.active.swap(false, Ordering::Relaxed)
     }
+
+    /// Called by the connection's driver each time a poll of the connection ends `Pending`:
+    /// if a batched stream put a flush off during that poll, the next poll counts as a new
+    /// one (where the flush is done) and the task is woken for it.
+    #[inline]
+    pub fn flush_at_next_poll(&self, cx: &mut Context<'_>) {
+        if self.flush_owed.load(Ordering::Relaxed) {
+            self.flush_owed.store(false, Ordering::Relaxed);
+            self.poll_number.fetch_add(1, Ordering::Relaxed);
+            cx.waker().wake_by_ref();
+        }
+    }
 }
 
 /// A stream that records activity for the idle watchdog, first replays `pending` (bytes a
@@ -113,6 +203,10 @@ pub struct Tracked<S> {
     pub activity: Arc<Activity>,
     /// 1xx blocks to write before hyper's next output, and whether hyper owes bytes.
     interim: Arc<interim::Shared>,
+    /// Writes are held and flushes put off until the task's next poll (see [`Self::batched`]).
+    batch: bool,
+    /// The poll of the task in which a held flush was put off.
+    flush_put_off_in: Option<u32>,
 }
 
 impl<S> Tracked<S> {
@@ -122,7 +216,24 @@ impl<S> Tracked<S> {
             pending: Bytes::new(),
             activity,
             interim,
+            batch: false,
+            flush_put_off_in: None,
         }
+    }
+
+    /// Batches writes, for HTTP/2 (whose driver calls [`Activity::flush_at_next_poll`]).
+    ///
+    /// The h2 crate writes each DATA frame of 256 bytes or more straight from the response
+    /// body, and flushes before it takes the next frame: one system call per response, with
+    /// all a TCP send costs, when a poll of the connection often writes several responses
+    /// (a client with many streams). Batched, writes go into the stream's own buffer
+    /// ([`Stream::poll_write_held`]: rustls's records, for TLS) and the flushes of one poll of
+    /// the task are put off to its next poll, which the driver asks for at once: the
+    /// responses of one poll leave in one `writev`. A stream that holds nothing writes
+    /// through and its flushes are never put off.
+    pub fn batched(mut self) -> Tracked<S> {
+        self.batch = true;
+        self
     }
 }
 
@@ -160,7 +271,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+impl<S: Stream> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -168,7 +279,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         std::task::ready!(this.interim.poll_before_write(&mut this.inner, cx))?;
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let r = if this.batch {
+            this.inner.poll_write_held(cx, &[io::IoSlice::new(buf)])
+        } else {
+            Pin::new(&mut this.inner).poll_write(cx, buf)
+        };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
@@ -182,7 +297,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         std::task::ready!(this.interim.poll_before_write(&mut this.inner, cx))?;
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let r = if this.batch {
+            this.inner.poll_write_held(cx, bufs)
+        } else {
+            Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
@@ -195,8 +314,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.batch && this.inner.holds_writes() {
+            // Put off within the poll of the task where it was first asked; done in the next.
+            let poll = this.activity.poll_number.load(Ordering::Relaxed);
+            match this.flush_put_off_in {
+                Some(p) if p != poll => {}
+                _ => {
+                    this.flush_put_off_in = Some(poll);
+                    this.activity.flush_owed.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
         std::task::ready!(this.interim.poll_at_flush(&mut this.inner, cx))?;
-        Pin::new(&mut self.inner).poll_flush(cx)
+        std::task::ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
+        this.flush_put_off_in = None;
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

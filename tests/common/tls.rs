@@ -175,6 +175,37 @@ impl Tls {
     }
 }
 
+impl Tls {
+    /// Over HTTP/2: sends each round's GET requests at once, as concurrent streams of this one
+    /// connection, waits for all their responses, then pauses before the next round.
+    pub async fn h2_rounds(
+        self,
+        host: &str,
+        rounds: &[Vec<String>],
+        pause: std::time::Duration,
+    ) -> Vec<Vec<Got>> {
+        assert_eq!(self.alpn(), "h2");
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(self.stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        let mut out = Vec::new();
+        for paths in rounds {
+            let streams = paths.iter().map(|path| {
+                let mut send = send.clone();
+                let req = Request::get(format!("https://{host}{path}"))
+                    .body(http_body_util::Empty::<Bytes>::new())
+                    .unwrap();
+                async move { read(send.send_request(req).await.expect("h2 response")).await }
+            });
+            out.push(futures_util::future::join_all(streams).await);
+            tokio::time::sleep(pause).await;
+        }
+        out
+    }
+}
+
 async fn read(r: http::Response<hyper::body::Incoming>) -> Got {
     let (parts, body) = r.into_parts();
     Got {
