@@ -1,8 +1,8 @@
 //! A connection's bytes as the server drives them: the [`Stream`] a connection runs on (plain
 //! TCP or TLS), the IO wrapper hyper reads and writes through ([`Tracked`]: activity for
 //! the idle watchdog, read-ahead replayed after parking, 1xx blocks written between hyper's
-//! responses), the watchdog's per-connection state ([`Activity`]) and hyper's request-head timer
-//! ([`WatchdogTimer`]).
+//! responses, HTTP/2's writes batched per poll of the task), the watchdog's per-connection
+//! state ([`Activity`]) and hyper's request-head timer ([`WatchdogTimer`]).
 
 use std::future::Future;
 use std::io;

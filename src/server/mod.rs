@@ -14,8 +14,8 @@
 //! - `listen.rs`: binding, the accept loop and the connection bound, a plain-TCP connection's
 //!   protocol (h2c sniffing), the open-files limit.
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
-//! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through, the
-//!   watchdog's per-connection state.
+//! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through (HTTP/2's
+//!   writes batched per poll), the watchdog's per-connection state.
 //! - `h3.rs`: HTTP/3 over QUIC on a TLS listener's port (UDP), the same router.
 //! - `background.rs`: services beside the connections, tied to the shutdown signal; the first
 //!   is [`crate::memory`]'s, returning freed memory to the system.
