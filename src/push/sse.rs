@@ -12,22 +12,11 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
-use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
-use tokio_util::sync::ReusableBoxFuture;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use super::fanout::Event;
+use super::fanout::{Event, Receiver};
 use super::store::Start;
 use crate::body::BoxError;
-
-type Recv = (
-    Result<Arc<Event>, RecvError>,
-    broadcast::Receiver<Arc<Event>>,
-);
-
-async fn recv(mut rx: broadcast::Receiver<Arc<Event>>) -> Recv {
-    let r = rx.recv().await;
-    (r, rx)
-}
 
 /// The most bytes gathered into one write.
 const BATCH: usize = 64 * 1024;
@@ -35,7 +24,7 @@ const BATCH: usize = 64 * 1024;
 /// A subscriber's stream of events.
 pub struct SseBody {
     first: Option<Bytes>,
-    next: ReusableBoxFuture<'static, Recv>,
+    rx: Receiver,
     skip_to: u64,
     done: bool,
 }
@@ -44,7 +33,7 @@ impl SseBody {
     pub fn new(start: Start) -> SseBody {
         SseBody {
             first: Some(opening(&start)),
-            next: ReusableBoxFuture::new(recv(start.rx)),
+            rx: start.rx,
             skip_to: start.skip_to,
             done: false,
         }
@@ -64,11 +53,7 @@ struct Batch {
 impl Batch {
     /// Takes the event `first` received and whatever else waits in `rx` (up to [`BATCH`]
     /// bytes), leaving out what precedes the subscription's start (`skip_to`).
-    fn gather(
-        first: Result<Arc<Event>, RecvError>,
-        rx: &mut broadcast::Receiver<Arc<Event>>,
-        skip_to: u64,
-    ) -> Batch {
+    fn gather(first: Result<Arc<Event>, RecvError>, rx: &mut Receiver, skip_to: u64) -> Batch {
         let wanted = |e: &Event| e.seq == 0 || e.seq > skip_to;
         let mut b = Batch::default();
         match first {
@@ -163,12 +148,11 @@ impl http_body::Body for SseBody {
             if self.done {
                 return Poll::Ready(None);
             }
-            let (r, mut rx) = std::task::ready!(self.next.poll(cx));
-            let batch = Batch::gather(r, &mut rx, self.skip_to);
+            let this = &mut *self;
+            let r = std::task::ready!(this.rx.poll_recv(cx));
+            let batch = Batch::gather(r, &mut this.rx, this.skip_to);
             if batch.ended {
-                self.done = true;
-            } else {
-                self.next.set(recv(rx));
+                this.done = true;
             }
             if let Some(b) = batch.take(false) {
                 return Poll::Ready(Some(Ok(Frame::data(b))));

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::HeaderValue;
 use serde_json::Value;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 
 use super::fanout::{self, Event, Fanout, Topic};
 use super::filter::IdPattern;
@@ -151,7 +151,7 @@ pub enum Written {
 /// between), the events to send first, and the sequence number that the first live event
 /// must pass (earlier ones are already in what is sent first).
 pub struct Start {
-    pub rx: broadcast::Receiver<Arc<Event>>,
+    pub rx: fanout::Receiver,
     pub first: Vec<Arc<Event>>,
     pub skip_to: u64,
 }
@@ -568,9 +568,9 @@ impl Store {
     /// Starts a subscription to `topic`: from now (with the matching records first when
     /// `init`), or resuming after the change `since` (from the history; a `reset` and the
     /// matching records when the history no longer reaches back that far).
-    pub fn subscribe(&self, topic: &Topic, since: Option<u64>, init: bool) -> Start {
+    pub fn subscribe(&self, topic: &Arc<Topic>, since: Option<u64>, init: bool) -> Start {
         let st = self.state.lock().expect("state");
-        let rx = topic.tx.subscribe();
+        let rx = topic.subscribe();
         let now = st.seq;
         let mut first = Vec::new();
         let covered =
