@@ -1,5 +1,6 @@
 """Scenario push (bench/run push): live JSON records pushed to SSE subscribers, larder against
-nginx with Debian's libnginx-mod-nchan, side by side in one run.
+nginx with Debian's libnginx-mod-nchan, side by side in one run, with a ceiling beside them
+(bench/push_ceiling.c: one send() per subscriber per sweep and nothing else).
 
 Each server runs alone on CPU 0 (larder with one worker; nginx with one worker process). On
 CPU 1, bench/sse_client.c holds every subscriber on one thread (epoll) and a publisher sends
@@ -19,6 +20,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ import harness as H
 
 PORT_LARDER = 18102
 PORT_NCHAN = 18101
+PORT_CEILING = 18103
 PAD = "x" * 40  # a change is ~90 bytes of JSON
 
 CELLS = [
@@ -87,6 +90,7 @@ class System:
         self.name, self.port, self.sub_path, self.proc = name, port, sub_path, proc
 
     def publish(self, conn, body):
+        # The ceiling takes any PUT as a publish, larder's path included.
         if self.name == "nchan":
             conn.request("POST", "/pub", body, {"Content-Type": "application/json"})
         else:
@@ -118,10 +122,18 @@ def start_systems(procs, args, tmp):
         p = procs.spawn("nchan", ["nginx", "-c", str(conf), "-g", "daemon off;"],
                         tmp / "nchan.log", cpu=0)
         systems.append(System("nchan", PORT_NCHAN, "/sub", p))
+    # The ceiling (bench/push_ceiling.c): what a server doing nothing but one send() per
+    # subscriber per sweep reaches on this machine, beside the two.
+    ceiling = build_c(tmp, "push_ceiling")
+    p = procs.spawn("ceiling", [str(ceiling), str(PORT_CEILING)], tmp / "ceiling.log", cpu=0)
+    systems.append(System("ceiling", PORT_CEILING, "/records/bench/1", p))
     for s in systems:
         deadline = time.time() + 15
         while time.time() < deadline:
             try:
+                if s.name == "ceiling":  # its GET never ends: a connection is enough
+                    socket.create_connection((H.HOST, s.port), timeout=2).close()
+                    break
                 c = http.client.HTTPConnection(H.HOST, s.port, timeout=2)
                 c.request("GET", "/")
                 c.getresponse().read()
@@ -133,13 +145,17 @@ def start_systems(procs, args, tmp):
     return systems, skipped
 
 
-def build_client(tmp):
-    out = tmp / "sse_client"
-    src = H.BENCH / "sse_client.c"
+def build_c(tmp, name):
+    out = tmp / name
+    src = H.BENCH / f"{name}.c"
     r = subprocess.run(["gcc", "-O2", "-o", str(out), str(src)], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"cannot build {src}: {r.stderr}")
     return out
+
+
+def build_client(tmp):
+    return build_c(tmp, "sse_client")
 
 
 def idle_rss(system, client, subs):
@@ -220,7 +236,9 @@ def markdown(doc):
     lines = [f"### push: SSE fan-out, larder vs nginx + nchan ({doc['date']})", "",
              "Command: `bench/run push`. Server on CPU 0 (one worker), subscribers "
              "(bench/sse_client.c, one epoll thread) and publisher on CPU 1; ~90-byte JSON "
-             "changes; latency is publish to delivery, measured on every delivery.", "",
+             "changes; latency is publish to delivery, measured on every delivery. `ceiling` "
+             "is bench/push_ceiling.c: one send() per subscriber per sweep and nothing else.",
+             "",
              "| subscribers | publishes/s | system | delivered/s | p50 ms | p99 ms | lost | "
              "server µs/delivery | client µs/delivery | RSS/subscriber KiB | CPU0/CPU1 % |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -268,7 +286,7 @@ def goals(cells, idle):
 
 def run(procs, args):
     # A stray server on one of these ports would be measured in place of the one started here.
-    busy = [str(p) for p in (PORT_LARDER, PORT_NCHAN) if H.port_busy(p)]
+    busy = [str(p) for p in (PORT_LARDER, PORT_NCHAN, PORT_CEILING) if H.port_busy(p)]
     if busy:
         H.warn(f"push: ports already in use on 127.0.0.1: {', '.join(busy)}")
         return 1
@@ -283,6 +301,8 @@ def run(procs, args):
     idle = {}
     try:
         for s in systems:
+            if s.name == "ceiling":  # it keeps nothing per subscriber
+                continue
             idle[s.name] = idle_rss(s, client, IDLE_SUBS)
             H.log(f"    {s.name:8s} RSS per idle subscriber ({IDLE_SUBS:,} on a fresh server): "
                   + (f"{idle[s.name]:.2f} KiB" if idle[s.name] is not None else "n/a"))
