@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::listen::{accept_loop, bind, Serving};
 use crate::cache::Cache;
-use crate::config::{Config, ListenerConfig, Threading};
+use crate::config::{Config, Layout, ListenerConfig};
 use crate::route::{LiveRouter, Router};
 use crate::tls;
 use crate::upstream::Pools;
@@ -188,7 +188,7 @@ impl Reloader {
             }
             matched.push(found);
         }
-        let per_core = old.server.threading == Threading::PerCore && old.server.worker_count() > 1;
+        let per_core = old.server.layout() == Layout::PerCore && old.server.worker_count() > 1;
         let adds = matched.iter().filter(|m| m.is_none()).count();
         if per_core && (adds > 0 || taken.iter().any(|t| !t)) {
             return Err(

@@ -16,7 +16,7 @@ use super::connection::connection_builder;
 use super::listen::{accept_loop, bind, bind_std, Serving};
 use super::reload::{Reloader, RouterParts, Slot};
 use crate::cache::Cache;
-use crate::config::{Config, ServerConfig, Threading};
+use crate::config::{Config, Layout, ServerConfig};
 use crate::interim;
 use crate::memory::return_freed_memory;
 use crate::route::{LiveRouter, Router};
@@ -188,9 +188,9 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         conns: Arc::clone(&conns),
         shutdown: shutdown_rx,
     };
-    let extra_threads = match server.threading {
-        Threading::PerCore => server.worker_count().saturating_sub(1),
-        Threading::WorkStealing => 0,
+    let extra_threads = match server.layout() {
+        Layout::PerCore => server.worker_count().saturating_sub(1),
+        Layout::WorkStealing => 0,
     };
     let reuse_port = extra_threads > 0;
 
@@ -692,15 +692,15 @@ fn register_gauges(
     });
 }
 
-/// Builds the runtime `main` runs [`start`] on: with `threading = "per-core"` a single-threaded
-/// runtime (worker 0; `start` adds the others), with `"work-stealing"` one multi-threaded runtime
-/// with `workers` threads.
+/// Builds the runtime `main` runs [`start`] on: per-core (`threading = "per-core"`, or `auto`
+/// with one worker) a single-threaded runtime (worker 0; `start` adds the others), work-stealing
+/// one multi-threaded runtime with `workers` threads.
 pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
-    match cfg.threading {
-        Threading::PerCore => tokio::runtime::Builder::new_current_thread()
+    match cfg.layout() {
+        Layout::PerCore => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        Threading::WorkStealing => {
+        Layout::WorkStealing => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(cfg.worker_count());
             // Connections woken beyond a worker's local queue (256 tasks) wait in the global
