@@ -95,6 +95,10 @@ struct Turn {
     seen: AtomicU64,
     /// The subscriber is gone.
     closed: AtomicBool,
+    /// Woken without taking part in the turns: its stream is polled when its consumer asks
+    /// (an HTTP/2 or HTTP/3 body, polled by hyper or h3 only while the client's flow-control
+    /// window has room), so it could hold a turn up for as long as its client reads nothing.
+    eager: bool,
 }
 
 /// A subscriber's end of a topic: its place in the ring and its turn to be woken.
@@ -142,6 +146,16 @@ impl Receiver {
         }
     }
 
+    /// This subscriber, woken when the turns reach it but taking no turn: for a stream that
+    /// is polled only when its consumer asks (see `Turn::eager`). Before the first wait.
+    pub fn eager(mut self) -> Receiver {
+        self.turn = Arc::new(Turn {
+            eager: true,
+            ..Turn::default()
+        });
+        self
+    }
+
     /// An event waiting now, without waiting for one.
     pub fn try_recv(&mut self) -> Result<Arc<Event>, TryRecvError> {
         self.rx.try_recv()
@@ -160,7 +174,8 @@ impl Drop for Receiver {
 }
 
 impl Topic {
-    /// A subscriber from now on.
+    /// A subscriber from now on, whose task takes the turns (it polls [`Receiver::recv`] as
+    /// soon as it is woken; see [`Receiver::eager`] for one that cannot).
     pub fn subscribe(self: &Arc<Self>) -> Receiver {
         Receiver {
             rx: self.tx.subscribe(),
@@ -180,22 +195,26 @@ impl Topic {
         }
     }
 
-    /// Wakes up to `n` subscribers that have not seen the last event, first come first.
-    /// Subscribers gone are dropped from the queue; ones that have seen it (they caught up
-    /// while queued) go to its end.
+    /// Wakes up to `n` subscribers that have not seen the last event, first come first
+    /// (and the eager ones met on the way, uncounted). Subscribers gone are dropped from the
+    /// queue; ones that have seen it (they caught up while queued) go to its end.
     fn wake(&self, n: usize) {
         let sent = self.sent.load(Ordering::SeqCst);
-        let mut woken: [Option<Waker>; 8] = Default::default();
         let mut left = n;
-        while left > 0 {
-            let mut k = 0;
+        loop {
+            let mut woken: [Option<Waker>; 8] = Default::default();
+            let (mut k, mut more) = (0, false);
             {
                 let mut q = self.waiting.lock().expect("waiting");
                 // Subscribers queue in the order they caught up, so one that has seen the
                 // last event is followed by others that have: a few are looked past (one that
                 // caught up while queued), then the wake stops.
                 let mut passed = 0;
-                while k < woken.len().min(left) && passed < LOOK_PAST.min(q.len()) {
+                while left > 0 && passed < LOOK_PAST.min(q.len()) {
+                    if k == woken.len() {
+                        more = true;
+                        break;
+                    }
                     let Some(t) = q.pop_front() else { break };
                     if t.closed.load(Ordering::Relaxed) {
                         continue;
@@ -206,8 +225,11 @@ impl Topic {
                         continue;
                     }
                     t.queued.store(false, Ordering::Release);
-                    t.called.store(true, Ordering::Relaxed);
-                    self.calling.fetch_add(1, Ordering::Relaxed);
+                    if !t.eager {
+                        t.called.store(true, Ordering::Relaxed);
+                        self.calling.fetch_add(1, Ordering::Relaxed);
+                        left -= 1;
+                    }
                     woken[k] = t.waker.take();
                     k += 1;
                 }
@@ -218,10 +240,9 @@ impl Topic {
                     w.wake();
                 }
             }
-            if k < woken.len().min(left) {
+            if !more {
                 return;
             }
-            left -= k;
         }
     }
 
@@ -464,6 +485,39 @@ mod tests {
         }
         let q = t.waiting.lock().unwrap().len();
         assert!(q <= 2 * t.tx.receiver_count() + WAKE_AT_ONCE, "{q}");
+    }
+
+    /// Subscribers whose streams are not polled (HTTP/2 bodies whose clients read nothing)
+    /// are woken uncounted, so they hold up no turn: the subscriber behind them gets the event.
+    #[tokio::test(flavor = "current_thread")]
+    async fn unpolled_eager_subscribers_hold_up_no_turn() {
+        let t = topic();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut stuck = Vec::new();
+        for _ in 0..2 * WAKE_AT_ONCE {
+            let mut rx = t.subscribe().eager();
+            assert!(rx.poll_recv(&mut cx).is_pending());
+            stuck.push(rx);
+        }
+        let mut live = t.subscribe();
+        let woken = Arc::new(AtomicBool::new(false));
+        struct Flag(Arc<AtomicBool>);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let waker = Waker::from(Arc::new(Flag(Arc::clone(&woken))));
+        assert!(live
+            .poll_recv(&mut Context::from_waker(&waker))
+            .is_pending());
+        t.send(event(1));
+        assert!(
+            woken.load(Ordering::SeqCst),
+            "the subscriber behind them was woken"
+        );
+        assert_eq!(t.calling.load(Ordering::Relaxed), 1, "only it took a turn");
+        assert_eq!(live.try_recv().unwrap().seq, 1);
     }
 
     /// Events sent from another thread just as subscribers on a multi-threaded runtime come

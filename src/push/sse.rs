@@ -33,7 +33,8 @@ impl SseBody {
     pub fn new(start: Start) -> SseBody {
         SseBody {
             first: Some(opening(&start)),
-            rx: start.rx,
+            // hyper or h3 polls the body only while the client's window has room.
+            rx: start.rx.eager(),
             skip_to: start.skip_to,
             done: false,
         }
