@@ -72,8 +72,10 @@ impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
         loop {
             let n = io::Write::write_vectored(&mut tls.writer(), bufs)?;
             // Zero with something to write: rustls's send buffer is at its limit (64 KiB by
-            // default), so records go out before more are made.
-            if n > 0 || bufs.iter().all(|b| b.is_empty()) {
+            // default), so records go out before more are made. Zero with nothing held is
+            // rustls refusing more (it never has so far): the caller's write-zero error, not
+            // a busy loop.
+            if n > 0 || bufs.iter().all(|b| b.is_empty()) || !tls.wants_write() {
                 return Poll::Ready(Ok(n));
             }
             std::task::ready!(poll_write_tls(tcp, tls, cx))?;
