@@ -245,6 +245,55 @@ async fn coalesces_100_concurrent_misses_into_one_fetch() {
     assert_eq!(origin.hits(), 1);
 }
 
+/// A URL whose response may not be stored (no-store) is marked for a while (hit-for-miss, as
+/// Varnish): its next misses reach the origin together instead of each waiting on another
+/// request's fill only to be released by it. Once the origin's answer may be stored, it is,
+/// and the URL is served from the cache again.
+#[tokio::test(flavor = "multi_thread")]
+async fn misses_of_a_url_answered_no_store_do_not_wait_on_each_other() {
+    let cacheable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&cacheable);
+    let origin = Origin::start(move |_, _| {
+        if flag.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::ok("now cacheable").header("cache-control", "max-age=60")
+        } else {
+            Reply::ok("not stored")
+                .header("cache-control", "no-store")
+                .delay(Duration::from_millis(1200))
+        }
+    })
+    .await;
+    let larder = larder(PROXY, &origin.url()).await;
+    let c = client();
+    let url = Arc::new(format!("http://{}/live", larder.addr));
+    assert_eq!(get(&c, &url, &[]).await.body, "not stored");
+    assert_eq!(origin.hits(), 1);
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move { get(&c, &url, &[]).await }));
+    }
+    // Well within the origin's 1.2 s: all five are there (waiting on a leader, four would
+    // not have left yet).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        origin.hits(),
+        6,
+        "the five misses went to the origin together"
+    );
+    for t in tasks {
+        let g = t.await.unwrap();
+        assert_eq!((g.status.as_u16(), &g.body[..]), (200, &b"not stored"[..]));
+    }
+    // The origin's answer may be stored now: stored, then served from the cache.
+    cacheable.store(true, std::sync::atomic::Ordering::SeqCst);
+    let g = get(&c, &url, &[]).await;
+    assert_eq!((g.cache(), &g.body[..]), ("MISS", &b"now cacheable"[..]));
+    let g = get(&c, &url, &[]).await;
+    assert_eq!((g.cache(), &g.body[..]), ("HIT", &b"now cacheable"[..]));
+    assert_eq!(origin.hits(), 7);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn regression_followers_of_a_failed_fill_get_its_error() {
     // The leader's fetch (marked by a request header larder forwards) sends half its body and

@@ -29,9 +29,10 @@ mod shared;
 pub mod tiers;
 pub mod vary;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::HeaderMap;
@@ -69,7 +70,17 @@ pub struct Cache {
     cfg: CacheConfig,
     /// The tiers below memory, if any are set up.
     tiers: Option<Arc<tiers::Tiers>>,
+    /// URLs whose last coalesced fill the policy refused to store, and until when their misses
+    /// fetch each for itself (Varnish's hit-for-miss): see [`Cache::mark_uncacheable`].
+    uncacheable: Mutex<HashMap<CacheKey, Instant>>,
 }
+
+/// How long a URL whose response may not be stored skips coalescing (Varnish's default
+/// hit-for-miss time).
+const HIT_FOR_MISS: Duration = Duration::from_secs(120);
+
+/// URLs marked at most; beyond, the expired marks go, then all (a mark only saves waiting).
+const MAX_UNCACHEABLE: usize = 100_000;
 
 impl Cache {
     /// A cache in memory only (whatever `cfg` says of the tiers below).
@@ -80,6 +91,7 @@ impl Cache {
             compressor: Compressor::new(compression),
             cfg,
             tiers: None,
+            uncacheable: Mutex::default(),
         })
     }
 
@@ -110,6 +122,7 @@ impl Cache {
             compressor: Compressor::new(compression),
             cfg,
             tiers: Some(Arc::clone(&tiers)),
+            uncacheable: Mutex::default(),
         });
         if let Some(shared) = &tiers.shared {
             // What was purged while this node was down applies before it serves (memory is
@@ -297,6 +310,12 @@ impl Cache {
     /// down to the tiers below, after which `lease` is released. Its compressed variants, when
     /// they come, are written again ([`Cache::upgrade`]).
     pub fn store_filled(&self, key: CacheKey, entry: Arc<Entry>, lease: Option<Lease>) {
+        {
+            let mut marks = self.uncacheable.lock().expect("uncacheable");
+            if !marks.is_empty() {
+                marks.remove(&key);
+            }
+        }
         if let Some(t) = &self.tiers {
             t.write(&key, &entry, entry.pending.is_none(), lease);
         }
@@ -384,6 +403,35 @@ impl Cache {
     /// the fill of the variant the request selects.
     pub fn fill_key(&self, key: &CacheKey, request: &HeaderMap) -> FillKey {
         self.memory.fill_key(key, request)
+    }
+
+    /// Marks `key` as answered with a response the policy may not store: for
+    /// [`HIT_FOR_MISS`] its misses fetch each for itself instead of waiting on another
+    /// request's fill only to be released by it (under concurrency, every request would wait
+    /// one origin round trip behind another). A fill that stores the key removes the mark.
+    pub fn mark_uncacheable(&self, key: &CacheKey) {
+        let now = Instant::now();
+        let mut marks = self.uncacheable.lock().expect("uncacheable");
+        if marks.len() >= MAX_UNCACHEABLE {
+            marks.retain(|_, until| *until > now);
+            if marks.len() >= MAX_UNCACHEABLE {
+                marks.clear();
+            }
+        }
+        marks.insert(key.clone(), now + HIT_FOR_MISS);
+    }
+
+    /// Whether misses of `key` fetch each for itself (see [`Cache::mark_uncacheable`]).
+    pub fn is_uncacheable(&self, key: &CacheKey) -> bool {
+        let mut marks = self.uncacheable.lock().expect("uncacheable");
+        match marks.get(key) {
+            None => false,
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                marks.remove(key);
+                false
+            }
+        }
     }
 
     /// Joins the fill of `key`, leading it if none is in flight.

@@ -268,7 +268,13 @@ impl Fill<'_> {
         let storable = match policy::storability(ctx, rparts.status, &rparts.headers, cfg) {
             Ok(s) => s,
             Err(reason) => {
-                drop(self.req.guard.take());
+                // A coalesced fill the response refuses: the URL's next misses need not wait
+                // on each other (hit-for-miss). Fills without a guard (requests with
+                // credentials or no-store) say nothing of the URL.
+                if let Some(guard) = self.req.guard.take() {
+                    me.cache.mark_uncacheable(&self.req.key);
+                    drop(guard);
+                }
                 if self.req.stale.is_some() {
                     me.cache.remove(&self.req.key);
                 }

@@ -272,11 +272,25 @@ impl Proxy {
         mut stored: Option<Arc<Entry>>,
     ) -> Response<Body> {
         let me = &self.0;
-        let mut fill_key = me.cache.fill_key(&key, &parts.headers);
         let status = |stored: &Option<Arc<Entry>>| match stored {
             Some(_) => CacheStatus::Expired,
             None => CacheStatus::Miss,
         };
+        // Its last response may not be stored: fetch at once (still stored if it may be now).
+        if me.cache.is_uncacheable(&key) {
+            return Box::pin(self.fill(FillRequest {
+                client: parts,
+                peer,
+                key,
+                guard: None,
+                status: status(&stored),
+                stale: stored,
+                request_no_store: directives.no_store,
+                lease: None,
+            }))
+            .await;
+        }
+        let mut fill_key = me.cache.fill_key(&key, &parts.headers);
         // Waiting on the URL's fill, then on the variant's; one more in case the Vary changed.
         for _ in 0..3 {
             let follower = match me.cache.join(&fill_key) {
