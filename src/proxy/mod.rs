@@ -221,9 +221,11 @@ impl Proxy {
         };
         let (parts, _body) = req.into_parts();
         // Requests with credentials fetch on their own, and so do no-store requests (their
-        // response is not stored: nobody could wait on it). A reload (no-cache, where honoured)
-        // coalesces like a miss: concurrent reloads make one revalidation.
-        if has_auth || directives.no_store {
+        // response is not stored: nobody could wait on it) and misses of a URL whose last
+        // response might not be stored (hit-for-miss: `Cache::mark_uncacheable`; what may be
+        // stored now still is). A reload (no-cache, where honoured) coalesces like a miss:
+        // concurrent reloads make one revalidation.
+        if has_auth || directives.no_store || me.cache.is_uncacheable(&key) {
             return Box::pin(self.fill(FillRequest {
                 client: parts,
                 peer,
@@ -276,20 +278,6 @@ impl Proxy {
             Some(_) => CacheStatus::Expired,
             None => CacheStatus::Miss,
         };
-        // Its last response may not be stored: fetch at once (still stored if it may be now).
-        if me.cache.is_uncacheable(&key) {
-            return Box::pin(self.fill(FillRequest {
-                client: parts,
-                peer,
-                key,
-                guard: None,
-                status: status(&stored),
-                stale: stored,
-                request_no_store: directives.no_store,
-                lease: None,
-            }))
-            .await;
-        }
         let mut fill_key = me.cache.fill_key(&key, &parts.headers);
         // Waiting on the URL's fill, then on the variant's; one more in case the Vary changed.
         for _ in 0..3 {

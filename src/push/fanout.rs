@@ -404,6 +404,18 @@ mod tests {
         Arc::new(control(seq, "set", "{}"))
     }
 
+    /// A waker that raises the returned flag.
+    fn flag_waker() -> (Waker, Arc<AtomicBool>) {
+        struct Flag(Arc<AtomicBool>);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let woken = Arc::new(AtomicBool::new(false));
+        (Waker::from(Arc::new(Flag(Arc::clone(&woken)))), woken)
+    }
+
     /// Every waiting subscriber gets the event, though only WAKE_AT_ONCE are woken by it: each
     /// woken one wakes the next. No more than that many sweeps run at once, however many
     /// events come while they run.
@@ -459,14 +471,7 @@ mod tests {
             dropped.push(rx);
         }
         let mut live = t.subscribe();
-        let woken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        struct Flag(Arc<AtomicBool>);
-        impl std::task::Wake for Flag {
-            fn wake(self: Arc<Self>) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        let waker = Waker::from(Arc::new(Flag(Arc::clone(&woken))));
+        let (waker, woken) = flag_waker();
         assert!(live
             .poll_recv(&mut Context::from_waker(&waker))
             .is_pending());
@@ -500,14 +505,7 @@ mod tests {
             stuck.push(rx);
         }
         let mut live = t.subscribe();
-        let woken = Arc::new(AtomicBool::new(false));
-        struct Flag(Arc<AtomicBool>);
-        impl std::task::Wake for Flag {
-            fn wake(self: Arc<Self>) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        let waker = Waker::from(Arc::new(Flag(Arc::clone(&woken))));
+        let (waker, woken) = flag_waker();
         assert!(live
             .poll_recv(&mut Context::from_waker(&waker))
             .is_pending());
