@@ -233,11 +233,19 @@ impl Shared {
             match self.run("SET NX", take).await {
                 None => return Leasing::None,
                 Some(Some(_)) => {
-                    return Leasing::Held(Lease {
+                    let lease = Lease {
                         shared: Arc::clone(self),
                         key: lk,
                         token,
-                    })
+                    };
+                    // The node that held the lease may have written its record and let the
+                    // lease go between this node's read and its SET: look once more, so that
+                    // a record written is never fetched again (the lease is let go at once).
+                    if let Some(record) = self.read_quiet(key).await {
+                        self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
+                        return Leasing::Filled(record);
+                    }
+                    return Leasing::Held(lease);
                 }
                 Some(None) => {} // held by another node
             }
