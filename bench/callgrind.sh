@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh LARDER_BINARY [static|proxy|pass ...]: instructions per request, counted
+# bench/callgrind.sh LARDER_BINARY [static|proxy|pass|nostore ...]: instructions per request, counted
 # by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
 # "The per-request path").
 #
@@ -11,7 +11,10 @@
 #           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
 #           measured request is a cache hit;
 # - pass:   the same route with `cache = false`: every request goes to the origin (the
-#           proxy's pass path, without the origin's own cost, which runs outside valgrind).
+#           proxy's pass path, without the origin's own cost, which runs outside valgrind);
+# - nostore: the caching route of `proxy`, the page answered `Cache-Control: no-store` by the
+#           origin: every request a miss that is not stored (pingap-nocache's path).
+# PAGE=NAME picks another file of bench/data (default small.html; page.html is 8 KB).
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
@@ -28,23 +31,29 @@ cat > "$tmp/origin.toml" <<TOML
 [[listener]]
 addr = "127.0.0.1:$origin"
   [[listener.route]]
+  path = "/nostore/"
+  static = { root = "$data", cache_control = "no-store", strip_prefix = true }
+  [[listener.route]]
   static = { root = "$data", cache_control = "public, max-age=3600" }
 TOML
 
 wait_port() { for _ in $(seq 1 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
+page=${PAGE:-small.html}
 for cell in "${cells[@]}"; do
+  path="/$page"
   case "$cell" in
     static) route="static = { root = \"$data\" }" ;;
-    proxy|pass)
+    proxy|pass|nostore)
             route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
             # pass: nothing stored, every request goes to the origin (the pass path's cost).
             [ "$cell" = pass ] && route="proxy = { upstream = \"http://127.0.0.1:$origin\", cache = false }"
+            [ "$cell" = nostore ] && path="/nostore/$page"
             if ! (exec 3<>"/dev/tcp/127.0.0.1/$origin") 2>/dev/null; then
               "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
               wait_port "$origin"
             fi ;;
-    *) echo "unknown cell $cell (static, proxy, pass)" >&2; exit 2 ;;
+    *) echo "unknown cell $cell (static, proxy, pass, nostore)" >&2; exit 2 ;;
   esac
   admin=""
   # ADMIN=1: an admin listener, so that requests are counted for /metrics.
@@ -63,9 +72,9 @@ TOML
     >"$tmp/$cell.log" 2>&1 &
   vg=$!
   wait_port "$port"
-  wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port/small.html" >/dev/null
+  wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port$path" >/dev/null
   callgrind_control -z "$vg" >/dev/null
-  reqs=$(wrk -t1 -c"$conns" -d4s "http://127.0.0.1:$port/small.html" | awk '/requests in/ {print $1}')
+  reqs=$(wrk -t1 -c"$conns" -d4s "http://127.0.0.1:$port$path" | awk '/requests in/ {print $1}')
   callgrind_control -d "$vg" >/dev/null
   sleep 1
   kill "$vg"; wait "$vg" 2>/dev/null || true

@@ -476,6 +476,7 @@ impl Fill<'_> {
 fn wants_part(client: &request::Parts, rparts: &response::Parts) -> bool {
     let h = &rparts.headers;
     client.method == Method::GET
+        && client.headers.contains_key(header::RANGE)
         && rparts.status == StatusCode::OK
         && !h
             .get(header::ACCEPT_RANGES)

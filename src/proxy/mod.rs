@@ -758,6 +758,10 @@ fn range_to_cut(
     asked: &Asked,
 ) -> (crate::range::Decision, Option<u64>) {
     use crate::compress::{AcceptEncoding, Encoding};
+    if asked.range.is_none() {
+        // Nothing to cut (most requests): no header of the response is read.
+        return (crate::range::Decision::Full, None);
+    }
     let h = &rparts.headers;
     let decoded = h
         .get(header::CONTENT_ENCODING)
@@ -782,8 +786,9 @@ fn range_against(
     response: &http::HeaderMap,
     len: u64,
 ) -> crate::range::Decision {
-    let last_modified = response
-        .get(header::LAST_MODIFIED)
+    // Only If-Range compares dates.
+    let last_modified = if_range
+        .and(response.get(header::LAST_MODIFIED))
         .and_then(|v| v.to_str().ok())
         .and_then(crate::http::date::parse_lenient);
     crate::range::decide(

@@ -4,11 +4,10 @@
 
 use std::sync::{Arc, OnceLock};
 
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::Request;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::client::legacy::Error;
+use hyper_util::client::legacy::ResponseFuture;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -151,10 +150,12 @@ impl Client {
         Ok(Client::Tls(builder.build(Bare(connector))))
     }
 
-    pub async fn request(&self, req: Request<Body>) -> Result<Response<Incoming>, Error> {
+    /// Sends `req`; the response head comes through the returned future (boxed by
+    /// hyper-util: a few bytes for the callers' futures to move).
+    pub fn request(&self, req: Request<Body>) -> ResponseFuture {
         match self {
-            Client::Plain(c) => c.request(req).await,
-            Client::Tls(c) => c.request(req).await,
+            Client::Plain(c) => c.request(req),
+            Client::Tls(c) => c.request(req),
         }
     }
 }

@@ -78,17 +78,30 @@ async fn exchange(
         *again.headers_mut() = req.headers().clone();
         again
     });
-    let attempts = async {
-        match (client.request(req).await, retry) {
-            (Err(e), Some(mut again)) if closed_before_answer(&e) => {
-                tracing::debug!(error = %source_chain(&e), "pooled upstream connection was closed; retrying once");
-                forward_interim(&mut again);
-                client.request(again).await
-            }
-            (first, _) => first,
+    // The two attempts share one deadline (moved on while an upload progresses). Each is
+    // hyper-util's boxed future: this future, moved by every caller above it, stays small.
+    let mut deadline = Instant::now() + timeout;
+    let mut result = until_head(
+        client.request(req),
+        &mut deadline,
+        timeout,
+        upload.as_deref(),
+    )
+    .await;
+    if let (Some(Err(e)), Some(mut again)) = (&result, retry) {
+        if closed_before_answer(e) {
+            tracing::debug!(error = %source_chain(e), "pooled upstream connection was closed; retrying once");
+            forward_interim(&mut again);
+            result = until_head(
+                client.request(again),
+                &mut deadline,
+                timeout,
+                upload.as_deref(),
+            )
+            .await;
         }
-    };
-    match until_head(attempts, timeout, upload.as_deref()).await {
+    }
+    match result {
         None => Err(FetchError::Timeout(timeout)),
         Some(Err(e))
             if upload
@@ -103,24 +116,25 @@ async fn exchange(
     }
 }
 
-/// Runs `exchange` (up to the response head); None once `timeout` passed with neither the head
-/// nor, while `upload` is being sent, progress of it.
+/// Runs `exchange` (up to the response head); None once `deadline` passed with neither the
+/// head nor, while `upload` is being sent, progress of it (each progress moves `deadline` to
+/// `timeout` after it).
 async fn until_head<F: Future>(
     exchange: F,
+    deadline: &mut Instant,
     timeout: Duration,
     upload: Option<&Upload>,
 ) -> Option<F::Output> {
     tokio::pin!(exchange);
-    let mut deadline = Instant::now() + timeout;
     loop {
-        if let Ok(out) = tokio::time::timeout_at(deadline, exchange.as_mut()).await {
+        if let Ok(out) = tokio::time::timeout_at(*deadline, exchange.as_mut()).await {
             return Some(out);
         }
         let next = upload?.last_progress() + timeout;
-        if next <= deadline {
+        if next <= *deadline {
             return None;
         }
-        deadline = next;
+        *deadline = next;
     }
 }
 
