@@ -160,8 +160,11 @@ impl Fill<'_> {
         let me = &self.proxy.0;
         let req = &self.req;
         let mut parts = super::clone_parts(&req.client);
-        for h in CONDITIONALS {
-            parts.headers.remove(h);
+        // One pass over the request's few fields instead of a lookup per conditional.
+        if parts.headers.keys().any(|k| CONDITIONALS.contains(k)) {
+            for h in CONDITIONALS {
+                parts.headers.remove(h);
+            }
         }
         if let Some(e) = &req.stale {
             // §4.3.1: validate with the stored validators.
