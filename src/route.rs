@@ -122,16 +122,16 @@ impl Handler {
             // A fresh hit is answered here, without a future; everything else is boxed once.
             // Only a proxied request can meet an origin's 1xx responses.
             Handler::Proxy(p) => {
-                let req = match p.fresh_hit(req, peer) {
+                let slow = match p.fresh_hit(req, peer) {
                     Ok(hit) => return Serving::Ready(Some(hit)),
-                    Err(req) => req,
+                    Err(slow) => slow,
                 };
                 let p = Arc::clone(p);
                 match sink {
                     Some(sink) => {
-                        Box::pin(async move { sink.scope(p.handle_slow(req, peer)).await })
+                        Box::pin(async move { sink.scope(p.handle_slow(slow, peer)).await })
                     }
-                    None => Box::pin(async move { p.handle_slow(req, peer).await }),
+                    None => Box::pin(async move { p.handle_slow(slow, peer).await }),
                 }
             }
             Handler::Images(i) => {

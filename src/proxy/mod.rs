@@ -59,6 +59,14 @@ struct Inner {
     status_header: HeaderName,
 }
 
+/// A request [`Proxy::fresh_hit`] could not answer, for [`Proxy::handle_slow`]: with its cache
+/// key and what memory held under it, once looked up (not for methods other than GET and HEAD,
+/// requests with credentials or an upgrade, or a route that does not cache).
+pub struct Slow {
+    req: Request<RequestBody>,
+    looked: Option<(CacheKey, Option<Arc<Entry>>)>,
+}
+
 impl Proxy {
     pub fn new(cfg: ProxyConfig, pool: Arc<Pool>, cache: Arc<Cache>, access: Access) -> Proxy {
         Proxy(Arc::new(Inner {
@@ -91,35 +99,42 @@ impl Proxy {
     pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
-            Err(req) => Box::pin(self.handle_slow(req, peer)).await,
+            Err(slow) => Box::pin(self.handle_slow(slow, peer)).await,
         }
     }
 
     /// The hot path: a GET/HEAD whose stored response satisfies it as is, answered
     /// synchronously. Anything else hands the request back unchanged (moved, not boxed:
-    /// boxing would allocate on every miss) for [`Proxy::handle_slow`].
+    /// boxing would allocate on every miss) for [`Proxy::handle_slow`], with the key and
+    /// what memory held under it when they were looked up.
     #[inline]
     #[allow(clippy::result_large_err)]
     pub fn fresh_hit(
         &self,
         req: Request<RequestBody>,
         peer: SocketAddr,
-    ) -> Result<Response<Body>, Request<RequestBody>> {
+    ) -> Result<Response<Body>, Slow> {
         let me = &self.0;
         if !me.cfg.cache
             || (req.method() != Method::GET && req.method() != Method::HEAD)
             || req.headers().contains_key(header::AUTHORIZATION)
             || req.headers().contains_key(header::UPGRADE)
         {
-            return Err(req);
+            return Err(Slow { req, looked: None });
         }
         let key = cache_key(&req);
         let Some(entry) = me.cache.lookup(&key, req.headers()) else {
-            return Err(req);
+            return Err(Slow {
+                req,
+                looked: Some((key, None)),
+            });
         };
         if entry.pending.is_some() {
             // Compressed variants are being built: the client may have to wait for one.
-            return Err(req);
+            return Err(Slow {
+                req,
+                looked: Some((key, Some(entry))),
+            });
         }
         // Only the freshness directives matter to a fresh hit, and only where honoured.
         let directives = if me.honours(peer) {
@@ -130,13 +145,17 @@ impl Proxy {
         if directives.accepts(&entry.freshness, SystemTime::now()) {
             Ok(me.deliver(&entry, &req, CacheStatus::Hit))
         } else {
-            Err(req)
+            Err(Slow {
+                req,
+                looked: Some((key, Some(entry))),
+            })
         }
     }
 
     /// Everything but a fresh hit: stale, miss, pass, purge.
-    pub async fn handle_slow(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle_slow(&self, slow: Slow, peer: SocketAddr) -> Response<Body> {
         let me = &self.0;
+        let Slow { req, looked } = slow;
         let method = req.method();
         if method.as_str() == "PURGE" {
             let key = cache_key(&req);
@@ -148,12 +167,18 @@ impl Proxy {
         {
             return Box::pin(self.pass(req, peer, CacheStatus::Bypass)).await;
         }
-        let key = cache_key(&req);
         let directives = me.request_directives(req.headers(), peer);
         let has_auth = req.headers().contains_key(header::AUTHORIZATION);
 
-        // Lookup.
-        let stored = me.cache.lookup(&key, req.headers());
+        // Lookup (done already, unless the request had credentials).
+        let (key, stored) = match looked {
+            Some(looked) => looked,
+            None => {
+                let key = cache_key(&req);
+                let stored = me.cache.lookup(&key, req.headers());
+                (key, stored)
+            }
+        };
         if let Some(entry) = &stored {
             let now = SystemTime::now();
             let usable = !has_auth || entry.auth_ok;
