@@ -405,7 +405,9 @@ mod tests {
     }
 
     /// A waker that raises the returned flag.
-    fn flag_waker() -> (Waker, Arc<AtomicBool>) {
+    /// A subscriber of `t` that found nothing and waits for its turn, and the flag its waker
+    /// raises when the turn comes.
+    fn waiting(t: &Arc<Topic>) -> (Receiver, Arc<AtomicBool>) {
         struct Flag(Arc<AtomicBool>);
         impl std::task::Wake for Flag {
             fn wake(self: Arc<Self>) {
@@ -413,7 +415,10 @@ mod tests {
             }
         }
         let woken = Arc::new(AtomicBool::new(false));
-        (Waker::from(Arc::new(Flag(Arc::clone(&woken)))), woken)
+        let waker = Waker::from(Arc::new(Flag(Arc::clone(&woken))));
+        let mut rx = t.subscribe();
+        assert!(rx.poll_recv(&mut Context::from_waker(&waker)).is_pending());
+        (rx, woken)
     }
 
     /// Every waiting subscriber gets the event, though only WAKE_AT_ONCE are woken by it: each
@@ -470,11 +475,7 @@ mod tests {
             assert!(rx.poll_recv(&mut cx).is_pending());
             dropped.push(rx);
         }
-        let mut live = t.subscribe();
-        let (waker, woken) = flag_waker();
-        assert!(live
-            .poll_recv(&mut Context::from_waker(&waker))
-            .is_pending());
+        let (mut live, woken) = waiting(&t);
         // The first WAKE_AT_ONCE are called, then dropped without polling: each passes on.
         t.send(event(1));
         drop(dropped);
@@ -504,11 +505,7 @@ mod tests {
             assert!(rx.poll_recv(&mut cx).is_pending());
             stuck.push(rx);
         }
-        let mut live = t.subscribe();
-        let (waker, woken) = flag_waker();
-        assert!(live
-            .poll_recv(&mut Context::from_waker(&waker))
-            .is_pending());
+        let (mut live, woken) = waiting(&t);
         t.send(event(1));
         assert!(
             woken.load(Ordering::SeqCst),
