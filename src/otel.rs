@@ -247,7 +247,9 @@ impl HttpClient for Exporter {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let (client, timeout) = (self.client.clone(), self.timeout);
         let exchange = async move {
-            let response = client.request(request.map(Body::full)).await?;
+            let answer = client.request(request.map(Body::full)).await?;
+            // The connection goes back to the pool once the body is read.
+            let (response, _conn) = answer.into_parts();
             let (parts, body) = response.into_parts();
             let body = http_body_util::Limited::new(body, MAX_ANSWER)
                 .collect()

@@ -459,7 +459,8 @@ impl Proxy {
                 };
                 let backend = hyper::upgrade::on(&mut resp);
                 tokio::spawn(tunnel(client, backend, peer));
-                let (rparts, _) = resp.into_parts();
+                let (rparts, body) = resp.into_parts();
+                body.upgraded();
                 let mut out = Response::new(Body::empty());
                 *out.status_mut() = rparts.status;
                 *out.headers_mut() = rparts.headers;

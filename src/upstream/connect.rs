@@ -1,10 +1,17 @@
-//! A pool's HTTP client: keep-alive connections per backend, plain TCP or TLS (rustls through
-//! hyper-rustls: the system's roots and the pool's `ca`, SNI, a client certificate, or no
-//! verification when the pool says `insecure`), HTTP/1.1 or HTTP/2.
+//! A pool's HTTP client: keep-alive connections per backend. Plain HTTP/1.1 backends are
+//! larder's own connections (`h1.rs`); TLS (rustls through hyper-rustls: the system's roots
+//! and the pool's `ca`, SNI, a client certificate, or no verification when the pool says
+//! `insecure`) and HTTP/2 go through hyper-util's pooled client. Both answer with an
+//! [`Answer`] or a [`SendError`] that says whether the connection failed and whether the
+//! request may be sent again.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
-use http::Request;
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::ResponseFuture;
@@ -15,13 +22,16 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+pub use super::h1::Checkin;
 use crate::body::Body;
 use crate::config::{PoolConfig, UpstreamTlsConfig};
 
-/// The client of one pool: a plain one when no backend speaks TLS (no TLS layer on the pass
-/// path), else one whose connector speaks both.
+/// The client of one pool: larder's own HTTP/1.1 connections when no backend speaks TLS or
+/// HTTP/2; hyper-util's client with a plain connector for h2c; else one whose connector
+/// speaks both.
 #[derive(Clone)]
 pub enum Client {
+    H1(Arc<super::h1::Conns>),
     Plain(hyper_util::client::legacy::Client<Bare<HttpConnector>, Body>),
     Tls(hyper_util::client::legacy::Client<Bare<HttpsConnector<HttpConnector>>, Body>),
 }
@@ -124,8 +134,11 @@ impl Client {
             .pool_max_idle_per_host(cfg.max_idle)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new());
+        if !cfg.uses_tls() && !cfg.http2 {
+            return Ok(Client::H1(super::h1::Conns::new(cfg)));
+        }
         if !cfg.uses_tls() {
-            builder.http2_only(cfg.http2);
+            builder.http2_only(true);
             return Ok(Client::Plain(builder.build(Bare(http))));
         }
         http.enforce_http(false);
@@ -150,12 +163,143 @@ impl Client {
         Ok(Client::Tls(builder.build(Bare(connector))))
     }
 
-    /// Sends `req`; the response head comes through the returned future (boxed by
-    /// hyper-util: a few bytes for the callers' futures to move).
-    pub fn request(&self, req: Request<Body>) -> ResponseFuture {
+    /// Sends `req` (its URI absolute); the response head comes through the returned future
+    /// (boxed: a few bytes for the callers' futures to move).
+    pub fn request(&self, req: Request<Body>) -> Sent {
         match self {
-            Client::Plain(c) => c.request(req),
-            Client::Tls(c) => c.request(req),
+            Client::H1(c) => Sent::H1(c.send(req, false)),
+            Client::Plain(c) => Sent::Legacy(c.request(req)),
+            Client::Tls(c) => Sent::Legacy(c.request(req)),
+        }
+    }
+
+    /// Sends `req` again after a connection turned out closed: on a new connection where the
+    /// client can say so.
+    pub fn resend(&self, req: Request<Body>) -> Sent {
+        match self {
+            Client::H1(c) => Sent::H1(c.send(req, true)),
+            _ => self.request(req),
+        }
+    }
+}
+
+/// A response head and, on larder's own connections, the connection to give back once its
+/// body is done with.
+pub struct Answer {
+    response: Response<Incoming>,
+    checkin: Option<Checkin>,
+}
+
+impl Answer {
+    pub(super) fn new(response: Response<Incoming>, checkin: Option<Checkin>) -> Answer {
+        Answer { response, checkin }
+    }
+
+    pub fn into_parts(self) -> (Response<Incoming>, Option<Checkin>) {
+        (self.response, self.checkin)
+    }
+
+    pub fn status(&self) -> http::StatusCode {
+        self.response.status()
+    }
+}
+
+/// The future of [`Client::request`].
+pub enum Sent {
+    H1(super::h1::Sending),
+    Legacy(ResponseFuture),
+}
+
+impl Future for Sent {
+    type Output = Result<Answer, SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Sent::H1(f) => f.as_mut().poll(cx),
+            Sent::Legacy(f) => Pin::new(f).poll(cx).map(|r| match r {
+                Ok(response) => Ok(Answer::new(response, None)),
+                Err(e) => Err(SendError::Legacy(e)),
+            }),
+        }
+    }
+}
+
+/// Why an exchange failed before its response head.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection to the backend (refused, unreachable, unresolved, not within
+    /// connect_timeout).
+    Connect(std::io::Error),
+    /// hyper's error on an open connection; `reused`: a pooled one (not new for this request).
+    Http { error: hyper::Error, reused: bool },
+    /// hyper-util's client's error.
+    Legacy(hyper_util::client::legacy::Error),
+}
+
+impl SendError {
+    /// No connection was made.
+    pub fn is_connect(&self) -> bool {
+        match self {
+            SendError::Connect(_) => true,
+            SendError::Http { .. } => false,
+            SendError::Legacy(e) => e.is_connect(),
+        }
+    }
+
+    /// Whether a pooled connection closed before a response head arrived (nothing was
+    /// answered, so an idempotent request may be sent again): hyper saw the close itself (end
+    /// of input, a canceled or closed connection), or an I/O error under it is a reset or a
+    /// broken pipe (the origin's close arriving as larder wrote or read). A new connection
+    /// that does this is the backend's failure, not a race with its idle timeout.
+    pub fn closed_before_answer(&self) -> bool {
+        match self {
+            SendError::Connect(_) | SendError::Http { reused: false, .. } => false,
+            SendError::Http { error, .. } => closed(error),
+            SendError::Legacy(e) => {
+                !e.is_connect() && std::error::Error::source(e).is_some_and(closed)
+            }
+        }
+    }
+}
+
+/// Whether `e` or an error under it says the connection was closed (see
+/// [`SendError::closed_before_answer`]).
+fn closed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        } else if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        cur = c.source();
+    }
+    false
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connect: {e}"),
+            SendError::Http { error, .. } => error.fmt(f),
+            SendError::Legacy(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendError::Connect(e) => e.source(),
+            SendError::Http { error, .. } => error.source(),
+            SendError::Legacy(e) => e.source(),
         }
     }
 }

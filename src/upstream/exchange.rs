@@ -18,6 +18,7 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::connect::{Answer, Checkin};
 use super::{Client, InFlight};
 use crate::body::Body;
 use crate::config::Upstream;
@@ -33,7 +34,8 @@ use crate::http::FetchError;
 /// A bodiless request with an idempotent method (RFC 9110 §9.2.2) is sent once more, on a new
 /// connection, when a pooled keep-alive connection turns out to have been closed or reset by
 /// the origin before any response came back (the origin's idle timeout racing the reuse); nginx
-/// does the same. Anything else fails at once.
+/// does the same. A request a closed pooled connection never took is sent on a new one
+/// whatever its method (`h1.rs`). Anything else fails at once.
 pub async fn send(
     client: &Client,
     req: Request<Body>,
@@ -48,14 +50,17 @@ pub async fn send(
             _ => tracing::warn!(error = %e, "upstream request failed"),
         }
     }
-    result.map(|r| r.map(|body| UpstreamBody::new(body, body_timeout, inflight)))
+    result.map(|answer| {
+        let (response, conn) = answer.into_parts();
+        response.map(|body| UpstreamBody::new(body, body_timeout, inflight, conn))
+    })
 }
 
 async fn exchange(
     client: &Client,
     req: Request<Body>,
     timeout: Duration,
-) -> Result<Response<hyper::body::Incoming>, FetchError> {
+) -> Result<Answer, FetchError> {
     use http_body::Body as _;
     let (parts, body) = req.into_parts();
     let upload = (!body.is_end_stream()).then(|| Arc::new(Upload::new()));
@@ -78,8 +83,8 @@ async fn exchange(
         *again.headers_mut() = req.headers().clone();
         again
     });
-    // The two attempts share one deadline (moved on while an upload progresses). Each is
-    // hyper-util's boxed future: this future, moved by every caller above it, stays small.
+    // The two attempts share one deadline (moved on while an upload progresses). Each is a
+    // boxed future: this future, moved by every caller above it, stays small.
     let mut deadline = Instant::now() + timeout;
     let mut result = until_head(
         client.request(req),
@@ -89,11 +94,11 @@ async fn exchange(
     )
     .await;
     if let (Some(Err(e)), Some(mut again)) = (&result, retry) {
-        if closed_before_answer(e) {
+        if e.closed_before_answer() {
             tracing::debug!(error = %source_chain(e), "pooled upstream connection was closed; retrying once");
             forward_interim(&mut again);
             result = until_head(
-                client.request(again),
+                client.resend(again),
                 &mut deadline,
                 timeout,
                 upload.as_deref(),
@@ -211,21 +216,27 @@ pub struct UpstreamBody {
     idle: Duration,
     /// The backend counts this request in flight until the body is dropped.
     _inflight: InFlight,
+    /// The connection, given back to the pool when the body is dropped (larder's own
+    /// HTTP/1.1 connections; hyper-util's pool keeps its own).
+    conn: Option<Checkin>,
 }
 
 impl UpstreamBody {
-    fn new(inner: Incoming, idle: Duration, inflight: InFlight) -> Self {
+    fn new(inner: Incoming, idle: Duration, inflight: InFlight, conn: Option<Checkin>) -> Self {
         UpstreamBody {
             inner,
             silence: Box::pin(tokio::time::sleep(idle)),
             idle,
             _inflight: inflight,
+            conn,
         }
     }
 
-    /// The body as hyper received it, for an upgraded connection's handover.
-    pub fn into_inner(self) -> Incoming {
-        self.inner
+    /// The connection was upgraded (a 101): it is the tunnel's, not given back to the pool.
+    pub fn upgraded(self) {
+        if let Some(c) = self.conn {
+            c.discard();
+        }
     }
 }
 
@@ -267,34 +278,6 @@ fn forward_interim(req: &mut Request<Body>) {
     if let Some(sink) = crate::interim::Sink::current() {
         hyper::ext::on_informational(req, move |res| sink.forward(res.status(), res.headers()));
     }
-}
-
-/// Whether the exchange failed because the connection closed before a response head arrived
-/// (nothing was answered, so an idempotent request may be sent again): hyper saw the close
-/// itself (end of input, a canceled or closed connection), or hyper's generic "connection
-/// error" has for source an I/O error that is a reset or a broken pipe (the origin's close
-/// arriving as larder wrote or read): the walk goes on past hyper's error to find it.
-fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() {
-        return false;
-    }
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(c) = cur {
-        if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return true;
-            }
-        } else if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            );
-        }
-        cur = c.source();
-    }
-    false
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -19,6 +19,7 @@
 mod balance;
 pub mod connect;
 pub mod exchange;
+mod h1;
 mod health;
 
 use std::collections::BTreeMap;
