@@ -458,6 +458,44 @@ async fn backend_connections_are_reused() {
     assert_eq!(o.connections(), 4);
 }
 
+/// Idle keep-alive connections to a backend are bounded by `max_idle` and closed after
+/// `idle_timeout` (the backend sees them close); the next request opens a new one.
+#[tokio::test]
+async fn idle_backend_connections_are_bounded_and_closed_at_the_idle_timeout() {
+    let o = Origin::start(|_, _| Reply::ok("x").delay(Duration::from_millis(100))).await;
+    let pool = format!(
+        "{}
+max_idle = 2
+idle_timeout = \"400ms\"",
+        backends(std::slice::from_ref(&o))
+    );
+    let l = Larder::start(&pooled(&pool)).await;
+    let c = client();
+    // Four at once: four connections; two are kept when they are done.
+    let url = l.url("/a");
+    let all = (0..4).map(|_| get(&c, &url, &[]));
+    for g in futures_util::future::join_all(all).await {
+        assert_eq!(g.status, 200);
+    }
+    assert_eq!(o.connections(), 4);
+    let t = Instant::now();
+    while o.open_connections() > 2 && t.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(o.open_connections(), 2, "max_idle = 2");
+    while o.open_connections() > 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(o.open_connections(), 0, "closed after idle_timeout");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(get(&c, &l.url("/a"), &[]).await.status, 200);
+    assert_eq!(o.connections(), 5);
+}
+
 /// The admin API drains a backend (no new request goes to it, not even when the others fail)
 /// and brings it back.
 #[tokio::test]

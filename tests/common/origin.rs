@@ -118,6 +118,7 @@ pub struct Origin {
     task: tokio::task::JoinHandle<()>,
     killed: tokio::sync::watch::Sender<bool>,
     accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
 }
 
 impl Origin {
@@ -132,12 +133,16 @@ impl Origin {
         let (killed, alive) = tokio::sync::watch::channel(false);
         let accepted = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&accepted);
+        let open = Arc::new(AtomicUsize::new(0));
+        let opened = Arc::clone(&open);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 counted.fetch_add(1, Ordering::SeqCst);
+                opened.fetch_add(1, Ordering::SeqCst);
+                let closed = Arc::clone(&opened);
                 let (c, s, h) = (c.clone(), s.clone(), handler.clone());
                 let mut alive = alive.clone();
                 tokio::spawn(async move {
@@ -176,6 +181,7 @@ impl Origin {
                         _ = conn => {}
                         _ = alive.wait_for(|k| *k) => {}
                     }
+                    closed.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -186,6 +192,7 @@ impl Origin {
             task,
             killed,
             accepted,
+            open,
         }
     }
 
@@ -197,6 +204,11 @@ impl Origin {
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections open now (accepted and not yet closed by either side).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Requests seen so far.
