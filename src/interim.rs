@@ -201,15 +201,11 @@ impl Sink {
 
     /// Runs a request's handler with this sink in reach of the upstream client; the request
     /// starts with no interim response forwarded, and forwards none once the handler returned.
-    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+    pub fn scope<F: std::future::Future>(self, f: F) -> Scoped<F> {
         self.shared.seen.store(0, Ordering::Relaxed);
-        let scoped = SINK.scope(self, f);
-        tokio::pin!(scoped);
-        let out = scoped.as_mut().await;
-        if let Some(sink) = scoped.take_value() {
-            sink.shared.end_request();
+        Scoped {
+            inner: SINK.scope(self, f),
         }
-        out
     }
 
     /// The sink of the request being handled on this task, if any.
@@ -298,6 +294,33 @@ fn encode(status: StatusCode, headers: &HeaderMap) -> Vec<u8> {
     }
     out.extend_from_slice(b"\r\n");
     out
+}
+
+pin_project_lite::pin_project! {
+    /// [`Sink::scope`]'s future: the handler's own, with the sink in reach (a plain future,
+    /// not an `async fn`, which would hold the handler's future twice: as its argument and
+    /// inside the task-local scope).
+    pub struct Scoped<F: std::future::Future> {
+        #[pin]
+        inner: tokio::task::futures::TaskLocalFuture<Sink, F>,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let mut inner = self.project().inner;
+        let out = std::task::ready!(inner.as_mut().poll(cx));
+        // The request is done: no more interim responses for it.
+        if let Some(sink) = inner.take_value() {
+            sink.shared.end_request();
+        }
+        std::task::Poll::Ready(out)
+    }
 }
 
 #[cfg(test)]

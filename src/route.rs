@@ -126,12 +126,10 @@ impl Handler {
                     Ok(hit) => return Serving::Ready(Some(hit)),
                     Err(slow) => slow,
                 };
-                let p = Arc::clone(p);
+                let slow = Proxy::clone(p).handle_slow(slow, peer);
                 match sink {
-                    Some(sink) => {
-                        Box::pin(async move { sink.scope(p.handle_slow(slow, peer)).await })
-                    }
-                    None => Box::pin(async move { p.handle_slow(slow, peer).await }),
+                    Some(sink) => Box::pin(sink.scope(slow)),
+                    None => Box::pin(slow),
                 }
             }
             Handler::Images(i) => {

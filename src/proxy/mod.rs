@@ -27,6 +27,7 @@
 
 mod fill;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -99,7 +100,7 @@ impl Proxy {
     pub async fn handle(&self, req: Request<RequestBody>, peer: SocketAddr) -> Response<Body> {
         match self.fresh_hit(req, peer) {
             Ok(resp) => resp,
-            Err(slow) => Box::pin(self.handle_slow(slow, peer)).await,
+            Err(slow) => Box::pin(self.clone().handle_slow(slow, peer)).await,
         }
     }
 
@@ -153,7 +154,10 @@ impl Proxy {
     }
 
     /// Everything but a fresh hit: stale, miss, pass, purge.
-    pub async fn handle_slow(&self, slow: Slow, peer: SocketAddr) -> Response<Body> {
+    ///
+    /// Takes the proxy by value (a clone of its `Arc`): the future owns what it needs, so the
+    /// router boxes it as it is, with no `async` layer around it keeping a second copy.
+    pub async fn handle_slow(self, slow: Slow, peer: SocketAddr) -> Response<Body> {
         let me = &self.0;
         let Slow { req, looked } = slow;
         let method = req.method();
@@ -381,12 +385,12 @@ impl Proxy {
 
     /// Forwards a request the cache cannot serve and streams the response back. A successful
     /// response to an unsafe method invalidates the URLs it names (RFC 9111 §4.4).
-    async fn pass(
+    fn pass(
         &self,
         req: Request<RequestBody>,
         peer: SocketAddr,
         status: CacheStatus,
-    ) -> Response<Body> {
+    ) -> impl Future<Output = Response<Body>> + '_ {
         let (parts, body) = req.into_parts();
         let unsafe_method = !matches!(
             parts.method,
@@ -401,33 +405,37 @@ impl Proxy {
                 parts.uri.path().to_string(),
             )
         });
-        let resp = self
-            .forward(Request::from_parts(parts, Body::stream(body)), peer, status)
-            .await;
-        let Some((key, host, path)) = target else {
-            return resp;
-        };
-        if resp.status().is_success() || resp.status().is_redirection() {
-            let cache = &self.0.cache;
-            cache.remove(&key);
-            for name in [header::LOCATION, header::CONTENT_LOCATION] {
-                if let Some(target) = resp.headers().get(&name).and_then(|v| v.to_str().ok()) {
-                    if let Some(k) = same_origin_key(target, &host, &path) {
-                        cache.remove(&k);
+        let forwarded = self.forward(Request::from_parts(parts, Body::stream(body)), peer, status);
+        // A map, not an async block: a future captured by one is kept twice once awaited.
+        futures_util::FutureExt::map(forwarded, move |resp| {
+            let Some((key, host, path)) = target else {
+                return resp;
+            };
+            if resp.status().is_success() || resp.status().is_redirection() {
+                let cache = &self.0.cache;
+                cache.remove(&key);
+                for name in [header::LOCATION, header::CONTENT_LOCATION] {
+                    if let Some(target) = resp.headers().get(&name).and_then(|v| v.to_str().ok()) {
+                        if let Some(k) = same_origin_key(target, &host, &path) {
+                            cache.remove(&k);
+                        }
                     }
                 }
             }
-        }
-        resp
+            resp
+        })
     }
 
     /// Sends a request upstream as is and streams the response back; nothing is stored.
-    async fn forward(
+    ///
+    /// A plain fn: the request goes into the pool's future before this returns, so the
+    /// returned future does not hold it too (each caller above moves this future).
+    fn forward(
         &self,
         req: Request<Body>,
         peer: SocketAddr,
         status: CacheStatus,
-    ) -> Response<Body> {
+    ) -> impl Future<Output = Response<Body>> + '_ {
         let me = &self.0;
         let (parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
@@ -438,45 +446,46 @@ impl Proxy {
             .then(crate::interim::Sink::current)
             .flatten();
         let client = sink.as_ref().map(|s| s.claim_upgrade());
-        match (me.pool)
-            .send(
-                parts,
-                body,
-                peer,
-                me.cfg.response_timeout.0,
-                me.cfg.body_timeout.0,
-            )
-            .await
-        {
-            Ok(mut resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                let Some(client) = client else {
-                    // The backend switched protocols unasked.
-                    return me.tag(
-                        FetchError::Upstream("101 to a request that asked no upgrade".into())
-                            .response(),
-                        status,
-                    );
-                };
-                let backend = hyper::upgrade::on(&mut resp);
-                tokio::spawn(tunnel(client, backend, peer));
-                let (rparts, body) = resp.into_parts();
-                body.upgraded();
-                let mut out = Response::new(Body::empty());
-                *out.status_mut() = rparts.status;
-                *out.headers_mut() = rparts.headers;
-                out
-            }
-            Ok(resp) => {
-                if let Some(sink) = &sink {
-                    // No upgrade after all: the connection stays with its server.
-                    sink.unclaim_upgrade();
+        let sent = (me.pool).send(
+            parts,
+            body,
+            peer,
+            me.cfg.response_timeout.0,
+            me.cfg.body_timeout.0,
+        );
+        // A map, not an async block: a future captured by one is kept twice once awaited.
+        futures_util::FutureExt::map(sent, move |sent| {
+            match sent {
+                Ok(mut resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    let Some(client) = client else {
+                        // The backend switched protocols unasked.
+                        return me.tag(
+                            FetchError::Upstream("101 to a request that asked no upgrade".into())
+                                .response(),
+                            status,
+                        );
+                    };
+                    let backend = hyper::upgrade::on(&mut resp);
+                    tokio::spawn(tunnel(client, backend, peer));
+                    let (rparts, body) = resp.into_parts();
+                    body.upgraded();
+                    let mut out = Response::new(Body::empty());
+                    *out.status_mut() = rparts.status;
+                    *out.headers_mut() = rparts.headers;
+                    out
                 }
-                let (mut rparts, rbody) = resp.into_parts();
-                fields::strip_hop_by_hop(&mut rparts.headers);
-                me.pass_on(rparts, Body::stream(rbody), &asked, status)
+                Ok(resp) => {
+                    if let Some(sink) = &sink {
+                        // No upgrade after all: the connection stays with its server.
+                        sink.unclaim_upgrade();
+                    }
+                    let (mut rparts, rbody) = resp.into_parts();
+                    fields::strip_hop_by_hop(&mut rparts.headers);
+                    me.pass_on(rparts, Body::stream(rbody), &asked, status)
+                }
+                Err(e) => me.tag(e.response(), status),
             }
-            Err(e) => me.tag(e.response(), status),
-        }
+        })
     }
 }
 

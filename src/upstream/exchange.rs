@@ -1,7 +1,7 @@
 //! One exchange with a backend: the client request rewritten into the backend's (with the
 //! proxy fields of [`crate::http::fields`]: hop-by-hop fields, Via, X-Forwarded-*), the
-//! timeouts on the response head and on the body ([`UpstreamBody`]), and the one resend of a
-//! request whose pooled connection the origin had closed.
+//! timeouts on the response head and on the body ([`UpstreamBody`]), and whether a failure may
+//! be resent (a pooled connection the origin had closed).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,107 +18,85 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::connect::{Answer, Checkin};
+use super::connect::Checkin;
 use super::{Client, InFlight};
 use crate::body::Body;
 use crate::config::Upstream;
 use crate::http::fields;
 use crate::http::FetchError;
 
-/// Sends `req` upstream and waits for the response head: at most `timeout` once the request
-/// (with its body) has been sent, and while a body is being sent, at most `timeout` without
-/// progress of it (a large upload to an origin that reads slowly is not cut off, a stalled one
-/// is). The response's body then fails if the upstream sends nothing of it for `body_timeout`.
-/// Failures are logged with their detail.
+/// Sends `req` upstream (on a new connection if `fresh`) and waits for the response head: at
+/// most `timeout` once the request (with its body) has been sent, and while a body is being
+/// sent, at most `timeout` without progress of it (a large upload to an origin that reads
+/// slowly is not cut off, a stalled one is). The response's body then fails if the upstream
+/// sends nothing of it for `body_timeout`. Failures are logged with their detail.
 ///
-/// A bodiless request with an idempotent method (RFC 9110 §9.2.2) is sent once more, on a new
-/// connection, when a pooled keep-alive connection turns out to have been closed or reset by
-/// the origin before any response came back (the origin's idle timeout racing the reuse); nginx
-/// does the same. A request a closed pooled connection never took is sent on a new one
-/// whatever its method (`h1.rs`). Anything else fails at once.
-pub async fn send(
+/// The request is handed to the connection before this returns: the future holds only the
+/// exchange's state, not the request (every caller above moves it).
+pub fn send(
     client: &Client,
     req: Request<Body>,
     timeout: Duration,
     body_timeout: Duration,
     inflight: InFlight,
-) -> Result<Response<UpstreamBody>, FetchError> {
-    let result = exchange(client, req, timeout).await;
-    if let Err(e) = &result {
-        match e {
-            FetchError::RequestBody(_) => tracing::debug!(error = %e, "request not forwarded"),
-            _ => tracing::warn!(error = %e, "upstream request failed"),
+    fresh: bool,
+) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> {
+    use http_body::Body as _;
+    let upload = (!req.body().is_end_stream()).then(|| Arc::new(Upload::new()));
+    let mut req = match &upload {
+        Some(progress) => req.map(|body| {
+            Body::stream(Uploading {
+                body,
+                progress: Arc::clone(progress),
+            })
+        }),
+        None => req,
+    };
+    forward_interim(&mut req);
+    let sent = if fresh {
+        client.resend(req)
+    } else {
+        client.request(req)
+    };
+    async move {
+        let mut deadline = Instant::now() + timeout;
+        let result = until_head(sent, &mut deadline, timeout, upload.as_deref()).await;
+        let (error, resend) = match result {
+            Some(Ok(answer)) => {
+                let (response, conn) = answer.into_parts();
+                return Ok(
+                    response.map(|body| UpstreamBody::new(body, body_timeout, inflight, conn))
+                );
+            }
+            None => (FetchError::Timeout(timeout), false),
+            Some(Err(e))
+                if upload
+                    .as_ref()
+                    .is_some_and(|u| u.failed.load(Ordering::Relaxed)) =>
+            {
+                (FetchError::RequestBody(source_chain(&e)), false)
+            }
+            Some(Err(e)) if e.is_connect() => (FetchError::Connect(source_chain(&e)), false),
+            Some(Err(e)) => (
+                FetchError::Upstream(source_chain(&e)),
+                e.closed_before_answer(),
+            ),
+        };
+        match &error {
+            FetchError::RequestBody(_) => tracing::debug!(error = %error, "request not forwarded"),
+            _ if resend => tracing::debug!(error = %error, "pooled upstream connection was closed"),
+            _ => tracing::warn!(error = %error, "upstream request failed"),
         }
+        Err(Failure { error, resend })
     }
-    result.map(|answer| {
-        let (response, conn) = answer.into_parts();
-        response.map(|body| UpstreamBody::new(body, body_timeout, inflight, conn))
-    })
 }
 
-async fn exchange(
-    client: &Client,
-    req: Request<Body>,
-    timeout: Duration,
-) -> Result<Answer, FetchError> {
-    use http_body::Body as _;
-    let (parts, body) = req.into_parts();
-    let upload = (!body.is_end_stream()).then(|| Arc::new(Upload::new()));
-    let body = match &upload {
-        Some(progress) => Body::stream(Uploading {
-            body,
-            progress: Arc::clone(progress),
-        }),
-        None => body,
-    };
-    let mut req = Request::from_parts(parts, body);
-    forward_interim(&mut req);
-    // The head to send again if a pooled connection turns out closed (its 1xx callback is
-    // added only then: it allocates the request's extension map).
-    let retry = (req.method().is_idempotent() && upload.is_none()).then(|| {
-        let mut again = Request::new(Body::empty());
-        *again.method_mut() = req.method().clone();
-        *again.uri_mut() = req.uri().clone();
-        *again.version_mut() = req.version();
-        *again.headers_mut() = req.headers().clone();
-        again
-    });
-    // The two attempts share one deadline (moved on while an upload progresses). Each is a
-    // boxed future: this future, moved by every caller above it, stays small.
-    let mut deadline = Instant::now() + timeout;
-    let mut result = until_head(
-        client.request(req),
-        &mut deadline,
-        timeout,
-        upload.as_deref(),
-    )
-    .await;
-    if let (Some(Err(e)), Some(mut again)) = (&result, retry) {
-        if e.closed_before_answer() {
-            tracing::debug!(error = %source_chain(e), "pooled upstream connection was closed; retrying once");
-            forward_interim(&mut again);
-            result = until_head(
-                client.resend(again),
-                &mut deadline,
-                timeout,
-                upload.as_deref(),
-            )
-            .await;
-        }
-    }
-    match result {
-        None => Err(FetchError::Timeout(timeout)),
-        Some(Err(e))
-            if upload
-                .as_ref()
-                .is_some_and(|u| u.failed.load(Ordering::Relaxed)) =>
-        {
-            Err(FetchError::RequestBody(source_chain(&e)))
-        }
-        Some(Err(e)) if e.is_connect() => Err(FetchError::Connect(source_chain(&e))),
-        Some(Err(e)) => Err(FetchError::Upstream(source_chain(&e))),
-        Some(Ok(r)) => Ok(r),
-    }
+/// A failed exchange: why, and whether a pooled connection closed before any answer (the
+/// origin's idle timeout racing its reuse: an idempotent request may go again, on a new
+/// connection).
+pub struct Failure {
+    pub error: FetchError,
+    pub resend: bool,
 }
 
 /// Runs `exchange` (up to the response head); None once `deadline` passed with neither the

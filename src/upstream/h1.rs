@@ -94,8 +94,8 @@ impl Conns {
 
     /// Sends `req` (its URI absolute: the backend's authority and the path) on an idle
     /// connection of its backend, or on a new one when there is none ready or `fresh` is asked.
-    /// A request that a pooled connection turned out closed before taking is sent once more on
-    /// a new connection (it was never written, whatever its method).
+    /// A request that a pooled connection turned out closed before taking is sent on a new
+    /// connection (it was never written, whatever its method).
     pub fn send(self: &Arc<Self>, mut req: Request<Body>, fresh: bool) -> Sending {
         self.start_sweeping();
         let authority = req.uri().authority().cloned();
@@ -109,41 +109,25 @@ impl Conns {
         if let Some(pq) = req.uri().path_and_query().cloned() {
             *req.uri_mut() = Uri::from(pq);
         }
+        let timeout = self.connect_timeout;
         let pooled = if fresh { None } else { idle.take() };
-        let connect_timeout = self.connect_timeout;
+        let Some(mut sender) = pooled else {
+            return Box::pin(on_new_connection(authority, idle, req, timeout));
+        };
+        // Handed to the connection now: the future holds the exchange, not the request.
+        let sending = sender.try_send_request(req);
         Box::pin(async move {
-            let Some(authority) = authority else {
-                return Err(SendError::Connect(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the request names no backend",
-                )));
-            };
-            let reused = pooled.is_some();
-            let mut sender = match pooled {
-                Some(s) => s,
-                None => connect(&authority, connect_timeout).await?,
-            };
-            let err = match sender.try_send_request(req).await {
-                Ok(response) => return Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
-                Err(e) => e,
-            };
-            let mut err = err;
-            match err.take_message() {
-                // Closed before it took the request: a new connection takes it.
-                Some(req) if reused => {
-                    let mut sender = connect(&authority, connect_timeout).await?;
-                    match sender.send_request(req).await {
-                        Ok(response) => Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
-                        Err(error) => Err(SendError::Http {
-                            error,
-                            reused: false,
-                        }),
-                    }
-                }
-                _ => Err(SendError::Http {
-                    error: err.into_error(),
-                    reused,
-                }),
+            match sending.await {
+                Ok(response) => Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
+                Err(mut e) => match e.take_message() {
+                    // Closed before it took the request: a new connection takes it (boxed:
+                    // the common path's future stays small).
+                    Some(req) => Box::pin(on_new_connection(authority, idle, req, timeout)).await,
+                    None => Err(SendError::Http {
+                        error: e.into_error(),
+                        reused: true,
+                    }),
+                },
             }
         })
     }
@@ -225,6 +209,29 @@ async fn sweep(conns: Weak<Conns>) {
             Some(c) => c.sweep(),
             None => return,
         }
+    }
+}
+
+/// Sends `req` on a new connection to `authority`, kept in `idle` afterwards.
+async fn on_new_connection(
+    authority: Option<Authority>,
+    idle: Arc<Idle>,
+    req: Request<Body>,
+    timeout: Duration,
+) -> Result<Answer, SendError> {
+    let Some(authority) = authority else {
+        return Err(SendError::Connect(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the request names no backend",
+        )));
+    };
+    let mut sender = connect(&authority, timeout).await?;
+    match sender.send_request(req).await {
+        Ok(response) => Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
+        Err(error) => Err(SendError::Http {
+            error,
+            reused: false,
+        }),
     }
 }
 

@@ -23,6 +23,7 @@ mod h1;
 mod health;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -259,68 +260,94 @@ impl Pool {
 
     /// Sends a client's request (`parts`, `body`; not yet rewritten for a backend) to a
     /// backend of the pool and waits for the response head, within `timeout` (see
-    /// [`exchange::send`]). An idempotent request without a body whose exchange failed before
-    /// any of a response came back goes to another backend, up to `retries` more times and
-    /// while `retry_timeout` lasts; anything else fails at once.
-    pub async fn send(
+    /// [`exchange::send`]). An idempotent request without a body (RFC 9110 §9.2.2) whose
+    /// exchange failed before any of a response came back goes again:
+    /// - on a new connection to the same backend when a pooled keep-alive connection turned out
+    ///   closed or reset by the origin (its idle timeout racing the reuse; nginx does the
+    ///   same), once, not counted as the backend's failure;
+    /// - else to another backend, up to `retries` more times and while `retry_timeout` lasts.
+    ///
+    /// Anything else fails at once.
+    ///
+    /// A plain fn: the returned future holds the request once (an async fn would keep its
+    /// arguments beside its own copy).
+    pub fn send(
         self: &Arc<Self>,
         parts: request::Parts,
         body: Body,
         peer: SocketAddr,
         timeout: Duration,
         body_timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, FetchError> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, FetchError>> + '_ {
         use http_body::Body as _;
         let retryable = parts.method.is_idempotent() && body.is_end_stream();
         let key = self.hash_key(&parts, peer);
-        let started = Instant::now();
-        let mut tried = 0u128;
-        let mut attempt = 0;
+        // A retryable request keeps its parts for a next try (its body is empty); anything
+        // else goes once.
         let (mut parts, mut body) = (Some(parts), Some(body));
-        loop {
-            let i = self.choose(key.as_deref(), tried);
-            let backend = &self.backends[i];
-            let last = !retryable
-                || attempt >= self.cfg.retries.get()
-                || started.elapsed() >= self.cfg.retry_timeout.0
-                || (tried | bit(i)).count_ones() as usize >= self.backends.len();
-            let (mut p, b) = if last {
-                (parts.take().expect("kept"), body.take().expect("kept"))
-            } else {
-                (clone_parts(parts.as_ref().expect("kept")), Body::empty())
-            };
-            prepare_request(&mut p, &backend.url, peer);
-            backend.health.inflight.fetch_add(1, Ordering::Relaxed);
-            backend.health.requests.fetch_add(1, Ordering::Relaxed);
-            let guard = InFlight {
-                pool: Arc::clone(self),
-                backend: i,
-            };
-            let result = exchange::send(
-                &self.client,
-                Request::from_parts(p, b),
-                timeout,
-                body_timeout,
-                guard,
-            )
-            .await;
-            match &result {
-                Ok(resp) => {
-                    let failed = self.cfg.passive.on_5xx
-                        && matches!(resp.status().as_u16(), 500 | 502 | 503 | 504);
-                    self.outcome(i, !failed);
+        async move {
+            let started = Instant::now();
+            let mut tried = 0u128;
+            let mut attempt = 0;
+            let mut resend: Option<usize> = None;
+            loop {
+                let fresh = resend.is_some();
+                let i = resend
+                    .take()
+                    .unwrap_or_else(|| self.choose(key.as_deref(), tried));
+                let backend = &self.backends[i];
+                let (mut p, b) = if retryable {
+                    (clone_parts(parts.as_ref().expect("kept")), Body::empty())
+                } else {
+                    (parts.take().expect("once"), body.take().expect("once"))
+                };
+                prepare_request(&mut p, &backend.url, peer);
+                backend.health.inflight.fetch_add(1, Ordering::Relaxed);
+                backend.health.requests.fetch_add(1, Ordering::Relaxed);
+                let guard = InFlight {
+                    pool: Arc::clone(self),
+                    backend: i,
+                };
+                let result = exchange::send(
+                    &self.client,
+                    Request::from_parts(p, b),
+                    timeout,
+                    body_timeout,
+                    guard,
+                    fresh,
+                )
+                .await;
+                let failure = match result {
+                    Ok(resp) => {
+                        let failed = self.cfg.passive.on_5xx
+                            && matches!(resp.status().as_u16(), 500 | 502 | 503 | 504);
+                        self.outcome(i, !failed);
+                        return Ok(resp);
+                    }
+                    Err(f) => f,
+                };
+                if retryable && failure.resend && !fresh {
+                    tracing::debug!(pool = %self.name, backend = %backend.url.authority,
+                    "pooled connection was closed; sending again on a new one");
+                    resend = Some(i);
+                    continue;
                 }
-                Err(FetchError::RequestBody(_)) => {}
-                Err(_) => self.outcome(i, false),
-            }
-            match result {
-                Err(e) if !last && retry_after(&e) => {
-                    tracing::warn!(pool = %self.name, backend = %backend.url.authority, error = %e,
-                        "retrying on another backend");
-                    tried |= bit(i);
-                    attempt += 1;
+                let e = failure.error;
+                if !matches!(e, FetchError::RequestBody(_)) {
+                    self.outcome(i, false);
                 }
-                r => return r,
+                tried |= bit(i);
+                let more = retryable
+                    && attempt < self.cfg.retries.get()
+                    && started.elapsed() < self.cfg.retry_timeout.0
+                    && (tried.count_ones() as usize) < self.backends.len()
+                    && retry_after(&e);
+                if !more {
+                    return Err(e);
+                }
+                tracing::warn!(pool = %self.name, backend = %backend.url.authority, error = %e,
+                "retrying on another backend");
+                attempt += 1;
             }
         }
     }
@@ -537,14 +564,12 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
 
 /// A copy of a request's head (without its extensions), for another try.
 pub fn clone_parts(p: &request::Parts) -> request::Parts {
-    let mut b = Request::builder()
-        .method(p.method.clone())
-        .uri(p.uri.clone())
-        .version(p.version);
-    if let Some(h) = b.headers_mut() {
-        *h = p.headers.clone();
-    }
-    b.body(()).expect("parts are valid").into_parts().0
+    let mut r = Request::new(());
+    *r.method_mut() = p.method.clone();
+    *r.uri_mut() = p.uri.clone();
+    *r.version_mut() = p.version;
+    *r.headers_mut() = p.headers.clone();
+    r.into_parts().0
 }
 
 #[cfg(test)]
