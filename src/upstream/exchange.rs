@@ -183,14 +183,18 @@ impl http_body::Body for Uploading {
 }
 
 /// An upstream response body that fails with [`FetchError::BodyTimeout`] when the upstream sends
-/// nothing for `idle` (like nginx's `proxy_read_timeout`, the clock restarts with each frame),
+/// nothing for `idle` (like nginx's `proxy_read_timeout`, the clock restarts with each frame:
+/// at the first wait after it),
 /// and with [`FetchError::Body`] when the connection breaks. Every consumer sees the failure as an
 /// error, never as the end of the body: a fill stores nothing and a streamed response is cut off
 /// (hyper then closes the client's connection, so the client sees it incomplete).
 pub struct UpstreamBody {
     inner: Incoming,
-    // Boxed so the body stays Unpin (one allocation per upstream response, not per hit).
-    silence: Pin<Box<tokio::time::Sleep>>,
+    /// Set the first time the upstream has nothing to give: a body that came whole with its
+    /// head never starts a timer. Boxed so the body stays Unpin.
+    silence: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A frame came since `silence` was set: it restarts at the next wait.
+    progressed: bool,
     idle: Duration,
     /// The backend counts this request in flight until the body is dropped.
     _inflight: InFlight,
@@ -203,7 +207,8 @@ impl UpstreamBody {
     fn new(inner: Incoming, idle: Duration, inflight: InFlight, conn: Option<Checkin>) -> Self {
         UpstreamBody {
             inner,
-            silence: Box::pin(tokio::time::sleep(idle)),
+            silence: None,
+            progressed: false,
             idle,
             _inflight: inflight,
             conn,
@@ -229,16 +234,27 @@ impl http_body::Body for UpstreamBody {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let next = tokio::time::Instant::now() + this.idle;
-                this.silence.as_mut().reset(next);
+                this.progressed = true;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(FetchError::Body(source_chain(&e))))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.silence.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(FetchError::BodyTimeout(this.idle)))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                // The silence is counted from the first wait after the last frame.
+                let silence = match &mut this.silence {
+                    Some(s) if this.progressed => {
+                        s.as_mut().reset(Instant::now() + this.idle);
+                        s
+                    }
+                    Some(s) => s,
+                    None => this.silence.insert(Box::pin(tokio::time::sleep(this.idle))),
+                };
+                this.progressed = false;
+                match silence.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(FetchError::BodyTimeout(this.idle)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
