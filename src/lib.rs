@@ -17,7 +17,8 @@
 //!   phases: fetch → revalidate → admit → store and respond) → deliver.
 //! - [`upstream`]: the fetch: a route's pool of backends, one chosen by its balance among
 //!   those healthy (active checks, passive ejection), retried elsewhere when an idempotent
-//!   request failed before any answer; the exchange with it (plain, TLS, HTTP/2).
+//!   request failed before any answer; the exchange with it (larder's own HTTP/1.1
+//!   connections in `upstream/h1.rs`; TLS and HTTP/2 through hyper-util's client).
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
 //!   tier and the tiers below it ([`cache::tiers`]: a disk tier kept across restarts, a tier in
 //!   Redis shared by every node, with leases and the fleet's purge stream), immutable entries

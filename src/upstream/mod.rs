@@ -1,15 +1,19 @@
 //! Upstream pools: the backends a proxy route sends to, how one is chosen for a request
 //! (`balance.rs`), whether each is fit to take it (active checks in `health.rs`, passive
 //! ejection from real requests' failures here), the retry of a failed idempotent request on
-//! another backend, the pool's connections (`connect.rs`: plain, TLS, HTTP/2) and one exchange
-//! with a backend (`exchange.rs`: the request rewritten, timeouts, the response body).
+//! another backend or, after a pooled connection's close, on a new one; the pool's connections
+//! (`connect.rs`: larder's own HTTP/1.1 ones in `h1.rs`, TLS and HTTP/2 through hyper-util) and
+//! one exchange with a backend (`exchange.rs`: the request rewritten, timeouts, the response
+//! body).
 //!
 //! ```text
 //! send ─▶ choose (balance over backends up, not yet tried) ─▶ exchange ─▶ response
 //!            │ none up: backups; none either: every primary (better a try than a 502)
 //!            ▼
-//!          failed before any response byte, idempotent, no body, tries and time left
-//!            └─▶ counted against the backend (ejected after max_fails) ─▶ choose again
+//!          failed before any response byte, idempotent, no body:
+//!            ├─▶ a pooled connection closed first: same backend, new connection (once)
+//!            └─▶ tries and time left: counted against the backend (ejected after
+//!                max_fails) ─▶ choose again
 //! ```
 //!
 //! Pools are shared by every route that names them and by every worker thread; their state is
