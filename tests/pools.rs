@@ -496,6 +496,56 @@ idle_timeout = \"400ms\"",
     assert_eq!(o.connections(), 5);
 }
 
+/// A pooled connection the backend closes as the next request arrives (its idle timeout
+/// racing the reuse) gets that GET sent again to the same backend on a new connection, and
+/// the close is not counted against the backend: with `max_fails = 1` it stays up.
+#[tokio::test]
+async fn a_closed_pooled_connection_is_resent_without_counting_a_failure() {
+    use tokio::io::AsyncWriteExt;
+    let answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = Arc::clone(&answers);
+    let addr = raw_origin(move |mut s| {
+        let count = Arc::clone(&count);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let body = format!("answer {n}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            // The next request on this connection is read and left unanswered.
+            let _ = read_head(&mut s).await;
+        }
+    })
+    .await;
+    let text = format!(
+        "[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:0\"\n{}",
+        pooled(&format!(
+            "backends = [\"http://{addr}\"]\npassive = {{ max_fails = 1 }}"
+        ))
+    );
+    let l = Larder::start(&text).await;
+    let c = client();
+    for n in 0..4 {
+        let g = get(&c, &l.url("/a"), &[]).await;
+        assert_eq!((g.status.as_u16(), g.text()), (200, format!("answer {n}")));
+    }
+    let m = l.metrics_text().unwrap();
+    let url = format!("http://{addr}");
+    for line in [
+        format!("larder_upstream_up{{pool=\"app\",backend=\"{url}\"}} 1"),
+        format!("larder_upstream_failures_total{{pool=\"app\",backend=\"{url}\"}} 0"),
+        // Four answered, three of them resent after a close.
+        format!("larder_upstream_requests_total{{pool=\"app\",backend=\"{url}\"}} 7"),
+    ] {
+        assert!(m.contains(&line), "{line} not in\n{m}");
+    }
+}
+
 /// The admin API drains a backend (no new request goes to it, not even when the others fail)
 /// and brings it back.
 #[tokio::test]

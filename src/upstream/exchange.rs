@@ -84,6 +84,7 @@ pub fn send(
         };
         match &error {
             FetchError::RequestBody(_) => tracing::debug!(error = %error, "request not forwarded"),
+            // The caller resends it or logs it.
             _ if resend => tracing::debug!(error = %error, "pooled upstream connection was closed"),
             _ => tracing::warn!(error = %error, "upstream request failed"),
         }

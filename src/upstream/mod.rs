@@ -337,6 +337,10 @@ impl Pool {
                     continue;
                 }
                 let e = failure.error;
+                if failure.resend {
+                    // Logged here, not by the exchange: it is not sent again.
+                    tracing::warn!(error = %e, "upstream request failed");
+                }
                 if !matches!(e, FetchError::RequestBody(_)) {
                     self.outcome(i, false);
                 }
