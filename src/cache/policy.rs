@@ -148,8 +148,15 @@ impl CacheControl {
                 Some((n, a)) => (n.trim(), Some(unquote(a.trim()))),
                 None => (item.trim(), None),
             };
-            let name = name.to_ascii_lowercase();
-            match name.as_str() {
+            // Lowered on the stack: every known directive is shorter than 24 bytes (a longer
+            // name is an extension, ignored).
+            let mut lowered = [0u8; 24];
+            let Some(buf) = lowered.get_mut(..name.len()) else {
+                continue;
+            };
+            buf.copy_from_slice(name.as_bytes());
+            buf.make_ascii_lowercase();
+            match std::str::from_utf8(buf).unwrap_or("") {
                 "max-age" => {
                     // §4.2.1: with duplicates, use the first... but conflicting values make the
                     // response stale; we keep the smallest, which is the conservative reading.
@@ -203,24 +210,27 @@ impl CacheControl {
 
 /// Splits a list on commas that are not inside a quoted string.
 fn split_list(s: &str) -> impl Iterator<Item = &str> {
-    let mut items = Vec::new();
-    let mut start = 0;
-    let mut in_quotes = false;
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if in_quotes => escaped = true,
-            '"' => in_quotes = !in_quotes,
-            ',' if !in_quotes => {
-                items.push(&s[start..i]);
-                start = i + 1;
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let s = rest?;
+        let mut in_quotes = false;
+        let mut escaped = false;
+        for (i, c) in s.bytes().enumerate() {
+            match c {
+                _ if escaped => escaped = false,
+                b'\\' if in_quotes => escaped = true,
+                b'"' => in_quotes = !in_quotes,
+                b',' if !in_quotes => {
+                    rest = Some(&s[i + 1..]);
+                    return Some(&s[..i]);
+                }
+                _ => {}
             }
-            _ => {}
         }
-    }
-    items.push(&s[start..]);
-    items.into_iter().filter(|i| !i.trim().is_empty())
+        rest = None;
+        Some(s)
+    })
+    .filter(|i| !i.trim().is_empty())
 }
 
 fn unquote(s: &str) -> String {
@@ -704,6 +714,12 @@ mod tests {
         assert_eq!(c.private_fields.len(), 2);
         assert_eq!(c.no_cache_fields, vec![HeaderName::from_static("x-b")]);
         assert!(cc("no-store,,").no_store);
+        // An extension longer than any known directive is skipped, the rest still read; a
+        // quoted comma with an escaped quote before it does not split.
+        let c = cc("x-an-extension-longer-than-any-directive=1, STALE-WHILE-REVALIDATE=30");
+        assert_eq!(c.stale_while_revalidate, Some(30));
+        let c = cc("private=\"a\\\", b\", No-Store");
+        assert!(c.no_store && !c.private);
     }
 
     fn ctx() -> FetchContext {
