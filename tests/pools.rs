@@ -501,27 +501,7 @@ idle_timeout = \"400ms\"",
 /// the close is not counted against the backend: with `max_fails = 1` it stays up.
 #[tokio::test]
 async fn a_closed_pooled_connection_is_resent_without_counting_a_failure() {
-    use tokio::io::AsyncWriteExt;
-    let answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = Arc::clone(&answers);
-    let addr = raw_origin(move |mut s| {
-        let count = Arc::clone(&count);
-        async move {
-            if read_head(&mut s).await.is_none() {
-                return;
-            }
-            let n = count.fetch_add(1, Ordering::SeqCst);
-            let body = format!("answer {n}");
-            let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(reply.as_bytes()).await;
-            // The next request on this connection is read and left unanswered.
-            let _ = read_head(&mut s).await;
-        }
-    })
-    .await;
+    let addr = one_answer_per_connection(false).await;
     let text = format!(
         "[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:0\"\n{}",
         pooled(&format!(

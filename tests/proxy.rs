@@ -912,37 +912,6 @@ async fn uncacheable_responses_are_compressed_on_the_fly() {
     assert_eq!(larder.cache_entries(), 0);
 }
 
-/// An origin that answers the first request of each keep-alive connection ("answer N", N
-/// counting answers) and lets the next one fail: it reads it and closes (`reset` false), or
-/// closes with it unread, which makes the kernel send a reset ("connection reset by peer").
-async fn one_answer_per_connection(reset: bool) -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    raw_origin(move |mut s| {
-        let count = Arc::clone(&count);
-        async move {
-            if read_head(&mut s).await.is_none() {
-                return;
-            }
-            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let body = format!("answer {n}");
-            let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(reply.as_bytes()).await;
-            // The next request on this connection is dropped unanswered.
-            if reset {
-                let _ = s.readable().await;
-                let _ = s.set_zero_linger();
-            } else {
-                let _ = s.read(&mut [0u8; 4096]).await;
-            }
-        }
-    })
-    .await
-}
-
 /// An origin whose keep-alive connections close when the next request arrives, without an
 /// answer (what an origin's idle timeout racing larder's reuse of a pooled connection looks
 /// like): idempotent bodiless requests are sent again on a new connection; a POST is not.

@@ -318,6 +318,37 @@ where
     raw_origin_on(TcpListener::bind("127.0.0.1:0").await.unwrap(), serve)
 }
 
+/// An origin that answers the first request of each keep-alive connection ("answer N", N
+/// counting answers) and lets the next one fail: it reads it and closes (`reset` false), or
+/// closes with it unread, which makes the kernel send a reset ("connection reset by peer").
+pub async fn one_answer_per_connection(reset: bool) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let count = Arc::new(AtomicUsize::new(0));
+    raw_origin(move |mut s| {
+        let count = Arc::clone(&count);
+        async move {
+            if super::raw::read_head(&mut s).await.is_none() {
+                return;
+            }
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let body = format!("answer {n}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: no-store\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            // The next request on this connection is dropped unanswered.
+            if reset {
+                let _ = s.readable().await;
+                let _ = s.set_zero_linger();
+            } else {
+                let _ = s.read(&mut [0u8; 4096]).await;
+            }
+        }
+    })
+    .await
+}
+
 /// [`raw_origin`] on a listener the test set up (socket options).
 pub fn raw_origin_on<F, Fut>(listener: TcpListener, serve: F) -> SocketAddr
 where
