@@ -13,6 +13,7 @@
 //! The fill guard is completed with the stored entry, failed with the upstream's error (waiters
 //! answer it too), or dropped when nothing is stored (waiters fetch for themselves).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -111,43 +112,16 @@ impl Proxy {
                 ControlFlow::Continue(full) => rparts = full,
             }
         }
-        match fill.admit(rparts, rbody, &ctx).await {
-            Admission::Store(admitted) => fill.store_and_respond(admitted).await,
-            Admission::Pass(reason, rparts, body) => fill.pass(reason, rparts, body).await,
-            Admission::AsSent(rparts, body) => fill.pass_as_sent(rparts, body),
-            Admission::Failed(e) => {
-                let key = fill.req.key.as_str();
-                tracing::debug!(key, error = %e, "upstream body failed; nothing stored");
-                fill.failed(e)
-            }
+        // What the policy refuses is passed on from here; what it admits is read, decoded and
+        // stored by a boxed future (the larger one, kept out of every uncacheable fetch's).
+        match fill.decide(&rparts, &ctx) {
+            Ok(storable) => Box::pin(fill.read_and_store(rparts, rbody, storable)).await,
+            Err(reason) => fill.pass(reason, rparts, Body::stream(rbody)).await,
         }
-    }
-
-    /// Answers the client with a response that will not be stored. It is passed on as it
-    /// comes, unless the client asked for a range of it: fetching it whole to cut a part out
-    /// would pull the whole body (gigabytes for one byte, and everything before the offset when
-    /// resuming), so it is dropped unread and the client's own request, Range and If-Range
-    /// included, goes upstream; the origin's 206 is passed on. Not when the origin says
-    /// `Accept-Ranges: none`: then the range is cut from this response's stream.
-    async fn not_stored(
-        &self,
-        client: request::Parts,
-        peer: SocketAddr,
-        rparts: response::Parts,
-        body: Body,
-        status: CacheStatus,
-    ) -> Response<Body> {
-        if wants_part(&client, &rparts) {
-            drop(body);
-            let req = Request::from_parts(client, Body::empty());
-            return Box::pin(self.forward(req, peer, status)).await;
-        }
-        let asked = super::Asked::of(&client.method, &client.headers);
-        self.0.pass_on(rparts, body, &asked, status)
     }
 }
 
-impl Fill<'_> {
+impl<'p> Fill<'p> {
     /// A HEAD revalidating a stored response goes through as HEAD: its answer updates or
     /// invalidates the stored GET response (§4.3.5). Any other fill fetches the GET response
     /// (also for a HEAD with nothing stored, so the body can be stored and served).
@@ -159,29 +133,37 @@ impl Fill<'_> {
     async fn fetch(&self) -> Result<(FetchContext, Response<UpstreamBody>), FetchError> {
         let me = &self.proxy.0;
         let req = &self.req;
-        let mut parts = super::clone_parts(&req.client);
+        let method = if self.head_through() {
+            Method::HEAD
+        } else {
+            Method::GET
+        };
         // One pass over the request's few fields instead of a lookup per conditional.
-        if parts.headers.keys().any(|k| CONDITIONALS.contains(k)) {
-            for h in CONDITIONALS {
-                parts.headers.remove(h);
-            }
-        }
-        if let Some(e) = &req.stale {
-            // §4.3.1: validate with the stored validators.
-            if let Some(tag) = &e.etag {
-                parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
-            }
-            if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
-                parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
-            }
-        }
-        if !self.head_through() {
-            parts.method = Method::GET;
-        }
+        let conditional = req.client.headers.keys().any(|k| CONDITIONALS.contains(k));
+        // The client's head is lent as it is when the fill changes nothing in it (a GET without
+        // conditionals, nothing stored to validate: every plain miss); else a copy is edited.
+        let edited =
+            (conditional || req.stale.is_some() || req.client.method != method).then(|| {
+                let mut parts = super::clone_parts(&req.client);
+                for h in CONDITIONALS.iter().filter(|_| conditional) {
+                    parts.headers.remove(h);
+                }
+                if let Some(e) = &req.stale {
+                    // §4.3.1: validate with the stored validators.
+                    if let Some(tag) = &e.etag {
+                        parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
+                    }
+                    if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
+                        parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+                    }
+                }
+                parts.method = method;
+                parts
+            });
         let request_time = SystemTime::now();
         let resp = (me.pool)
             .send(
-                parts,
+                edited.as_ref().unwrap_or(&req.client),
                 Body::empty(),
                 req.peer,
                 me.cfg.response_timeout.0,
@@ -257,15 +239,13 @@ impl Fill<'_> {
         Some(me.deliver_parts(&entry, &self.req.client, CacheStatus::Revalidated))
     }
 
-    /// Phase 3: whether the response is stored, and its bodies if so: the policy's decision,
-    /// the size bound (declared, then read), one decoding of the origin's coding. Whatever is
-    /// not stored releases the waiters.
-    async fn admit(
+    /// Phase 3, the policy's decision: whether the response may be stored (§3), and within the
+    /// size bound it declares. What is refused releases the waiters.
+    fn decide(
         &mut self,
-        rparts: response::Parts,
-        rbody: UpstreamBody,
+        rparts: &response::Parts,
         ctx: &FetchContext,
-    ) -> Admission {
+    ) -> Result<Storable, NoStoreReason> {
         let me = &self.proxy.0;
         let cfg = me.cache.config();
         let storable = match policy::storability(ctx, rparts.status, &rparts.headers, cfg) {
@@ -281,16 +261,48 @@ impl Fill<'_> {
                 if self.req.stale.is_some() {
                     me.cache.remove(&self.req.key);
                 }
-                return Admission::Pass(reason, rparts, Body::stream(rbody));
+                return Err(reason);
             }
         };
+        if super::content_length(&rparts.headers).is_some_and(|n| n > cfg.max_object_size.0) {
+            drop(self.req.guard.take());
+            return Err(NoStoreReason::TooLarge);
+        }
+        Ok(storable)
+    }
 
+    /// Phases 3 and 4 for a response the policy admits: read, then stored and answered, or
+    /// passed on if it was not what it declared (too large, undecodable, failed).
+    async fn read_and_store(
+        mut self,
+        rparts: response::Parts,
+        rbody: UpstreamBody,
+        storable: Storable,
+    ) -> Response<Body> {
+        match self.admit(rparts, rbody, storable).await {
+            Admission::Store(admitted) => self.store_and_respond(admitted).await,
+            Admission::Pass(reason, rparts, body) => self.pass(reason, rparts, body).await,
+            Admission::AsSent(rparts, body) => self.pass_as_sent(rparts, body),
+            Admission::Failed(e) => {
+                let key = self.req.key.as_str();
+                tracing::debug!(key, error = %e, "upstream body failed; nothing stored");
+                self.failed(e)
+            }
+        }
+    }
+
+    /// Phase 3, reading: the body buffered up to the size bound, one decoding of the origin's
+    /// coding. Whatever is not stored releases the waiters.
+    async fn admit(
+        &mut self,
+        rparts: response::Parts,
+        rbody: UpstreamBody,
+        storable: Storable,
+    ) -> Admission {
+        let me = &self.proxy.0;
+        let cfg = me.cache.config();
         // Buffer the body, up to the object size limit.
         let max = cfg.max_object_size.0;
-        if super::content_length(&rparts.headers).is_some_and(|n| n > max) {
-            drop(self.req.guard.take());
-            return Admission::Pass(NoStoreReason::TooLarge, rparts, Body::stream(rbody));
-        }
         let body = match buffer_up_to(rbody, max).await {
             Buffered::Complete(b) => b,
             Buffered::TooLarge(streamed) => {
@@ -420,30 +432,47 @@ impl Fill<'_> {
         resp
     }
 
-    /// A response that is not stored, to the client, carrying why it was not.
-    async fn pass(
+    /// A response that is not stored, to the client, carrying why it was not. It is passed on
+    /// as it comes, unless the client asked for a range of it: fetching it whole to cut a part
+    /// out would pull the whole body (gigabytes for one byte, and everything before the offset
+    /// when resuming), so it is dropped unread and the client's own request, Range and If-Range
+    /// included, goes upstream; the origin's 206 is passed on. Not when the origin says
+    /// `Accept-Ranges: none`: then the range is cut from this response's stream.
+    ///
+    /// A plain fn: only the range's new fetch waits (boxed), every other answer is ready.
+    fn pass(
         self,
         reason: NoStoreReason,
         rparts: response::Parts,
         body: Body,
-    ) -> Response<Body> {
+    ) -> impl Future<Output = Response<Body>> + 'p {
+        use futures_util::future::{ready, Either};
         tracing::debug!(
             key = self.req.key.as_str(),
             reason = reason.as_str(),
             "not stored"
         );
+        let proxy = self.proxy;
         let FillRequest {
             client,
             peer,
             status,
             ..
         } = self.req;
-        let mut resp = self
-            .proxy
-            .not_stored(client, peer, rparts, body, status)
-            .await;
-        resp.extensions_mut().insert(reason);
-        resp
+        let with_reason = move |mut resp: Response<Body>| {
+            resp.extensions_mut().insert(reason);
+            resp
+        };
+        if wants_part(&client, &rparts) {
+            drop(body);
+            let req = Request::from_parts(client, Body::empty());
+            let refetch = Box::pin(proxy.forward(req, peer, status));
+            return Either::Right(futures_util::FutureExt::map(refetch, with_reason));
+        }
+        let asked = super::Asked::of(&client.method, &client.headers);
+        Either::Left(ready(with_reason(
+            proxy.0.pass_on(rparts, body, &asked, status),
+        )))
     }
 
     /// A response whose body could not be decoded, to the client exactly as the origin sent it

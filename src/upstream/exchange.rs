@@ -286,39 +286,37 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Rewrites a client request into the upstream request: upstream URI, hop-by-hop fields removed,
+/// The upstream request for a client's request head: upstream URI, hop-by-hop fields left out,
 /// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
 /// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
 /// and the cache key were chosen by; without any, the upstream's own.
-pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: SocketAddr) {
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
+///
+/// A new head built from a borrowed one: a request that may go again (to another backend, or
+/// on a new connection) keeps its own, and a fill lends the client's when it changes nothing.
+pub fn upstream_request(
+    src: &request::Parts,
+    upstream: &Upstream,
+    peer: SocketAddr,
+) -> request::Parts {
+    let path = (src.uri.path_and_query().cloned())
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let host = match parts.uri.authority() {
+    let host = match src.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
-        None => parts.headers.get(header::HOST).cloned(),
+        None => src.headers.get(header::HOST).cloned(),
     };
-    parts.uri = Uri::builder()
-        .scheme(upstream.scheme.clone())
-        .authority(upstream.authority.clone())
-        .path_and_query(path)
-        .build()
-        .expect("scheme, authority and path are valid");
-    parts.version = http::Version::HTTP_11;
-    let h = &mut parts.headers;
+    let from = &src.headers;
     // An upgrade (WebSocket) is asked of the backend too: its fields are hop-by-hop, but the
     // tunnel goes on to the backend (crate::upgrade).
-    let upgrade = crate::upgrade::wanted(h)
-        .then(|| h.get(header::UPGRADE).cloned())
+    let upgrade = crate::upgrade::wanted(from)
+        .then(|| from.get(header::UPGRADE).cloned())
         .flatten();
     // `TE: trailers` says the client takes trailers (gRPC needs it said to the backend too).
-    let trailers = (h.get_all(header::TE).iter())
+    let trailers = (from.get_all(header::TE).iter())
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
-    fields::strip_hop_by_hop(h);
+    // Room for what is added here: TE, Upgrade, Connection, Host, and the four of forwarding.
+    let mut h = fields::end_to_end_copy(from, 8);
     if trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
     }
@@ -331,23 +329,33 @@ pub fn prepare_request(parts: &mut request::Parts, upstream: &Upstream, peer: So
     if let Some(v) = host_field {
         h.insert(header::HOST, v);
     }
-    fields::add_forwarding(h, host.as_ref(), peer.ip());
+    fields::add_forwarding(&mut h, host.as_ref(), peer.ip());
+    let mut r = Request::new(());
+    *r.method_mut() = src.method.clone();
+    *r.uri_mut() = Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(path)
+        .build()
+        .expect("scheme, authority and path are valid");
+    *r.version_mut() = http::Version::HTTP_11;
+    *r.headers_mut() = h;
+    r.into_parts().0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `prepare_request` on a GET of `uri` with `headers`, from 127.0.0.2.
+    /// `upstream_request` for a GET of `uri` with `headers`, from 127.0.0.2.
     fn prepared(uri: &str, headers: &[(&str, &str)]) -> request::Parts {
         let mut b = Request::builder().uri(uri);
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        let (mut parts, _) = b.body(()).unwrap().into_parts();
+        let (parts, _) = b.body(()).unwrap().into_parts();
         let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
-        prepare_request(&mut parts, &up, "127.0.0.2:5000".parse().unwrap());
-        parts
+        upstream_request(&parts, &up, "127.0.0.2:5000".parse().unwrap())
     }
 
     #[test]

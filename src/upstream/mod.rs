@@ -26,6 +26,7 @@ pub mod exchange;
 mod h1;
 mod health;
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,7 +40,7 @@ use crate::body::Body;
 use crate::config::{Balance, HashOn, PassiveConfig, PoolConfig, Upstream};
 pub use crate::http::FetchError;
 pub use connect::Client;
-pub use exchange::{prepare_request, UpstreamBody};
+pub use exchange::{upstream_request, UpstreamBody};
 
 /// The running pools, by name.
 #[derive(Clone, Default)]
@@ -273,22 +274,27 @@ impl Pool {
     ///
     /// Anything else fails at once.
     ///
+    /// `parts` is the client's head, owned or lent (a fill lends the client's when it changes
+    /// nothing): every try sends a head built from it ([`upstream_request`]).
+    ///
     /// A plain fn: the returned future holds the request once (an async fn would keep its
     /// arguments beside its own copy).
-    pub fn send(
-        self: &Arc<Self>,
-        parts: request::Parts,
+    pub fn send<'a, P>(
+        self: &'a Arc<Self>,
+        parts: P,
         body: Body,
         peer: SocketAddr,
         timeout: Duration,
         body_timeout: Duration,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, FetchError>> + '_ {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, FetchError>> + 'a
+    where
+        P: Borrow<request::Parts> + Send + 'a,
+    {
         use http_body::Body as _;
-        let retryable = parts.method.is_idempotent() && body.is_end_stream();
-        let key = self.hash_key(&parts, peer);
-        // A retryable request keeps its parts for a next try (its body is empty); anything
-        // else goes once.
-        let (mut parts, mut body) = (Some(parts), Some(body));
+        let retryable = parts.borrow().method.is_idempotent() && body.is_end_stream();
+        let key = self.hash_key(parts.borrow(), peer);
+        // A retryable request may go again (its body is empty); anything else goes once.
+        let mut body = Some(body);
         async move {
             let started = Instant::now();
             let mut tried = 0u128;
@@ -300,12 +306,12 @@ impl Pool {
                     .take()
                     .unwrap_or_else(|| self.choose(key.as_deref(), tried));
                 let backend = &self.backends[i];
-                let (mut p, b) = if retryable {
-                    (clone_parts(parts.as_ref().expect("kept")), Body::empty())
+                let p = upstream_request(parts.borrow(), &backend.url, peer);
+                let b = if retryable {
+                    Body::empty()
                 } else {
-                    (parts.take().expect("once"), body.take().expect("once"))
+                    body.take().expect("once")
                 };
-                prepare_request(&mut p, &backend.url, peer);
                 backend.health.inflight.fetch_add(1, Ordering::Relaxed);
                 backend.health.requests.fetch_add(1, Ordering::Relaxed);
                 let guard = InFlight {
@@ -568,16 +574,6 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
         .filter_map(|c| c.trim().split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
-}
-
-/// A copy of a request's head (without its extensions), for another try.
-pub fn clone_parts(p: &request::Parts) -> request::Parts {
-    let mut r = Request::new(());
-    *r.method_mut() = p.method.clone();
-    *r.uri_mut() = p.uri.clone();
-    *r.version_mut() = p.version;
-    *r.headers_mut() = p.headers.clone();
-    r.into_parts().0
 }
 
 #[cfg(test)]
