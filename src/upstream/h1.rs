@@ -100,7 +100,7 @@ impl Conns {
         self.start_sweeping();
         let authority = req.uri().authority().cloned();
         let idle = (authority.as_ref())
-            // The URI's authority is the backend's own (prepare_request): bytes compare equal.
+            // The URI's authority is the backend's own (upstream_request): bytes compare equal.
             .and_then(|a| (self.backends.iter()).find(|b| b.authority.as_str() == a.as_str()))
             .map(|b| Arc::clone(&b.idle))
             // Not one of the pool's backends: a connection of its own, not kept.
