@@ -36,6 +36,9 @@ pub struct Entry {
     pub duration: Duration,
     /// An index into [`crate::metrics::CACHE`].
     pub cache: usize,
+    /// Why the cache did not store the response, when it considered storing it
+    /// ([`crate::cache::policy::NoStoreReason`]).
+    pub no_store: Option<&'static str>,
     pub route: String,
 }
 
@@ -65,6 +68,7 @@ impl Entry {
             bytes: None,
             duration: Duration::ZERO,
             cache: 0,
+            no_store: None,
             route: String::new(),
         }
     }
@@ -290,6 +294,7 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "user_agent": e.user_agent,
                 "duration_us": e.duration.as_micros() as u64,
                 "cache": CACHE[e.cache],
+                "no_store": e.no_store,
                 "route": e.route,
             });
             out.push_str(&v.to_string());
@@ -325,6 +330,7 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         "duration_ms" => write!(out, "{:.3}", e.duration.as_secs_f64() * 1000.0),
         "duration_us" => write!(out, "{}", e.duration.as_micros()),
         "cache" => write!(out, "{}", CACHE[e.cache]),
+        "no_store" => write!(out, "{}", e.no_store.unwrap_or("-")),
         "route" => write!(out, "{}", e.route),
         _ => Ok(()),
     };

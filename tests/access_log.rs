@@ -93,6 +93,48 @@ async fn combined_json_and_template_lines() {
     }
 }
 
+/// A response the cache fetched but did not store is logged with the reason (`no_store`); a
+/// stored one and a hit with none.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reason_a_response_was_not_stored_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(|seen, _| match seen.path.as_str() {
+        "/nostore" => Reply::ok("n").header("cache-control", "no-store"),
+        "/cookie" => Reply::ok("c")
+            .header("cache-control", "max-age=60")
+            .header("set-cookie", "s=1"),
+        _ => Reply::ok("k").header("cache-control", "max-age=60"),
+    })
+    .await;
+    let c = client();
+    for (format, json) in [("json", true), ("{uri} {cache} {no_store}", false)] {
+        let log = dir.path().join(format!("{json}.log"));
+        let cfg = config(&origin.url(), &log, &format!("format = {format:?}"));
+        let larder = Larder::start(&cfg).await;
+        for path in ["/nostore", "/cookie", "/kept", "/kept"] {
+            assert_eq!(get(&c, &larder.url(path), &[]).await.status, 200);
+        }
+        let got = lines(&log, 4).await;
+        assert_eq!(got.len(), 4, "{got:?}");
+        if json {
+            let v: Vec<serde_json::Value> = got
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(v[0]["no_store"], "no-store");
+            assert_eq!(v[1]["no_store"], "set-cookie");
+            assert!(v[2]["no_store"].is_null(), "{}", got[2]);
+            assert_eq!(v[3]["cache"], "HIT");
+            assert!(v[3]["no_store"].is_null(), "{}", got[3]);
+        } else {
+            assert_eq!(got[0], "/nostore MISS no-store");
+            assert_eq!(got[1], "/cookie MISS set-cookie");
+            assert_eq!(got[2], "/kept MISS -");
+            assert_eq!(got[3], "/kept HIT -");
+        }
+    }
+}
+
 /// With metrics on (an admin listener), route ids are the metrics' own, numbered across
 /// listeners: a request on the second listener is still logged with its own route.
 #[tokio::test(flavor = "multi_thread")]

@@ -50,6 +50,7 @@ pub const LOG_FIELDS: &[&str] = &[
     "duration_ms",
     "duration_us",
     "cache",
+    "no_store",
     "route",
 ];
 

@@ -5,8 +5,8 @@
 //!    stored entry ([`Fill::refresh`], both ways); a server error may be answered stale;
 //! 3. **admit**: storability (the policy), the size bound, buffering, decoding once; what is
 //!    not admitted is answered without being stored, with its [`NoStoreReason`] in the
-//!    response's extensions (for access logs and metrics). When the client asked for a range of
-//!    it, it is dropped for the client's own request;
+//!    response's extensions (the access log's `no_store` field). When the client asked for a
+//!    range of it, it is dropped for the client's own request;
 //! 4. **store and respond**: the entry built, stored, its compressed variants started, the
 //!    client answered.
 //!
