@@ -24,19 +24,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
         return;
     }
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
+    for name in connection_listed(headers) {
         headers.remove(name);
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
+}
+
+/// The fields the Connection header names (hop-by-hop too, RFC 9110 §7.6.1); no allocation
+/// when there are none.
+fn connection_listed(h: &HeaderMap) -> Vec<HeaderName> {
+    (h.get_all(header::CONNECTION).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
 }
 
 /// A copy of `src` without its hop-by-hop fields (those [`strip_hop_by_hop`] removes), in a map
@@ -46,15 +49,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// is full, so the first field added to it reallocates the list (and the connection that sends
 /// the map reuses it for the response's head, which then reallocates too).
 pub fn end_to_end_copy(src: &HeaderMap, room: usize) -> HeaderMap {
-    let listed: Vec<HeaderName> = if src.contains_key(header::CONNECTION) {
-        (src.get_all(header::CONNECTION).iter())
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let listed = connection_listed(src);
     let mut h = HeaderMap::with_capacity(src.len() + room);
     for (name, value) in src {
         if !HOP_BY_HOP.contains(name) && !listed.contains(name) {
