@@ -199,8 +199,9 @@ pub struct UpstreamBody {
     idle: Duration,
     /// The backend counts this request in flight until the body is dropped.
     _inflight: InFlight,
-    /// The connection, given back to the pool when the body is dropped (larder's own
-    /// HTTP/1.1 connections; hyper-util's pool keeps its own).
+    /// The connection, driven while the body is read and given back to the pool when it is
+    /// dropped after its end (larder's own HTTP/1.1 connections; hyper-util's pool keeps its
+    /// own).
     conn: Option<Checkin>,
 }
 
@@ -217,9 +218,21 @@ impl UpstreamBody {
     }
 
     /// The connection was upgraded (a 101): it is the tunnel's, not given back to the pool.
-    pub fn upgraded(self) {
-        if let Some(c) = self.conn {
+    pub fn upgraded(mut self) {
+        if let Some(c) = self.conn.take() {
             c.discard();
+        }
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // A body read to its end, or with none to read (a HEAD's, a 304's): the connection
+        // may take the next request.
+        if let Some(conn) = &mut self.conn {
+            if http_body::Body::is_end_stream(&self.inner) {
+                conn.finished();
+            }
         }
     }
 }
@@ -233,13 +246,39 @@ impl http_body::Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, FetchError>>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let polled = match &mut this.conn {
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+            // On larder's own connections, hyper's end reads the body on when driven from
+            // here (usually it has read it all with the head). Only it fills the body, and it
+            // runs here: the socket's readiness, which it waits on with this task's waker,
+            // is what wakes the task; the body itself is polled without one.
+            Some(conn) => {
+                let mut quiet = Context::from_waker(std::task::Waker::noop());
+                match Pin::new(&mut this.inner).poll_frame(&mut quiet) {
+                    Poll::Pending => {
+                        conn.drive(cx);
+                        let polled = Pin::new(&mut this.inner).poll_frame(&mut quiet);
+                        if polled.is_ready() {
+                            conn.quiet();
+                        }
+                        polled
+                    }
+                    ready => ready,
+                }
+            }
+        };
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.progressed = true;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(FetchError::Body(source_chain(&e))))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                if let Some(conn) = &mut this.conn {
+                    conn.finished();
+                }
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 // The silence is counted from the first wait after the last frame.
                 let silence = match &mut this.silence {

@@ -6,10 +6,17 @@
 //! (docs/design.md, "Upstream pools"). TLS and HTTP/2 backends stay on hyper-util's client
 //! (`connect.rs`).
 //!
+//! hyper's end of a connection (the future that writes requests and reads responses) has no
+//! task of its own either: whoever waits on the connection drives it ([`Conn`]): the exchange
+//! until the response head, then the response body as it is read ([`Checkin::drive`]). The
+//! socket's readiness wakes the request's own task, with no hop through a second task and
+//! hyper's channels (docs/design.md, "Upstream pools"). A connection upgraded by a 101 gets a
+//! task, which hands its socket over to the tunnel.
+//!
 //! ```text
 //! send ─▶ idle connection of the backend, ready? ─▶ request ─▶ response head ─▶ UpstreamBody
-//!              │ none                                  │ not sent (closed)      │ dropped
-//!              ▼                                       ▼                        ▼
+//!              │ none                                  │ not sent (closed)      │ dropped at
+//!              ▼                                       ▼                        ▼ its end
 //!            connect (connect_timeout)            once more, new connection   back to idle
 //! ```
 
@@ -19,11 +26,15 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use http::uri::Authority;
+use http::Response;
 use http::{Request, Uri};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::TrySendError;
 use hyper_util::rt::TokioIo;
 
 use super::connect::{Answer, SendError};
@@ -46,7 +57,7 @@ struct Backend {
 
 /// A backend's idle connections, oldest first, each with the time it was given back.
 pub struct Idle {
-    conns: Mutex<VecDeque<(SendRequest<Body>, Instant)>>,
+    conns: Mutex<VecDeque<(Conn, Instant)>>,
     max: usize,
     timeout: Duration,
 }
@@ -111,14 +122,12 @@ impl Conns {
         }
         let timeout = self.connect_timeout;
         let pooled = if fresh { None } else { idle.take() };
-        let Some(mut sender) = pooled else {
+        let Some(conn) = pooled else {
             return Box::pin(on_new_connection(authority, idle, req, timeout));
         };
-        // Handed to the connection now: the future holds the exchange, not the request.
-        let sending = sender.try_send_request(req);
         Box::pin(async move {
-            match sending.await {
-                Ok(response) => Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
+            match conn.exchange(req).await {
+                Ok((response, conn)) => Ok(Answer::new(response, Some(Checkin::new(idle, conn)))),
                 Err(mut e) => match e.take_message() {
                     // Closed before it took the request: a new connection takes it (boxed:
                     // the common path's future stays small).
@@ -149,35 +158,28 @@ impl Idle {
     }
 
     /// The newest idle connection ready for a request; closed and expired ones are dropped on
-    /// the way, busy ones (still finishing a response) left.
-    fn take(&self) -> Option<SendRequest<Body>> {
+    /// the way. One the backend closed since is found so by its exchange, which gives the
+    /// request back to go on a new connection.
+    fn take(&self) -> Option<Conn> {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        if conns.is_empty() {
-            return None;
-        }
         let now = Instant::now();
-        let mut i = conns.len();
-        while i > 0 {
-            i -= 1;
-            let (sender, since) = &conns[i];
-            if sender.is_closed() || now.saturating_duration_since(*since) >= self.timeout {
-                conns.remove(i);
-            } else if sender.is_ready() {
-                return conns.remove(i).map(|(s, _)| s);
+        while let Some((conn, since)) = conns.pop_back() {
+            if now.saturating_duration_since(since) < self.timeout && conn.sender.is_ready() {
+                return Some(conn);
             }
         }
         None
     }
 
-    /// Keeps `sender` for a next request (the oldest goes when `max` are kept).
-    fn put(&self, sender: SendRequest<Body>) {
-        if self.max == 0 || sender.is_closed() {
+    /// Keeps `conn` for a next request (the oldest goes when `max` are kept).
+    fn put(&self, conn: Conn) {
+        if self.max == 0 || conn.sender.is_closed() {
             return;
         }
         let now = Instant::now();
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let oldest = (conns.len() >= self.max).then(|| conns.pop_front());
-        conns.push_back((sender, now));
+        conns.push_back((conn, now));
         drop(conns);
         drop(oldest);
     }
@@ -185,8 +187,8 @@ impl Idle {
     /// Closes the connections idle for `timeout` or closed by the backend.
     fn sweep(&self, now: Instant) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|(s, since)| {
-            !s.is_closed() && now.saturating_duration_since(*since) < self.timeout
+        conns.retain(|(c, since)| {
+            !c.sender.is_closed() && now.saturating_duration_since(*since) < self.timeout
         });
     }
 
@@ -225,19 +227,19 @@ async fn on_new_connection(
             "the request names no backend",
         )));
     };
-    let mut sender = connect(&authority, timeout).await?;
-    match sender.send_request(req).await {
-        Ok(response) => Ok(Answer::new(response, Some(Checkin::new(idle, sender)))),
-        Err(error) => Err(SendError::Http {
-            error,
+    let conn = connect(&authority, timeout).await?;
+    match conn.exchange(req).await {
+        Ok((response, conn)) => Ok(Answer::new(response, Some(Checkin::new(idle, conn)))),
+        Err(e) => Err(SendError::Http {
+            error: e.into_error(),
             reused: false,
         }),
     }
 }
 
 /// A new connection to `authority` (its name resolved; each address tried in turn), within
-/// `timeout`; hyper's end of it runs as a task of its own (with upgrades: a 101 hands it over).
-async fn connect(authority: &Authority, timeout: Duration) -> Result<SendRequest<Body>, SendError> {
+/// `timeout`; hyper's end of it with upgrades (a 101 hands the socket over).
+async fn connect(authority: &Authority, timeout: Duration) -> Result<Conn, SendError> {
     let host = authority.host();
     let host = (host.strip_prefix('[').and_then(|h| h.strip_suffix(']'))).unwrap_or(host);
     let port = authority.port_u16().unwrap_or(80);
@@ -259,40 +261,182 @@ async fn connect(authority: &Authority, timeout: Duration) -> Result<SendRequest
             error,
             reused: false,
         })?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended");
-        }
-    });
-    Ok(sender)
+    Ok(Conn::new(sender, Box::pin(conn.with_upgrades())))
 }
 
-/// A connection lent to one exchange: given back to its backend's idle list when dropped
-/// (with the response body; hyper takes it for a next request only once that response is
-/// complete, and closes it if the body was left unread).
-pub struct Checkin {
-    idle: Arc<Idle>,
-    sender: Option<SendRequest<Body>>,
+/// hyper's end of a connection: polled, it writes the requests sent and reads the responses.
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send + Sync>>;
+
+/// One connection: the handle that requests go through, and hyper's end of it, driven by
+/// whoever waits on the connection.
+pub(super) struct Conn {
+    sender: SendRequest<Body>,
+    /// None once it finished: closed, failed, or upgraded.
+    driver: Option<Driver>,
+    /// The waker hyper's end is polled with ([`Relay`]).
+    relay: Arc<Relay>,
+    relay_waker: Waker,
 }
 
-impl Checkin {
-    fn new(idle: Arc<Idle>, sender: SendRequest<Body>) -> Checkin {
-        Checkin {
-            idle,
-            sender: Some(sender),
+/// The waker hyper's end of a connection is polled with: it wakes the task that drove it
+/// last, until that task is done waiting on it ([`Conn::quiet`]). hyper keeps the waker of
+/// each poll where it waits (the socket, the response body being taken), and wakes it even
+/// once the task has what it waited for (taking the last piece of a body wakes the body's
+/// writer, long gone by then): the task woken from inside its own poll would be polled again,
+/// whole, for nothing.
+struct Relay(futures_util::task::AtomicWaker);
+
+impl std::task::Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.0.wake();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake();
+    }
+}
+
+impl Conn {
+    fn new(sender: SendRequest<Body>, driver: Driver) -> Conn {
+        let relay = Arc::new(Relay(futures_util::task::AtomicWaker::new()));
+        Conn {
+            sender,
+            driver: Some(driver),
+            relay_waker: Waker::from(Arc::clone(&relay)),
+            relay,
         }
     }
 
-    /// The connection is not given back (it was upgraded: it is the tunnel's now).
+    /// Polls hyper's end once for the task of `cx`; false once it has finished (the
+    /// connection is closed).
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        self.relay.0.register(cx.waker());
+        self.poll_driver()
+    }
+
+    fn poll_driver(&mut self) -> bool {
+        let Some(driver) = &mut self.driver else {
+            return false;
+        };
+        match driver
+            .as_mut()
+            .poll(&mut Context::from_waker(&self.relay_waker))
+        {
+            Poll::Pending => true,
+            Poll::Ready(ended) => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+                self.driver = None;
+                false
+            }
+        }
+    }
+
+    /// The task that drove the connection has what it waited for: what hyper's end waits on
+    /// wakes nobody until it is driven again.
+    fn quiet(&self) {
+        drop(self.relay.0.take());
+    }
+
+    /// Ready for a request now: hyper's end, polled once more (for no task: the next
+    /// exchange drives it with its own), has seen its last response through, is open and
+    /// wants one.
+    fn ready_now(&mut self) -> bool {
+        self.quiet();
+        self.poll_driver() && self.sender.is_ready()
+    }
+
+    /// Sends `req` and drives the connection until its response head. The error gives the
+    /// request back if the connection closed before taking it.
+    async fn exchange(
+        mut self,
+        req: Request<Body>,
+    ) -> Result<(Response<Incoming>, Conn), TrySendError<Request<Body>>> {
+        let sending = self.sender.try_send_request(req);
+        let mut sending = std::pin::pin!(sending);
+        let response = std::future::poll_fn(|cx| {
+            // hyper's end first: it writes the request, then reads the head and fulfils
+            // `sending` (or fails it, if the connection ends). Only it does, here: the
+            // socket's readiness wakes this task, and `sending` is polled without a waker
+            // (fulfilled, it would wake this very task from inside its poll, for nothing).
+            self.drive(cx);
+            (sending.as_mut()).poll(&mut Context::from_waker(Waker::noop()))
+        })
+        .await?;
+        // Whoever reads the body drives the connection again, with their own task.
+        self.quiet();
+        Ok((response, self))
+    }
+
+    /// hyper's end goes on in a task of its own: after a 101, to hand the socket over.
+    fn detach(self) {
+        let rt = tokio::runtime::Handle::try_current();
+        if let (Some(driver), Ok(rt)) = (self.driver, rt) {
+            rt.spawn(async move {
+                if let Err(e) = driver.await {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+            });
+        }
+    }
+}
+
+/// A connection lent to one exchange, driven while its response body is read
+/// ([`Checkin::drive`]); given back to its backend's idle list when dropped if the body was
+/// read to its end ([`Checkin::finished`]), closed otherwise (hyper would not take a next
+/// request on it either).
+pub struct Checkin {
+    idle: Arc<Idle>,
+    conn: Option<Conn>,
+    finished: bool,
+}
+
+impl Checkin {
+    fn new(idle: Arc<Idle>, conn: Conn) -> Checkin {
+        Checkin {
+            idle,
+            conn: Some(conn),
+            finished: false,
+        }
+    }
+
+    /// Polls hyper's end of the connection for the task of `cx`: it reads the response body
+    /// on, into the body being read.
+    pub fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(conn) = &mut self.conn {
+            conn.drive(cx);
+        }
+    }
+
+    /// The body's reader got a frame: it is not waiting on the connection until it drives it
+    /// again.
+    pub fn quiet(&self) {
+        if let Some(conn) = &self.conn {
+            conn.quiet();
+        }
+    }
+
+    /// The response body was read to its end: the connection may take another request.
+    pub fn finished(&mut self) {
+        self.finished = true;
+    }
+
+    /// The connection is not given back (it was upgraded: it is the tunnel's now); hyper's
+    /// end goes on in a task until it has handed the socket over.
     pub fn discard(mut self) {
-        self.sender = None;
+        if let Some(conn) = self.conn.take() {
+            conn.detach();
+        }
     }
 }
 
 impl Drop for Checkin {
     fn drop(&mut self) {
-        if let Some(s) = self.sender.take() {
-            self.idle.put(s);
+        if let Some(mut conn) = self.conn.take() {
+            if self.finished && conn.ready_now() {
+                self.idle.put(conn);
+            }
         }
     }
 }
@@ -306,6 +450,21 @@ mod tests {
 
     /// An origin answering every request of each connection with `ok`; counts connections.
     async fn origin() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        origin_with(Reply::Ok).await
+    }
+
+    #[derive(Clone, Copy)]
+    enum Reply {
+        /// `ok`, keeping the connection.
+        Ok,
+        /// A body of this many bytes of `x`, written 8 KiB at a time, 5 ms apart.
+        Pieces(usize),
+        /// `ok`, then the connection closed (without saying so in the head).
+        OkThenClose,
+    }
+
+    /// An origin answering every request of each connection with `reply`; counts connections.
+    async fn origin_with(reply: Reply) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -327,9 +486,33 @@ mod tests {
                         got.extend_from_slice(&buf[..n]);
                         while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
                             got.drain(..end + 4);
-                            let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                            if s.write_all(reply).await.is_err() {
-                                return;
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            match reply {
+                                Reply::Ok => {
+                                    if s.write_all(ok).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Reply::OkThenClose => {
+                                    let _ = s.write_all(ok).await;
+                                    return;
+                                }
+                                Reply::Pieces(len) => {
+                                    let head =
+                                        format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+                                    if s.write_all(head.as_bytes()).await.is_err() {
+                                        return;
+                                    }
+                                    let mut left = len;
+                                    while left > 0 {
+                                        let n = left.min(8192);
+                                        tokio::time::sleep(Duration::from_millis(5)).await;
+                                        if s.write_all(&vec![b'x'; n]).await.is_err() {
+                                            return;
+                                        }
+                                        left -= n;
+                                    }
+                                }
                             }
                         }
                     }
@@ -355,12 +538,40 @@ mod tests {
         conns.send(req, false).await.unwrap()
     }
 
-    async fn read_all(a: Answer) {
-        use http_body_util::BodyExt;
+    /// Reads the answer's body to its end as `UpstreamBody` does (the body polled without a
+    /// waker; when it has nothing, the connection driven with the task's and the body polled
+    /// again), and says so: the connection goes back to its backend's idle list.
+    async fn read_body(a: Answer) -> Vec<u8> {
+        use http_body::Body as _;
         let (response, checkin) = a.into_parts();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"ok");
-        drop(checkin);
+        let mut checkin = checkin.expect("larder's own connection");
+        let mut body = response.into_body();
+        let mut got = Vec::new();
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                let mut quiet = Context::from_waker(Waker::noop());
+                match Pin::new(&mut body).poll_frame(&mut quiet) {
+                    Poll::Pending => {
+                        checkin.drive(cx);
+                        Pin::new(&mut body).poll_frame(&mut quiet)
+                    }
+                    ready => ready,
+                }
+            });
+            let frame = tokio::time::timeout(Duration::from_secs(5), next)
+                .await
+                .expect("the body comes on (the socket's readiness wakes its reader)");
+            match frame {
+                Some(f) => got.extend_from_slice(&f.unwrap().into_data().unwrap()),
+                None => break,
+            }
+        }
+        checkin.finished();
+        got
+    }
+
+    async fn read_all(a: Answer) {
+        assert_eq!(read_body(a).await, b"ok");
     }
 
     #[tokio::test]
@@ -409,5 +620,48 @@ mod tests {
             .unwrap();
         let e = conns.send(req, false).await.err().expect("refused");
         assert!(e.is_connect(), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_body_in_pieces_is_read_by_driving_its_connection() {
+        // hyper's end of the connection has no task: the body's reader drives it, and the
+        // socket's readiness wakes the reader when a piece comes.
+        let (addr, accepted) = origin_with(Reply::Pieces(100_000)).await;
+        let conns = pool(addr, 8, "60s");
+        for _ in 0..2 {
+            let body = read_body(get(&conns, addr).await).await;
+            assert_eq!(body.len(), 100_000);
+            assert!(body.iter().all(|&b| b == b'x'));
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "read to its end: reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_left_unread_closes_its_connection() {
+        let (addr, accepted) = origin_with(Reply::Pieces(100_000)).await;
+        let conns = pool(addr, 8, "60s");
+        drop(get(&conns, addr).await);
+        assert_eq!(conns.backends[0].idle.len(), 0, "not given back mid-body");
+        assert_eq!(read_body(get(&conns, addr).await).await.len(), 100_000);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_the_origin_closed_is_replaced() {
+        // Nothing drives an idle connection: the backend's close is found by the next
+        // exchange, which hyper gives the request back from (never written), and it goes on a
+        // new connection.
+        let (addr, accepted) = origin_with(Reply::OkThenClose).await;
+        let conns = pool(addr, 8, "60s");
+        for round in 1..=3 {
+            read_all(get(&conns, addr).await).await;
+            // The close reaches this side.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(accepted.load(Ordering::SeqCst), round);
+        }
     }
 }
