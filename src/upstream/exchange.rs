@@ -218,21 +218,9 @@ impl UpstreamBody {
     }
 
     /// The connection was upgraded (a 101): it is the tunnel's, not given back to the pool.
-    pub fn upgraded(mut self) {
-        if let Some(c) = self.conn.take() {
+    pub fn upgraded(self) {
+        if let Some(c) = self.conn {
             c.discard();
-        }
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        // A body read to its end, or with none to read (a HEAD's, a 304's): the connection
-        // may take the next request.
-        if let Some(conn) = &mut self.conn {
-            if http_body::Body::is_end_stream(&self.inner) {
-                conn.finished();
-            }
         }
     }
 }
@@ -273,12 +261,7 @@ impl http_body::Body for UpstreamBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(FetchError::Body(source_chain(&e))))),
-            Poll::Ready(None) => {
-                if let Some(conn) = &mut this.conn {
-                    conn.finished();
-                }
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 // The silence is counted from the first wait after the last frame.
                 let silence = match &mut this.silence {

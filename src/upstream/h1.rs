@@ -383,13 +383,12 @@ impl Conn {
 }
 
 /// A connection lent to one exchange, driven while its response body is read
-/// ([`Checkin::drive`]); given back to its backend's idle list when dropped if the body was
-/// read to its end ([`Checkin::finished`]), closed otherwise (hyper would not take a next
-/// request on it either).
+/// ([`Checkin::drive`]); when dropped, given back to its backend's idle list if hyper's end,
+/// driven once more, has the response complete (read, or left unread but all received: hyper
+/// drains what is left of it in that one poll, or closes the connection).
 pub struct Checkin {
     idle: Arc<Idle>,
     conn: Option<Conn>,
-    finished: bool,
 }
 
 impl Checkin {
@@ -397,7 +396,6 @@ impl Checkin {
         Checkin {
             idle,
             conn: Some(conn),
-            finished: false,
         }
     }
 
@@ -417,11 +415,6 @@ impl Checkin {
         }
     }
 
-    /// The response body was read to its end: the connection may take another request.
-    pub fn finished(&mut self) {
-        self.finished = true;
-    }
-
     /// The connection is not given back (it was upgraded: it is the tunnel's now); hyper's
     /// end goes on in a task until it has handed the socket over.
     pub fn discard(mut self) {
@@ -434,7 +427,7 @@ impl Checkin {
 impl Drop for Checkin {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
-            if self.finished && conn.ready_now() {
+            if conn.ready_now() {
                 self.idle.put(conn);
             }
         }
@@ -566,7 +559,6 @@ mod tests {
                 None => break,
             }
         }
-        checkin.finished();
         got
     }
 
@@ -648,6 +640,18 @@ mod tests {
         assert_eq!(conns.backends[0].idle.len(), 0, "not given back mid-body");
         assert_eq!(read_body(get(&conns, addr).await).await.len(), 100_000);
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_body_left_unread_but_all_received_keeps_its_connection() {
+        // A health check's answer: its body came with the head; hyper drains it when the
+        // connection is given back.
+        let (addr, accepted) = origin().await;
+        let conns = pool(addr, 8, "60s");
+        drop(get(&conns, addr).await);
+        assert_eq!(conns.backends[0].idle.len(), 1);
+        read_all(get(&conns, addr).await).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
