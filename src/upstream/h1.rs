@@ -184,11 +184,12 @@ impl Idle {
         drop(oldest);
     }
 
-    /// Closes the connections idle for `timeout` or closed by the backend.
+    /// Closes the connections idle for `timeout` or closed by the backend (each is driven
+    /// once, for no task: hyper's end reads the backend's close, if it came).
     fn sweep(&self, now: Instant) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|(c, since)| {
-            !c.sender.is_closed() && now.saturating_duration_since(*since) < self.timeout
+        conns.retain_mut(|(c, since)| {
+            now.saturating_duration_since(*since) < self.timeout && c.ready_now()
         });
     }
 
@@ -454,6 +455,8 @@ mod tests {
         Pieces(usize),
         /// `ok`, then the connection closed (without saying so in the head).
         OkThenClose,
+        /// `ok`, then the connection closed 100 ms later.
+        OkThenCloseLater,
     }
 
     /// An origin answering every request of each connection with `reply`; counts connections.
@@ -488,6 +491,11 @@ mod tests {
                                 }
                                 Reply::OkThenClose => {
                                     let _ = s.write_all(ok).await;
+                                    return;
+                                }
+                                Reply::OkThenCloseLater => {
+                                    let _ = s.write_all(ok).await;
+                                    tokio::time::sleep(Duration::from_millis(100)).await;
                                     return;
                                 }
                                 Reply::Pieces(len) => {
@@ -652,6 +660,19 @@ mod tests {
         assert_eq!(conns.backends[0].idle.len(), 1);
         read_all(get(&conns, addr).await).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_closes_idle_connections_the_origin_closed() {
+        let (addr, _) = origin_with(Reply::OkThenCloseLater).await;
+        let conns = pool(addr, 8, "60s");
+        read_all(get(&conns, addr).await).await;
+        let idle = &conns.backends[0].idle;
+        idle.sweep(Instant::now());
+        assert_eq!(idle.len(), 1, "kept until the close comes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        idle.sweep(Instant::now());
+        assert_eq!(idle.len(), 0, "closed by the origin: dropped");
     }
 
     #[tokio::test]
