@@ -199,9 +199,9 @@ pub struct UpstreamBody {
     idle: Duration,
     /// The backend counts this request in flight until the body is dropped.
     _inflight: InFlight,
-    /// The connection, driven while the body is read and given back to the pool when it is
-    /// dropped after its end (larder's own HTTP/1.1 connections; hyper-util's pool keeps its
-    /// own).
+    /// The connection, driven while the body is read and given back to the pool when the body
+    /// is dropped, if its response is complete (larder's own HTTP/1.1 connections;
+    /// hyper-util's pool keeps its own).
     conn: Option<Checkin>,
 }
 
