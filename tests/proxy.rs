@@ -1225,6 +1225,44 @@ async fn early_hints_reach_the_client_before_the_origin_answers() {
         .starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
 
+/// An origin that answers a POST at its head, reading none of its body (a 413): the answer
+/// reaches the client while it is still uploading. The upstream connection is driven by the
+/// request's task until the head comes, whatever the upload is doing; nothing waits for the
+/// rest of the body.
+#[tokio::test]
+async fn an_answer_before_the_request_body_is_read_reaches_the_client() {
+    use tokio::io::AsyncWriteExt;
+    let addr = raw_origin(|mut s| async move {
+        if read_head(&mut s).await.is_none() {
+            return;
+        }
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 7\r\nconnection: close\r\n\r\ntoo big",
+            )
+            .await;
+        // Keeps the connection open, reading nothing more.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    })
+    .await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = Raw::connect(larder.addr).await;
+    c.write(b"POST /upload HTTP/1.1\r\nHost: t\r\ncontent-length: 1000000\r\n\r\n")
+        .await;
+    c.write(vec![b'a'; 65536]).await;
+    let got = tokio::time::timeout(
+        Duration::from_secs(3),
+        c.read_until(|got| got.ends_with(b"too big")),
+    )
+    .await
+    .expect("the origin's early answer reaches the client");
+    assert!(
+        got.starts_with(b"HTTP/1.1 413"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
 /// larder in front of the origin at `addr`, and a raw client connection that has asked it for
 /// `/hints`.
 async fn asking_for_hints(addr: std::net::SocketAddr) -> (Larder, Raw) {
