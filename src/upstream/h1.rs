@@ -455,7 +455,7 @@ mod tests {
         Pieces(usize),
         /// `ok`, then the connection closed (without saying so in the head).
         OkThenClose,
-        /// `ok`, then the connection closed 100 ms later.
+        /// `ok`, then the connection closed 500 ms later.
         OkThenCloseLater,
     }
 
@@ -495,7 +495,7 @@ mod tests {
                                 }
                                 Reply::OkThenCloseLater => {
                                     let _ = s.write_all(ok).await;
-                                    tokio::time::sleep(Duration::from_millis(100)).await;
+                                    tokio::time::sleep(Duration::from_millis(500)).await;
                                     return;
                                 }
                                 Reply::Pieces(len) => {
@@ -670,7 +670,7 @@ mod tests {
         let idle = &conns.backends[0].idle;
         idle.sweep(Instant::now());
         assert_eq!(idle.len(), 1, "kept until the close comes");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         idle.sweep(Instant::now());
         assert_eq!(idle.len(), 0, "closed by the origin: dropped");
     }
