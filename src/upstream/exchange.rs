@@ -236,24 +236,8 @@ impl http_body::Body for UpstreamBody {
         let this = self.get_mut();
         let polled = match &mut this.conn {
             None => Pin::new(&mut this.inner).poll_frame(cx),
-            // On larder's own connections, hyper's end reads the body on when driven from
-            // here (usually it has read it all with the head). Only it fills the body, and it
-            // runs here: the socket's readiness, which it waits on with this task's waker,
-            // is what wakes the task; the body itself is polled without one.
-            Some(conn) => {
-                let mut quiet = Context::from_waker(std::task::Waker::noop());
-                match Pin::new(&mut this.inner).poll_frame(&mut quiet) {
-                    Poll::Pending => {
-                        conn.drive(cx);
-                        let polled = Pin::new(&mut this.inner).poll_frame(&mut quiet);
-                        if polled.is_ready() {
-                            conn.quiet();
-                        }
-                        polled
-                    }
-                    ready => ready,
-                }
-            }
+            // larder's own connection is driven by whoever reads its body.
+            Some(conn) => conn.poll_frame(&mut this.inner, cx),
         };
         match polled {
             Poll::Ready(Some(Ok(frame))) => {

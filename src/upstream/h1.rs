@@ -308,13 +308,14 @@ impl Conn {
         }
     }
 
-    /// Polls hyper's end once for the task of `cx`; false once it has finished (the
-    /// connection is closed).
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Polls hyper's end once for the task of `cx`.
+    fn drive(&mut self, cx: &mut Context<'_>) {
         self.relay.0.register(cx.waker());
-        self.poll_driver()
+        self.poll_driver();
     }
 
+    /// Polls hyper's end once with the relay; false once it has finished (the connection is
+    /// closed).
     fn poll_driver(&mut self) -> bool {
         let Some(driver) = &mut self.driver else {
             return false;
@@ -400,20 +401,31 @@ impl Checkin {
         }
     }
 
-    /// Polls hyper's end of the connection for the task of `cx`: it reads the response body
-    /// on, into the body being read.
-    pub fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = &mut self.conn {
-            conn.drive(cx);
+    /// The next frame of `body`, this connection's response body, for the task of `cx`.
+    /// hyper's end reads the body on when driven from here (usually it has read it all with
+    /// the head). Only it fills the body, and it runs here: the socket's readiness, which it
+    /// waits on with this task's waker, is what wakes the task; the body itself is polled
+    /// without one, and once a frame came the relay is emptied ([`Conn::quiet`]).
+    pub fn poll_frame(
+        &mut self,
+        body: &mut Incoming,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        use http_body::Body as _;
+        let Some(conn) = &mut self.conn else {
+            return Pin::new(body).poll_frame(cx);
+        };
+        let mut quiet = Context::from_waker(Waker::noop());
+        match Pin::new(&mut *body).poll_frame(&mut quiet) {
+            Poll::Pending => {}
+            ready => return ready,
         }
-    }
-
-    /// The body's reader got a frame: it is not waiting on the connection until it drives it
-    /// again.
-    pub fn quiet(&self) {
-        if let Some(conn) = &self.conn {
+        conn.drive(cx);
+        let polled = Pin::new(body).poll_frame(&mut quiet);
+        if polled.is_ready() {
             conn.quiet();
         }
+        polled
     }
 
     /// The connection is not given back (it was upgraded: it is the tunnel's now); hyper's
@@ -539,26 +551,15 @@ mod tests {
         conns.send(req, false).await.unwrap()
     }
 
-    /// Reads the answer's body to its end as `UpstreamBody` does (the body polled without a
-    /// waker; when it has nothing, the connection driven with the task's and the body polled
-    /// again), and says so: the connection goes back to its backend's idle list.
+    /// Reads the answer's body to its end as `UpstreamBody` does ([`Checkin::poll_frame`]);
+    /// the connection then goes back to its backend's idle list.
     async fn read_body(a: Answer) -> Vec<u8> {
-        use http_body::Body as _;
         let (response, checkin) = a.into_parts();
         let mut checkin = checkin.expect("larder's own connection");
         let mut body = response.into_body();
         let mut got = Vec::new();
         loop {
-            let next = std::future::poll_fn(|cx| {
-                let mut quiet = Context::from_waker(Waker::noop());
-                match Pin::new(&mut body).poll_frame(&mut quiet) {
-                    Poll::Pending => {
-                        checkin.drive(cx);
-                        Pin::new(&mut body).poll_frame(&mut quiet)
-                    }
-                    ready => ready,
-                }
-            });
+            let next = std::future::poll_fn(|cx| checkin.poll_frame(&mut body, cx));
             let frame = tokio::time::timeout(Duration::from_secs(5), next)
                 .await
                 .expect("the body comes on (the socket's readiness wakes its reader)");
