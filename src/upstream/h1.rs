@@ -8,7 +8,7 @@
 //!
 //! hyper's end of a connection (the future that writes requests and reads responses) has no
 //! task of its own either: whoever waits on the connection drives it ([`Conn`]): the exchange
-//! until the response head, then the response body as it is read ([`Checkin::drive`]). The
+//! until the response head, then the response body as it is read ([`Checkin::poll_frame`]). The
 //! socket's readiness wakes the request's own task, with no hop through a second task and
 //! hyper's channels (docs/design.md, "Upstream pools"). A connection upgraded by a 101 gets a
 //! task, which hands its socket over to the tunnel.
@@ -385,7 +385,7 @@ impl Conn {
 }
 
 /// A connection lent to one exchange, driven while its response body is read
-/// ([`Checkin::drive`]); when dropped, given back to its backend's idle list if hyper's end,
+/// ([`Checkin::poll_frame`]); when dropped, given back to its backend's idle list if hyper's end,
 /// driven once more, has the response complete (read, or left unread but all received: hyper
 /// drains what is left of it in that one poll, or closes the connection).
 pub struct Checkin {
