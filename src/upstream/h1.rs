@@ -405,7 +405,7 @@ impl Checkin {
     /// hyper's end reads the body on when driven from here (usually it has read it all with
     /// the head). Only it fills the body, and it runs here: the socket's readiness, which it
     /// waits on with this task's waker, is what wakes the task; the body itself is polled
-    /// without one, and once a frame came the relay is emptied ([`Conn::quiet`]).
+    /// without one, and once a frame came the relay is emptied (`Conn::quiet`).
     pub fn poll_frame(
         &mut self,
         body: &mut Incoming,
