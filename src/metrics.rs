@@ -96,6 +96,9 @@ thread_local! {
     /// result (bits 0-7), the coding of a stored body it chose plus one (bits 8-15; 0: none
     /// noted) and the bytes that coding saved (bits 16-63).
     static NOTED: Cell<u64> = const { Cell::new(0) };
+    /// Why the response this thread made last was not stored, when a fill said so (the
+    /// access log's `no_store` field): noted and taken like [`NOTED`].
+    static NOT_STORED: Cell<Option<&'static str>> = const { Cell::new(None) };
     /// This thread's shards, one per server running in the process (tests run many).
     static SHARDS: RefCell<Vec<(u64, Arc<Shard>)>> = const { RefCell::new(Vec::new()) };
 }
@@ -115,13 +118,23 @@ pub fn note_delivered(encoding: usize, saved: u64) {
     NOTED.with(|n| n.set((n.get() & 0xff) | ((encoding as u64 + 1) << 8) | (saved << 16)));
 }
 
+/// Notes why the response being made on this thread, fetched for the cache, was not stored
+/// (a [`crate::cache::policy::NoStoreReason`]'s text). A thread-local note, not an extension
+/// of the response: an extension map is an allocation per uncacheable response.
+#[inline]
+pub fn note_not_stored(reason: &'static str) {
+    NOT_STORED.with(|n| n.set(Some(reason)));
+}
+
 /// Forgets what was noted (a request starts).
 #[inline]
 pub fn clear_notes() {
     NOTED.with(|n| n.set(0));
+    NOT_STORED.with(|n| n.set(None));
 }
 
-/// What the handler of the response just made noted ([`note_cache`], [`note_delivered`]).
+/// What the handler of the response just made noted ([`note_cache`], [`note_delivered`],
+/// [`note_not_stored`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Notes {
     /// An index into [`CACHE`].
@@ -129,6 +142,8 @@ pub struct Notes {
     /// An index into [`ENCODINGS`], when the body is a stored one.
     pub encoding: Option<usize>,
     pub saved: u64,
+    /// Why a response fetched for the cache was not stored ([`note_not_stored`]).
+    pub no_store: Option<&'static str>,
 }
 
 /// Takes what was noted of the response just made, and forgets it.
@@ -139,6 +154,7 @@ pub fn take_notes() -> Notes {
         cache: (n & 0xff) as usize,
         encoding: ((n >> 8) & 0xff).checked_sub(1).map(|e| e as usize),
         saved: n >> 16,
+        no_store: NOT_STORED.with(|n| n.take()),
     }
 }
 
@@ -739,10 +755,12 @@ mod tests {
             Notes {
                 cache: 0,
                 encoding: None,
-                saved: 0
+                saved: 0,
+                no_store: None,
             }
         );
         note_cache(CacheResult::Stale);
+        note_not_stored("no-store");
         note_delivered(2, 123_456_789);
         note_cache(CacheResult::Hit);
         assert_eq!(
@@ -750,10 +768,15 @@ mod tests {
             Notes {
                 cache: CacheResult::Hit as usize,
                 encoding: Some(2),
-                saved: 123_456_789
+                saved: 123_456_789,
+                no_store: Some("no-store"),
             }
         );
-        assert_eq!(take_notes().encoding, None, "taken once");
+        let again = take_notes();
+        assert_eq!((again.encoding, again.no_store), (None, None), "taken once");
+        note_not_stored("private");
+        clear_notes();
+        assert_eq!(take_notes().no_store, None, "cleared when a request starts");
         let v = |s: &'static str| http::HeaderValue::from_static(s);
         assert_eq!(encoding_class(None), 0);
         assert_eq!(encoding_class(Some(&v("br"))), 2);

@@ -263,9 +263,7 @@ impl Observed {
         if let Some((log, mut e)) = self.logged {
             e.status = status;
             e.cache = cache;
-            e.no_store = (response.extensions())
-                .get::<crate::cache::policy::NoStoreReason>()
-                .map(|r| r.as_str());
+            e.no_store = notes.no_store;
             e.duration = std::time::Duration::from_nanos(nanos);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());

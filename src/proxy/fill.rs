@@ -4,8 +4,8 @@
 //! 2. **revalidate** (a stale entry only): a 304, or a 200 to a HEAD that matches, refreshes the
 //!    stored entry ([`Fill::refresh`], both ways); a server error may be answered stale;
 //! 3. **admit**: storability (the policy), the size bound, buffering, decoding once; what is
-//!    not admitted is answered without being stored, with its [`NoStoreReason`] in the
-//!    response's extensions (the access log's `no_store` field). When the client asked for a
+//!    not admitted is answered without being stored, its [`NoStoreReason`] noted for the
+//!    access log's `no_store` field ([`crate::metrics::note_not_stored`]). When the client asked for a
 //!    range of it, it is dropped for the client's own request;
 //! 4. **store and respond**: the entry built, stored, its compressed variants started, the
 //!    client answered.
@@ -426,13 +426,13 @@ impl<'p> Fill<'p> {
             }
         }
         if !answers_anyone {
-            resp.extensions_mut().insert(NoStoreReason::VaryStar);
+            crate::metrics::note_not_stored(NoStoreReason::VaryStar.as_str());
         }
         drop(guard);
         resp
     }
 
-    /// A response that is not stored, to the client, carrying why it was not. It is passed on
+    /// A response that is not stored, to the client, why it was not noted. It is passed on
     /// as it comes, unless the client asked for a range of it: fetching it whole to cut a part
     /// out would pull the whole body (gigabytes for one byte, and everything before the offset
     /// when resuming), so it is dropped unread and the client's own request, Range and If-Range
@@ -459,8 +459,8 @@ impl<'p> Fill<'p> {
             status,
             ..
         } = self.req;
-        let with_reason = move |mut resp: Response<Body>| {
-            resp.extensions_mut().insert(reason);
+        let with_reason = move |resp: Response<Body>| {
+            crate::metrics::note_not_stored(reason.as_str());
             resp
         };
         if wants_part(&client, &rparts) {
@@ -481,9 +481,8 @@ impl<'p> Fill<'p> {
         let me = &self.proxy.0;
         me.strip_private_fields(&mut rparts.headers);
         let resp = Response::from_parts(rparts, Body::full(body));
-        let mut resp = me.tag(resp, self.req.status);
-        resp.extensions_mut().insert(NoStoreReason::Undecodable);
-        resp
+        crate::metrics::note_not_stored(NoStoreReason::Undecodable.as_str());
+        me.tag(resp, self.req.status)
     }
 
     /// The fetch failed: nothing is stored, the waiters get the same error at once, and the
@@ -686,8 +685,8 @@ mod tests {
         }
     }
 
-    /// Why a response was not stored travels with it, in the response's extensions, for the
-    /// access log and metrics; a stored response carries none.
+    /// Why a response was not stored is noted with it, for the access log; a stored response
+    /// notes none.
     #[tokio::test]
     async fn the_reason_a_response_was_not_stored_is_carried() {
         let origin = origin().await;
@@ -710,18 +709,16 @@ mod tests {
             ("/chunked", Some(NoStoreReason::TooLarge)),
             ("/fresh", None),
         ] {
+            crate::metrics::clear_notes();
             let resp = proxy.fill(request(path)).await;
             assert_eq!(resp.status(), StatusCode::OK, "{path}");
-            let carried = resp.extensions().get::<NoStoreReason>().copied();
-            assert_eq!(carried, reason, "{path}");
+            let noted = crate::metrics::take_notes().no_store;
+            assert_eq!(noted, reason.map(NoStoreReason::as_str), "{path}");
         }
         let mut request_no_store = request("/fresh-too");
         request_no_store.request_no_store = true;
-        let resp = proxy.fill(request_no_store).await;
-        assert_eq!(
-            resp.extensions().get::<NoStoreReason>(),
-            Some(&NoStoreReason::NoStore)
-        );
+        proxy.fill(request_no_store).await;
+        assert_eq!(crate::metrics::take_notes().no_store, Some("no-store"));
         assert_eq!(cache.len(), 1, "only /fresh is stored");
     }
 
