@@ -42,6 +42,9 @@
 //! fan-out → subscriber streams; with `share`, the fleet's log in the shared tier
 //! ([`push::replicate`]).
 //!
+//! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `sendmsg`
+//! rather than `writev` (cheaper in the kernel).
+//!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through, push's WebSocket sessions).
 //!
@@ -58,7 +61,7 @@
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
 //!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`];
-//!    [`upgrade`].
+//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `sendmsg`).
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
@@ -92,6 +95,7 @@ pub mod range;
 pub mod respond;
 pub mod route;
 pub mod server;
+pub mod socket;
 pub mod static_files;
 pub mod stats;
 pub mod tls;

@@ -54,6 +54,17 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn holds_writes(&self) -> bool {
         false
     }
+
+    /// Writes `bufs` through (the unbatched write). A plain socket sends them with
+    /// `sendmsg` ([`crate::socket`]), cheaper in the kernel than the `writev` of its
+    /// `AsyncWrite`.
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self).poll_write_vectored(cx, bufs)
+    }
 }
 
 /// A TLS connection parks with the default: rustls may hold decrypted bytes of its own, which a
@@ -61,7 +72,7 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 ///
 /// rustls encrypts what it is given into records it keeps until they are written out (it
 /// copies the plaintext once for that in any case), so a held write costs nothing more than a
-/// written-through one: the records of several responses then leave in one `writev`.
+/// written-through one: the records of several responses then leave in one `sendmsg`.
 impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
     fn poll_write_held(
         &mut self,
@@ -87,7 +98,7 @@ impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
-/// Writes out every record rustls holds, in as few `writev` calls as the socket takes.
+/// Writes out every record rustls holds, in as few `sendmsg` calls as the socket takes.
 fn poll_write_tls(
     tcp: &mut TcpStream,
     tls: &mut rustls::ServerConnection,
@@ -97,10 +108,10 @@ fn poll_write_tls(
     struct Socket<'a>(&'a TcpStream);
     impl io::Write for Socket<'_> {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.try_write(buf)
+            crate::socket::try_send(self.0, &[io::IoSlice::new(buf)])
         }
         fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-            self.0.try_write_vectored(bufs)
+            crate::socket::try_send(self.0, bufs)
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
@@ -124,6 +135,15 @@ impl Stream for TcpStream {
     #[inline]
     fn poll_parked(&mut self, cx: &mut Context<'_>, _: &mut Bytes) -> Poll<io::Result<()>> {
         self.poll_read_ready(cx)
+    }
+
+    #[inline]
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        crate::socket::poll_send(self, cx, bufs)
     }
 }
 
@@ -231,7 +251,7 @@ impl<S> Tracked<S> {
     /// (a client with many streams). Batched, writes go into the stream's own buffer
     /// ([`Stream::poll_write_held`]: rustls's records, for TLS) and the flushes of one poll of
     /// the task are put off to its next poll, which the driver asks for at once: the
-    /// responses of one poll leave in one `writev`. A stream that holds nothing writes
+    /// responses of one poll leave in one `sendmsg`. A stream that holds nothing writes
     /// through and its flushes are never put off.
     pub fn batched(mut self) -> Tracked<S> {
         self.batch = true;
@@ -284,7 +304,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
         let r = if this.batch {
             this.inner.poll_write_held(cx, &[io::IoSlice::new(buf)])
         } else {
-            Pin::new(&mut this.inner).poll_write(cx, buf)
+            this.inner.poll_send(cx, &[io::IoSlice::new(buf)])
         };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
@@ -302,7 +322,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
         let r = if this.batch {
             this.inner.poll_write_held(cx, bufs)
         } else {
-            Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+            this.inner.poll_send(cx, bufs)
         };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();

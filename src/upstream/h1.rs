@@ -40,6 +40,7 @@ use hyper_util::rt::TokioIo;
 use super::connect::{Answer, SendError};
 use crate::body::Body;
 use crate::config::PoolConfig;
+use crate::socket::SendStream;
 
 /// The connections of one pool's backends.
 pub struct Conns {
@@ -256,7 +257,7 @@ async fn connect(authority: &Authority, timeout: Duration) -> Result<Conn, SendE
             }
         };
     let _ = tcp.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(SendStream(tcp)))
         .await
         .map_err(|error| SendError::Http {
             error,
