@@ -41,13 +41,13 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 
     /// Writes `bufs` into the stream's own send buffer and leaves the system call to
     /// `poll_flush` (or to when that buffer is full): see [`Tracked::batched`]. A stream
-    /// without such a buffer writes through.
+    /// without such a buffer writes through ([`Stream::poll_send`]).
     fn poll_write_held(
         &mut self,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(self).poll_write_vectored(cx, bufs)
+        self.poll_send(cx, bufs)
     }
 
     /// Whether bytes written by `poll_write_held` wait for a flush.
