@@ -8,9 +8,10 @@
 //! about 230 ns more per response at 4,000 connections when it writes with `writev` instead of
 //! `send` (docs/design.md "Socket writes").
 //!
-//! [`poll_send`] is the one place larder writes to a plain TCP socket: the server's
-//! connections ([`crate::server::Stream`] for `TcpStream`) and larder's own upstream
-//! connections ([`SendStream`]).
+//! Every HTTP write to a plain TCP socket goes through [`poll_send`]: the server's connections
+//! ([`crate::server::Stream`] for `TcpStream`, TLS records included) and larder's own upstream
+//! connections ([`SendStream`]). The byte pipe of an upgraded connection (WebSocket
+//! pass-through, after the 101) still writes the client's side with tokio's own calls.
 
 use std::io::{self, IoSlice};
 use std::os::fd::AsRawFd;
