@@ -65,14 +65,15 @@
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim).
+//! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim,
+//!    socket).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`], [`push`] (the
 //!    lines above).
 //! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
-//!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream),
-//!    [`cli`] (config, tls).
+//!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
+//!    socket), [`cli`] (config, tls).
 
 pub mod access_log;
 pub mod admin;
