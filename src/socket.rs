@@ -35,9 +35,9 @@ pub fn poll_send(
 ) -> Poll<io::Result<usize>> {
     loop {
         std::task::ready!(tcp.poll_write_ready(cx))?;
-        // `try_io` clears the readiness when the call would block, so the next
-        // `poll_write_ready` registers the task's waker.
-        match tcp.try_io(Interest::WRITABLE, || send(tcp, bufs)) {
+        // A call that would block clears the readiness, so the next `poll_write_ready`
+        // registers the task's waker.
+        match try_send(tcp, bufs) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             r => return Poll::Ready(r),
         }

@@ -5,8 +5,8 @@
 //!    stored entry ([`Fill::refresh`], both ways); a server error may be answered stale;
 //! 3. **admit**: storability (the policy), the size bound, buffering, decoding once; what is
 //!    not admitted is answered without being stored, its [`NoStoreReason`] noted for the
-//!    access log's `no_store` field ([`crate::metrics::note_not_stored`]). When the client asked for a
-//!    range of it, it is dropped for the client's own request;
+//!    access log's `no_store` field ([`crate::metrics::note_not_stored`]). When the client
+//!    asked for a range of it, it is dropped for the client's own request;
 //! 4. **store and respond**: the entry built, stored, its compressed variants started, the
 //!    client answered.
 //!
