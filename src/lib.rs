@@ -43,7 +43,8 @@
 //! ([`push::replicate`]).
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `sendmsg`
-//! rather than `writev` (cheaper in the kernel).
+//! rather than `writev` (cheaper in the kernel). [`clock`] is a coarse monotonic clock for
+//! deadlines that tolerate milliseconds (the request-head deadline, the static re-stat).
 //!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through, push's WebSocket sessions).
@@ -61,7 +62,7 @@
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
 //!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`];
-//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `sendmsg`).
+//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `sendmsg`); [`clock`].
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
@@ -69,17 +70,18 @@
 //!    socket).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
-//! 5. The handlers: [`proxy`] (also upstream), [`static_files`], [`images`], [`push`] (the
-//!    lines above).
+//! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],
+//!    [`push`] (the lines above).
 //! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
 //!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
-//!    socket), [`cli`] (config, tls).
+//!    socket, clock), [`cli`] (config, tls).
 
 pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod cli;
+pub mod clock;
 pub mod compress;
 pub mod config;
 pub mod deliver;

@@ -31,7 +31,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -72,7 +72,6 @@ pub struct StaticFiles {
     resolved: quick_cache::sync::Cache<Box<str>, Arc<Resolved>>,
     /// First resolutions in flight: concurrent first requests for a path share one.
     resolving: Arc<Inflight<Box<str>, Arc<Resolved>>>,
-    epoch: Instant,
 }
 
 struct Settings {
@@ -212,7 +211,6 @@ impl StaticFiles {
             id: format!("static-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
             resolved: quick_cache::sync::Cache::new(RESOLVED_CAPACITY),
             resolving: Arc::new(Inflight::default()),
-            epoch: Instant::now(),
         }
     }
 
@@ -326,8 +324,9 @@ impl StaticFiles {
         refusal(StatusCode::SERVICE_UNAVAILABLE)
     }
 
+    /// The coarse clock: a re-stat once a second needs no finer time (see `crate::clock`).
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        crate::clock::coarse_ms()
     }
 
     /// Returns `r` if it is recent, else stats again (one request per path does; others keep

@@ -40,8 +40,8 @@ async fn hello_files(server_keys: &str) -> (Larder, tempfile::TempDir) {
     (larder, dir)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn accept_loop_survives_running_out_of_file_descriptors() {
+/// A larder process with one worker serving `a.txt` ("hello") from the directory returned.
+fn lone_worker_serving_hello() -> (tempfile::TempDir, std::net::SocketAddr, Child) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
     let addr = free_port();
@@ -56,18 +56,27 @@ async fn accept_loop_survives_running_out_of_file_descriptors() {
     .env("RUST_LOG", "warn")
     .stdout(Stdio::null())
     .stderr(Stdio::null());
-    let mut child = Child(cmd.spawn().unwrap());
+    (dir, addr, Child(cmd.spawn().unwrap()))
+}
 
+/// A connection to `addr` on which `/a.txt` was answered, once the process has started.
+async fn first_answered(addr: std::net::SocketAddr) -> Raw {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut first = loop {
+    loop {
         if let Ok(mut s) = Raw::try_connect(addr).await {
             if get_on(&mut s, "/a.txt").await == Some(200) {
-                break s;
+                return s;
             }
         }
         assert!(Instant::now() < deadline, "larder did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accept_loop_survives_running_out_of_file_descriptors() {
+    let (_dir, addr, mut child) = lone_worker_serving_hello();
+    let mut first = first_answered(addr).await;
 
     // larder fits max_connections to its open-files limit at start, so accepting pauses at the
     // bound before descriptors run out. Descriptors can still run out (upstream connections and
@@ -283,4 +292,54 @@ async fn above_the_bound_connections_release_after_every_response_and_lose_nothi
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
     let mut s = Raw::connect(h.addr).await;
     assert_eq!(get_on(&mut s, "/a.txt").await, Some(200));
+}
+
+/// Threads of process `pid` now.
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// With one worker, larder is a single thread again soon after blocking work (a file's stat)
+/// is done: a second thread makes the kernel take a reference on the socket's file at every
+/// `recv` and `sendmsg` (see `LONE_WORKER_BLOCKING_KEEP_ALIVE` in `server/start.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lone_worker_is_alone_again_after_blocking_work() {
+    let (dir, addr, child) = lone_worker_serving_hello();
+    let pid = child.0.id();
+    let alone_within = |limit: Duration| async move {
+        let deadline = Instant::now() + limit;
+        while threads_of(pid) != 1 {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    };
+    let mut s = first_answered(addr).await;
+    // The first request stat-ed and read the file on a blocking thread (tokio keeps an idle
+    // one for 10 s by default).
+    assert!(
+        alone_within(Duration::from_secs(3)).await,
+        "{} threads 3 s after the first request",
+        threads_of(pid)
+    );
+    // A second later the file is stat-ed again, on a new blocking thread that goes too.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    std::fs::write(dir.path().join("a.txt"), "hello again").unwrap();
+    let mut seen_again = false;
+    for _ in 0..50 {
+        s.write(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        if next_response(&mut s).await == Some((200, "hello again".len())) {
+            seen_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen_again, "the changed file was never served");
+    assert!(
+        alone_within(Duration::from_secs(3)).await,
+        "{} threads 3 s after the re-stat",
+        threads_of(pid)
+    );
 }

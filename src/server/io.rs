@@ -370,11 +370,25 @@ pub struct WatchdogTimer;
 
 impl hyper::rt::Timer for WatchdogTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Deadline(std::time::Instant::now() + duration))
+        Box::pin(Deadline(crate::clock::coarse_instant() + duration))
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(Deadline(deadline))
+    }
+
+    /// The coarse clock: the deadline is seconds away and checked at watchdog ticks, so a
+    /// few milliseconds of error do not matter, and hyper asks for the time at every request.
+    fn now(&self) -> std::time::Instant {
+        crate::clock::coarse_instant()
+    }
+
+    /// Moves the deadline in place (the default boxes a new one at every request).
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        match sleep.as_mut().downcast_mut_pin::<Deadline>() {
+            Some(mut d) => d.0 = new_deadline,
+            None => *sleep = self.sleep_until(new_deadline),
+        }
     }
 }
 
@@ -385,7 +399,7 @@ impl Future for Deadline {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
-        if std::time::Instant::now() >= self.0 {
+        if crate::clock::coarse_instant() >= self.0 {
             Poll::Ready(())
         } else {
             Poll::Pending
