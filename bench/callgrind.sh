@@ -16,6 +16,8 @@
 #           origin: every request a miss that is not stored (pingap-nocache's path).
 # PAGE=NAME picks another file of bench/data (default small.html; page.html is 8 KB).
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
+# CACHESIM=1 adds callgrind's cache simulation (L1 and last-level misses per function, the last
+# level sized as this VM's 2 MiB L2: the L3 is shared with other guests; slower).
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
 bin=$(realpath "${1:?larder binary}"); shift
@@ -68,7 +70,8 @@ addr = "127.0.0.1:$port"
   [[listener.route]]
   $route
 TOML
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/$cell.out" "$bin" --config "$tmp/$cell.toml" \
+  sim=(); [ -n "${CACHESIM:-}" ] && sim=(--cache-sim=yes --LL=2097152,16,64)
+  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$tmp/$cell.out" "$bin" --config "$tmp/$cell.toml" \
     >"$tmp/$cell.log" 2>&1 &
   vg=$!
   wait_port "$port"

@@ -1,4 +1,4 @@
-//! Writes to TCP sockets with `sendmsg(2)`, not `write(2)`/`writev(2)`.
+//! Writes to TCP sockets with `send(2)` or `sendmsg(2)`, not `write(2)`/`writev(2)`.
 //!
 //! tokio writes a `TcpStream` through the file interface (`writev`), and the kernel's
 //! `vfs_writev` does file-level work on every call that a socket does not need (the file's
@@ -25,9 +25,15 @@ use tokio::net::TcpStream;
 /// next write, as with a short write.
 const MAX_SLICES: usize = 1024;
 
-/// `bufs` written to `tcp` with one `sendmsg` once the socket is writable: the bytes taken
-/// (possibly fewer than offered), or the socket's error. `MSG_NOSIGNAL`: a peer that closed
-/// gives `EPIPE`, not a signal.
+/// Slices totalling at most this many bytes (a small response's head and body) are copied
+/// into one buffer and sent with `send`: `sendmsg` copies in its message header and iovec
+/// array on every call, about 140 ns more than `send` of the same 315 bytes here (a loopback
+/// pair, send and receive in a loop), while copying 315 bytes costs a few ns.
+const COPY_UP_TO: usize = 2048;
+
+/// `bufs` written to `tcp` with one `send` (one slice, or a few small ones joined) or
+/// `sendmsg` once the socket is writable: the bytes taken (possibly fewer than offered), or
+/// the socket's error. `MSG_NOSIGNAL`: a peer that closed gives `EPIPE`, not a signal.
 pub fn poll_send(
     tcp: &TcpStream,
     cx: &mut Context<'_>,
@@ -50,21 +56,56 @@ pub fn try_send(tcp: &TcpStream, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
 }
 
 fn send(tcp: &TcpStream, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    let bufs = &bufs[..bufs.len().min(MAX_SLICES)];
-    // SAFETY: a zeroed msghdr is valid (no address, no control data); `IoSlice` is
-    // ABI-compatible with `iovec` on Unix (std documents it), and `bufs` outlives the call,
-    // which only reads through the pointers.
-    let n = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = bufs.len() as _;
-        libc::sendmsg(tcp.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    let fd = tcp.as_raw_fd();
+    let n = match bufs {
+        [one] => send_one(fd, one),
+        _ => {
+            let total = bufs.iter().map(|b| b.len()).sum::<usize>();
+            if total <= COPY_UP_TO {
+                // Not zeroed first: only the `total` bytes written below are sent.
+                let mut joined = [std::mem::MaybeUninit::<u8>::uninit(); COPY_UP_TO];
+                let mut at = 0;
+                for b in bufs {
+                    // SAFETY: `at + b.len() <= total <= COPY_UP_TO`, so the copy stays in
+                    // `joined`, which does not overlap `b`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            b.as_ptr(),
+                            joined.as_mut_ptr().add(at).cast::<u8>(),
+                            b.len(),
+                        )
+                    };
+                    at += b.len();
+                }
+                // SAFETY: the first `total` bytes of `joined` were written above.
+                let joined =
+                    unsafe { std::slice::from_raw_parts(joined.as_ptr().cast::<u8>(), at) };
+                send_one(fd, joined)
+            } else {
+                let bufs = &bufs[..bufs.len().min(MAX_SLICES)];
+                // SAFETY: a zeroed msghdr is valid (no address, no control data); `IoSlice`
+                // is ABI-compatible with `iovec` on Unix (std documents it), and `bufs`
+                // outlives the call, which only reads through the pointers.
+                unsafe {
+                    let mut msg: libc::msghdr = std::mem::zeroed();
+                    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+                    msg.msg_iovlen = bufs.len() as _;
+                    libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL)
+                }
+            }
+        }
     };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
     }
+}
+
+/// One buffer with `send(2)`.
+fn send_one(fd: std::os::fd::RawFd, buf: &[u8]) -> isize {
+    // SAFETY: `buf` is valid for `buf.len()` bytes for the call, which only reads it.
+    unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) }
 }
 
 /// A `TcpStream` whose writes go through [`poll_send`]; reads are the stream's own (`recv`).
@@ -152,6 +193,37 @@ mod tests {
         let mut back = [0u8; 4];
         s.read_exact(&mut back).await.unwrap();
         assert_eq!(&back, b"back");
+    }
+
+    /// Small slices are joined and sent with `send`, larger ones with `sendmsg`: both keep the
+    /// order and every byte, also when some slices are empty.
+    #[tokio::test]
+    async fn joined_and_scattered_writes_keep_every_byte_in_order() {
+        let (a, mut b) = pair().await;
+        let mut s = SendStream(a);
+        let head = vec![b'h'; 300];
+        let small = [b's'; 100];
+        let large = vec![b'l'; 5000];
+        let mut expected = Vec::new();
+        for (bufs, joined) in [
+            (vec![&head[..], &[][..], &small[..]], true),
+            (vec![&head[..], &large[..], &small[..]], false),
+            (vec![&small[..COPY_UP_TO / 100], &head[..]], true),
+        ] {
+            let total: usize = bufs.iter().map(|b| b.len()).sum();
+            assert_eq!(total <= COPY_UP_TO, joined);
+            let slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+            // All of it fits in an empty loopback socket's buffer: taken whole.
+            let n = std::future::poll_fn(|cx| Pin::new(&mut s).poll_write_vectored(cx, &slices))
+                .await
+                .unwrap();
+            assert_eq!(n, total);
+            bufs.iter().for_each(|b| expected.extend_from_slice(b));
+        }
+        drop(s);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, expected);
     }
 
     /// A full socket makes the writer wait (not spin, not fail), and it goes on once the
