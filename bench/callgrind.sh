@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh LARDER_BINARY [static|proxy|pass|nostore ...]: instructions per request, counted
+# bench/callgrind.sh LARDER_BINARY [static|fixed|proxy|pass|nostore ...]: instructions per request, counted
 # by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
 # "The per-request path").
 #
 # For each cell: larder (one per-core worker) runs under `valgrind --tool=callgrind`, is warmed
-# up with 2 s of wrk, its counters are zeroed, then `wrk -t1 -c10 -d4s` runs; the total
-# instructions are divided by the requests wrk completed.
+# up with 2 s of wrk; a second wrk run opens its connections, the counters are zeroed, and 4 s
+# later dumped; the total instructions are divided by the requests served in that window (the
+# calls of the route's handler that callgrind counted).
 # - static: the 100-byte page bench/data/small.html from a static route (held in memory);
+# - fixed:  a fixed response (`respond`, "pong"), pingap-fixed's /ping;
 # - proxy:  the same page through a caching proxy route, from an origin that is a second larder
 #           (not under valgrind) serving bench/data with `Cache-Control: max-age=3600`: every
 #           measured request is a cache hit;
@@ -46,6 +48,8 @@ for cell in "${cells[@]}"; do
   path="/$page"
   case "$cell" in
     static) route="static = { root = \"$data\" }" ;;
+    fixed)  route="respond = { status = 200, body = \"pong\", content_type = \"text/plain\" }"
+            path="/ping" ;;
     proxy|pass|nostore)
             route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
             # pass: nothing stored, every request goes to the origin (the pass path's cost).
@@ -55,7 +59,7 @@ for cell in "${cells[@]}"; do
               "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
               wait_port "$origin"
             fi ;;
-    *) echo "unknown cell $cell (static, proxy, pass, nostore)" >&2; exit 2 ;;
+    *) echo "unknown cell $cell (static, fixed, proxy, pass, nostore)" >&2; exit 2 ;;
   esac
   admin=""
   # ADMIN=1: an admin listener, so that requests are counted for /metrics.
@@ -76,13 +80,40 @@ TOML
   vg=$!
   wait_port "$port"
   wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port$path" >/dev/null
+  # The measured window lies inside one wrk run, after its connections are open, so that no
+  # connection's accept or close is counted (at 10,000 connections they were a third of the
+  # instructions); valgrind is slow, hence wrk's long timeout.
+  wrk -t1 -c"$conns" -d60s --timeout 60s "http://127.0.0.1:$port$path" >/dev/null &
+  load=$!
+  sleep $((2 + conns / 2000))
   callgrind_control -z "$vg" >/dev/null
-  reqs=$(wrk -t1 -c"$conns" -d4s "http://127.0.0.1:$port$path" | awk '/requests in/ {print $1}')
+  sleep 4
   callgrind_control -d "$vg" >/dev/null
+  kill "$load"; wait "$load" 2>/dev/null || true
   sleep 1
   kill "$vg"; wait "$vg" 2>/dev/null || true
-  # The dump asked for after the run (part 1) holds the measured window; the file written at
-  # exit (part 2) holds only shutdown. Its "summary:" line is the total Ir.
+  # The dump asked for after the window (part 1) holds it; the file written at exit (part 2)
+  # holds only shutdown. Its "summary:" line is the total Ir; the requests served in the
+  # window are the calls of the route's handler.
   ir=$(awk '/^summary:/ {print $2}' "$tmp/$cell.out.1")
+  reqs=$(python3 - "$tmp/$cell.out.1" <<'PY'
+import re, sys
+names, cfn, n = {}, None, 0
+for line in open(sys.argv[1]):
+    if line.startswith("cfn="):
+        m = re.match(r"cfn=\((\d+)\)(?: (.*))?", line.strip())
+        if m.group(2):
+            names[m.group(1)] = m.group(2)
+        cfn = names.get(m.group(1))
+    elif line.startswith("fn="):
+        m = re.match(r"fn=\((\d+)\)(?: (.*))?", line.strip())
+        if m and m.group(2):
+            names[m.group(1)] = m.group(2)
+    elif line.startswith("calls=") and cfn == "larder::route::Handler::serve":
+        n += int(line[6:].split()[0])
+print(n)
+PY
+)
+  ((reqs > 0)) || { echo "$cell: no calls of larder::route::Handler::serve counted" >&2; exit 1; }
   echo "$cell: $reqs requests, $ir instructions, $((ir / reqs)) instructions/request"
 done
