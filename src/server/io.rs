@@ -382,14 +382,6 @@ impl hyper::rt::Timer for WatchdogTimer {
     fn now(&self) -> std::time::Instant {
         crate::clock::coarse_instant()
     }
-
-    /// Moves the deadline in place (the default boxes a new one at every request).
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
-        match sleep.as_mut().downcast_mut_pin::<Deadline>() {
-            Some(mut d) => d.0 = new_deadline,
-            None => *sleep = self.sleep_until(new_deadline),
-        }
-    }
 }
 
 /// A deadline that registers no wakeup of its own (see [`WatchdogTimer`]).
