@@ -42,8 +42,8 @@
 //! fan-out → subscriber streams; with `share`, the fleet's log in the shared tier
 //! ([`push::replicate`]).
 //!
-//! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `sendmsg`
-//! rather than `writev` (cheaper in the kernel). [`clock`] is a coarse monotonic clock for
+//! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
+//! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] is a coarse monotonic clock for
 //! deadlines that tolerate milliseconds (the request-head deadline, the static re-stat).
 //!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
@@ -62,7 +62,7 @@
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
 //!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`];
-//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `sendmsg`); [`clock`].
+//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `send`/`sendmsg`); [`clock`].
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).

@@ -701,9 +701,9 @@ fn register_gauges(
 /// connections is a cache miss per system call. The static files' re-stat (once a second per
 /// path) and the return of freed memory (at most once a second) each wake a blocking thread
 /// that would otherwise stay for 10 s, so a lone worker would never be alone. Measured at
-/// 10,000 connections (100-byte static file, `perf`): `fdget` 236 against 63 ns per request,
-/// and 0.3 µs less server CPU per request with the short keep-alive (docs/design.md
-/// "Threads"). Respawning a thread costs tens of µs once a second.
+/// 10,000 connections (100-byte static file, `perf`): `fdget` 236 ns per request against the
+/// single-threaded ceiling's 63; with the short keep-alive, 0.2-0.3 µs less server CPU per
+/// request (docs/design.md "Threads"). Respawning a thread costs tens of µs once a second.
 const LONE_WORKER_BLOCKING_KEEP_ALIVE: Duration = Duration::from_millis(20);
 
 /// Builds the runtime `main` runs [`start`] on: per-core (`threading = "per-core"`, or `auto`
