@@ -186,9 +186,12 @@ pub async fn serve_connection<S: Stream>(
             Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
         }
         Protocol::Http1 => {
+            // Built here, so that the task keeps the stream and the service once, inside
+            // hyper's connection (an `async fn`'s arguments stay in its future to the end).
+            let conn = Box::new(builder.h1.serve_connection(io, service));
             serve_h1(
-                io,
-                service,
+                conn,
+                activity,
                 peer,
                 &builder.h1,
                 idle,
@@ -232,8 +235,8 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
 /// when one of them woke the task (see [`Activity`]), not at every request.
 #[allow(clippy::too_many_arguments)] // The connection's parts, each passed once.
 async fn serve_h1<T, S>(
-    io: H1Io<T>,
-    service: S,
+    conn: Box<http1::Connection<H1Io<T>, S>>,
+    activity: Arc<Activity>,
     peer: SocketAddr,
     h1: &http1::Builder,
     idle: Idle,
@@ -246,13 +249,12 @@ async fn serve_h1<T, S>(
     S::Future: Unpin,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let activity = Arc::clone(&io.inner().activity);
     let semaphore = Arc::clone(permit.semaphore());
     let open = Open {
         permits: &semaphore,
         max: idle.max_conns,
     };
-    let mut phase = Phase::Serving(Box::new(h1.serve_connection(io, service)));
+    let mut phase = Phase::Serving(conn);
     let mut closing = *shutdown.borrow();
     if closing {
         if let Phase::Serving(conn) = &mut phase {
@@ -627,6 +629,7 @@ mod tests {
         let sink = interim::Sink::new(Arc::clone(&shared));
         let upgrades = Arc::clone(&shared);
         let io = TokioIo::new(Tracked::new(server, Arc::clone(&activity), shared));
+        let activity_of_task = Arc::clone(&activity);
         let service = service_fn(move |_| -> Handled {
             let answer = handler();
             Box::pin(async move { Ok(answer.await) })
@@ -644,8 +647,8 @@ mod tests {
             };
             let peer = "127.0.0.1:1".parse().unwrap();
             serve_h1(
-                io,
-                service,
+                Box::new(builder.h1.serve_connection(io, service)),
+                activity_of_task,
                 peer,
                 &builder.h1,
                 idle,
