@@ -250,14 +250,23 @@ async fn serve_h1<T, S>(
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let semaphore = Arc::clone(permit.semaphore());
-    let open = Open {
-        permits: &semaphore,
-        max: idle.max_conns,
+    // What every request reads or writes, together (with thousands of connections the task's
+    // state is cold when a request comes: fields spread over its future each cost a miss).
+    let mut hot = Hot {
+        phase: Phase::Serving(conn),
+        activity,
+        upgrades,
+        open: Open {
+            permits: &semaphore,
+            max: idle.max_conns,
+        },
+        park_above: idle.park_above,
+        closing: *shutdown.borrow(),
+        releasing: false,
+        idle_release: false,
     };
-    let mut phase = Phase::Serving(conn);
-    let mut closing = *shutdown.borrow();
-    if closing {
-        if let Phase::Serving(conn) = &mut phase {
+    if hot.closing {
+        if let Phase::Serving(conn) = &mut hot.phase {
             Pin::new(&mut **conn).graceful_shutdown();
         }
     }
@@ -266,14 +275,10 @@ async fn serve_h1<T, S>(
     let tick = if release { idle.release } else { idle.timeout }
         .min(idle.head)
         .max(Duration::from_millis(10));
-    // hyper is asked to hand the connection back once it is idle (or done with its response).
-    let mut releasing = false;
-    // The release was asked for by the idle watchdog (not per request).
-    let mut idle_release = false;
     let mut idle_for = Duration::ZERO;
     // Set: the watchdog's futures are polled (and so registered) at the first poll.
-    activity.watchdog_woken.store(true, Ordering::Release);
-    let waker = Waker::from(Arc::clone(&activity));
+    hot.activity.watchdog_woken.store(true, Ordering::Release);
+    let waker = Waker::from(Arc::clone(&hot.activity));
     let sleep = tokio::time::sleep(tick);
     let changed = shutdown.changed();
     tokio::pin!(sleep, changed);
@@ -281,14 +286,14 @@ async fn serve_h1<T, S>(
         let event = std::future::poll_fn(|cx| {
             // First: a wakeup that comes while hyper is polled below (the watchdog's, or the
             // interim sink's with a 1xx block to write) polls the task again.
-            activity.task.register(cx.waker());
-            match &mut phase {
+            hot.activity.task.register(cx.waker());
+            match &mut hot.phase {
                 Phase::Serving(conn) => {
                     if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
                         return Poll::Ready(Watch::Done(res));
                     }
                     // A response body asked for the socket and hyper has written the head.
-                    if upgrades.handoff_ready() {
+                    if hot.upgrades.handoff_ready() {
                         return Poll::Ready(Watch::HandOff);
                     }
                     // Nothing in flight and hyper waits: it is idle, or still writing a
@@ -297,14 +302,14 @@ async fn serve_h1<T, S>(
                     // hyper connection has served a request (it may hold part of a head it
                     // read ahead, and letting go would mark that request `connection:
                     // close`), nor after a request with a body (see `Activity::with_body`).
-                    if !releasing
-                        && !closing
-                        && activity.in_flight.load(Ordering::Relaxed) == 0
-                        && activity.served.load(Ordering::Relaxed)
-                        && !activity.with_body.load(Ordering::Relaxed)
-                        && open.above(idle.park_above)
+                    if !hot.releasing
+                        && !hot.closing
+                        && hot.activity.in_flight.load(Ordering::Relaxed) == 0
+                        && hot.activity.served.load(Ordering::Relaxed)
+                        && !hot.activity.with_body.load(Ordering::Relaxed)
+                        && hot.open.above(hot.park_above)
                     {
-                        releasing = true;
+                        hot.releasing = true;
                         Pin::new(&mut **conn).graceful_shutdown();
                         if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
                             return Poll::Ready(Watch::Done(res));
@@ -321,10 +326,10 @@ async fn serve_h1<T, S>(
                 }
                 Phase::Switching => unreachable!("a phase is set before the task yields"),
             }
-            if closing {
+            if hot.closing {
                 return Poll::Pending;
             }
-            if activity.watchdog_woken.swap(false, Ordering::AcqRel) {
+            if hot.activity.watchdog_woken.swap(false, Ordering::AcqRel) {
                 let mut wcx = Context::from_waker(&waker);
                 if changed.as_mut().poll(&mut wcx).is_ready() {
                     return Poll::Ready(Watch::Shutdown);
@@ -339,8 +344,9 @@ async fn serve_h1<T, S>(
         // hyper wrote a 101 and stopped, or the head of a response whose body the handler
         // writes itself: the socket goes to the handler that claimed it.
         if matches!(event, Watch::Done(Ok(())) | Watch::HandOff) {
-            if let Some(to) = upgrades.take_upgrade() {
-                let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
+            if let Some(to) = hot.upgrades.take_upgrade() {
+                let Phase::Serving(conn) = std::mem::replace(&mut hot.phase, Phase::Switching)
+                else {
                     unreachable!("hyper finished, so it was serving")
                 };
                 let parts = conn.into_parts();
@@ -374,15 +380,16 @@ async fn serve_h1<T, S>(
             }
         }
         match event {
-            Watch::Done(Ok(())) if releasing && !closing => {
-                let Phase::Serving(conn) = std::mem::replace(&mut phase, Phase::Switching) else {
+            Watch::Done(Ok(())) if hot.releasing && !hot.closing => {
+                let Phase::Serving(conn) = std::mem::replace(&mut hot.phase, Phase::Switching)
+                else {
                     unreachable!("hyper finished, so it was serving")
                 };
-                if idle_release {
+                if hot.idle_release {
                     memory::connection_released();
                 }
-                releasing = false;
-                idle_release = false;
+                hot.releasing = false;
+                hot.idle_release = false;
                 let http1::Parts {
                     io,
                     read_buf,
@@ -400,9 +407,9 @@ async fn serve_h1<T, S>(
                     };
                 }
                 drop(read_buf);
-                activity.served.store(false, Ordering::Relaxed);
-                activity.with_body.store(false, Ordering::Relaxed);
-                phase = if tracked.pending.is_empty() {
+                hot.activity.served.store(false, Ordering::Relaxed);
+                hot.activity.with_body.store(false, Ordering::Relaxed);
+                hot.phase = if tracked.pending.is_empty() {
                     Phase::Parked(tracked, service)
                 } else {
                     Phase::Serving(Box::new(
@@ -413,7 +420,7 @@ async fn serve_h1<T, S>(
             Watch::Done(res) => {
                 match res {
                     Ok(()) => {
-                        if let Phase::Serving(conn) = phase {
+                        if let Phase::Serving(conn) = hot.phase {
                             let mut io = conn.into_parts().io;
                             let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
                         }
@@ -428,17 +435,17 @@ async fn serve_h1<T, S>(
             }
             Watch::Readable => {
                 let Phase::Parked(tracked, service) =
-                    std::mem::replace(&mut phase, Phase::Switching)
+                    std::mem::replace(&mut hot.phase, Phase::Switching)
                 else {
                     unreachable!("the stream became readable while parked")
                 };
-                phase = Phase::Serving(Box::new(
+                hot.phase = Phase::Serving(Box::new(
                     h1.serve_connection(TokioIo::new(tracked), service),
                 ));
             }
             Watch::Shutdown => {
-                closing = true;
-                match &mut phase {
+                hot.closing = true;
+                match &mut hot.phase {
                     Phase::Serving(conn) => Pin::new(&mut **conn).graceful_shutdown(),
                     // Nothing in flight: close now.
                     _ => return,
@@ -449,27 +456,28 @@ async fn serve_h1<T, S>(
             Watch::Tick => {
                 sleep.as_mut().reset(tokio::time::Instant::now() + tick);
                 // The new deadline is registered at the next poll.
-                activity.watchdog_woken.store(true, Ordering::Release);
-                if activity.take_active() || activity.in_flight.load(Ordering::Relaxed) > 0 {
+                hot.activity.watchdog_woken.store(true, Ordering::Release);
+                if hot.activity.take_active() || hot.activity.in_flight.load(Ordering::Relaxed) > 0
+                {
                     idle_for = Duration::ZERO;
                     continue;
                 }
                 idle_for += tick;
-                let Phase::Serving(conn) = &mut phase else {
+                let Phase::Serving(conn) = &mut hot.phase else {
                     if idle_for >= idle.timeout {
                         return;
                     }
                     continue;
                 };
                 if idle_for >= idle.timeout {
-                    if releasing {
+                    if hot.releasing {
                         // Handing back waits for a response stalled this long: give up.
                         return;
                     }
-                    closing = true;
-                } else if release && !releasing && idle_for >= idle.release {
-                    releasing = true;
-                    idle_release = true;
+                    hot.closing = true;
+                } else if release && !hot.releasing && idle_for >= idle.release {
+                    hot.releasing = true;
+                    hot.idle_release = true;
                 } else {
                     continue;
                 }
@@ -478,6 +486,23 @@ async fn serve_h1<T, S>(
             }
         }
     }
+}
+
+/// The state of [`serve_h1`] that each request touches, kept in one place.
+struct Hot<'a, T, S: hyper::service::HttpService<hyper::body::Incoming>> {
+    phase: Phase<T, S>,
+    activity: Arc<Activity>,
+    /// Where the connection hands itself over after a 101 (`crate::upgrade`).
+    upgrades: Arc<interim::Shared>,
+    open: Open<'a>,
+    /// Park after each response while more connections than this are open.
+    park_above: usize,
+    /// Shutting down: hyper finishes what it has, nothing parks.
+    closing: bool,
+    /// hyper is asked to hand the connection back once it is idle (or done with its response).
+    releasing: bool,
+    /// The release was asked for by the idle watchdog (not per request).
+    idle_release: bool,
 }
 
 /// The count of open connections, as the connection bound's semaphore knows it.
