@@ -259,8 +259,8 @@ async fn serve_h1<T, S>(
         open: Open {
             permits: &semaphore,
             max: idle.max_conns,
+            park_above: idle.park_above,
         },
-        park_above: idle.park_above,
         closing: *shutdown.borrow(),
         releasing: false,
         idle_release: false,
@@ -307,7 +307,7 @@ async fn serve_h1<T, S>(
                         && hot.activity.in_flight.load(Ordering::Relaxed) == 0
                         && hot.activity.served.load(Ordering::Relaxed)
                         && !hot.activity.with_body.load(Ordering::Relaxed)
-                        && hot.open.above(hot.park_above)
+                        && hot.open.crowded()
                     {
                         hot.releasing = true;
                         Pin::new(&mut **conn).graceful_shutdown();
@@ -495,8 +495,6 @@ struct Hot<'a, T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     /// Where the connection hands itself over after a 101 (`crate::upgrade`).
     upgrades: Arc<interim::Shared>,
     open: Open<'a>,
-    /// Park after each response while more connections than this are open.
-    park_above: usize,
     /// Shutting down: hyper finishes what it has, nothing parks.
     closing: bool,
     /// hyper is asked to hand the connection back once it is idle (or done with its response).
@@ -505,18 +503,20 @@ struct Hot<'a, T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     idle_release: bool,
 }
 
-/// The count of open connections, as the connection bound's semaphore knows it.
+/// The count of open connections, as the connection bound's semaphore knows it, and the
+/// count above which a connection parks after each response.
 #[derive(Clone, Copy)]
 struct Open<'a> {
     permits: &'a Semaphore,
     max: usize,
+    park_above: usize,
 }
 
 impl Open<'_> {
-    /// More than `n` connections are open.
+    /// More than `park_above` connections are open.
     #[inline]
-    fn above(&self, n: usize) -> bool {
-        self.max - self.permits.available_permits() > n
+    fn crowded(&self) -> bool {
+        self.max - self.permits.available_permits() > self.park_above
     }
 }
 
