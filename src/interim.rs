@@ -26,7 +26,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use http::{HeaderMap, StatusCode};
 use tokio::io::AsyncWrite;
@@ -45,44 +45,52 @@ pub const MAX_QUEUED: usize = 16 * 1024;
 /// The server's count of interim responses dropped at the bounds (shared by its connections).
 pub type Dropped = Arc<AtomicU64>;
 
-/// What one HTTP/1.1 connection shares between its IO wrapper and its request handlers.
+/// A connection's 1xx state: what its IO wrapper and its request handlers share. It lives inside
+/// the connection's own shared state (the server's `Activity`, reached through [`Connection`]),
+/// so that a request touches one allocation, not two; the fields read on every write come first.
+#[repr(C)]
 pub struct Shared {
-    /// Interim bytes to write before hyper's next output: whole blocks, the first maybe partly
-    /// written already. Boxed, and only while bytes wait: nearly every connection never sees a
-    /// 1xx response and keeps a null pointer here (8 bytes, not a `Vec`'s 24).
-    #[allow(clippy::box_collection)]
-    pending: Mutex<Option<Box<Vec<u8>>>>,
     /// `pending` is not empty (read without the lock on every write).
     queued: AtomicBool,
     /// hyper has written since its last flush: it may still hold bytes of a response. Set and
     /// cleared by the IO wrapper, in the connection task.
     owed: AtomicBool,
-    /// Interim responses met during the request being handled ([`MAX_PER_RESPONSE`] once its
-    /// handler has returned).
-    seen: AtomicU32,
-    dropped: Dropped,
-    /// Wakes the connection task to write what was queued.
-    wake: Waker,
-    /// Where the connection hands itself over after a 101, when a handler claimed it
-    /// (`crate::upgrade`).
-    upgrade: Mutex<Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>>>,
     /// A handler's response body asked for the connection once hyper has written the head
     /// (a stream that the handler writes itself: push's SSE subscribers).
     handoff: AtomicBool,
+    /// Interim responses met during the request being handled ([`MAX_PER_RESPONSE`] once its
+    /// handler has returned).
+    seen: AtomicU32,
+    /// Interim bytes to write before hyper's next output: whole blocks, the first maybe partly
+    /// written already. Boxed, and only while bytes wait: nearly every connection never sees a
+    /// 1xx response and keeps a null pointer here (8 bytes, not a `Vec`'s 24).
+    #[allow(clippy::box_collection)]
+    pending: Mutex<Option<Box<Vec<u8>>>>,
+    dropped: Dropped,
+    /// Where the connection hands itself over after a 101, when a handler claimed it
+    /// (`crate::upgrade`).
+    upgrade: Mutex<Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>>>,
+}
+
+/// The connection a [`Sink`] forwards to: where its [`Shared`] state lives and how its task is
+/// woken to write what was queued. The server's per-connection state implements it.
+pub trait Connection: Send + Sync + 'static {
+    fn interim(&self) -> &Shared;
+    /// Wakes the task that polls the connection's IO wrapper.
+    fn wake(&self);
 }
 
 impl Shared {
-    /// `wake` wakes the task that polls the connection's IO wrapper.
-    pub fn new(dropped: Dropped, wake: Waker) -> Shared {
+    /// Dropped blocks are counted in `dropped` (the server's counter).
+    pub fn new(dropped: Dropped) -> Shared {
         Shared {
-            pending: Mutex::new(None),
             queued: AtomicBool::new(false),
             owed: AtomicBool::new(false),
-            seen: AtomicU32::new(0),
-            dropped,
-            wake,
-            upgrade: Mutex::new(None),
             handoff: AtomicBool::new(false),
+            seen: AtomicU32::new(0),
+            pending: Mutex::new(None),
+            dropped,
+            upgrade: Mutex::new(None),
         }
     }
 
@@ -191,18 +199,23 @@ impl Shared {
 /// Where a request's interim responses go: the client connection's queue.
 #[derive(Clone)]
 pub struct Sink {
-    shared: Arc<Shared>,
+    conn: Arc<dyn Connection>,
 }
 
 impl Sink {
-    pub fn new(shared: Arc<Shared>) -> Sink {
-        Sink { shared }
+    pub fn new(conn: Arc<dyn Connection>) -> Sink {
+        Sink { conn }
+    }
+
+    #[inline]
+    fn shared(&self) -> &Shared {
+        self.conn.interim()
     }
 
     /// Runs a request's handler with this sink in reach of the upstream client; the request
     /// starts with no interim response forwarded, and forwards none once the handler returned.
     pub fn scope<F: std::future::Future>(self, f: F) -> Scoped<F> {
-        self.shared.seen.store(0, Ordering::Relaxed);
+        self.shared().seen.store(0, Ordering::Relaxed);
         Scoped {
             inner: SINK.scope(self, f),
         }
@@ -217,7 +230,7 @@ impl Sink {
     /// written (see `crate::upgrade`).
     pub fn claim_upgrade(&self) -> tokio::sync::oneshot::Receiver<crate::upgrade::Upgraded> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if let Ok(mut slot) = self.shared.upgrade.lock() {
+        if let Ok(mut slot) = self.shared().upgrade.lock() {
             *slot = Some(tx);
         }
         rx
@@ -232,12 +245,12 @@ impl Sink {
 
     /// Asks for the claimed connection now (from the response body's first poll).
     pub fn ask_handoff(&self) {
-        self.shared.handoff.store(true, Ordering::Release);
+        self.shared().handoff.store(true, Ordering::Release);
     }
 
     /// Gives up a claim (the backend did not switch protocols).
     pub fn unclaim_upgrade(&self) {
-        self.shared.take_upgrade();
+        self.shared().take_upgrade();
     }
 
     /// Sends one interim response on to the client: queues it and wakes the connection.
@@ -248,7 +261,7 @@ impl Sink {
         {
             return;
         }
-        let shared = &*self.shared;
+        let shared = self.shared();
         if shared.seen.fetch_add(1, Ordering::Relaxed) >= MAX_PER_RESPONSE {
             shared.drop_one();
             return;
@@ -267,7 +280,7 @@ impl Sink {
             }
             shared.queued.store(true, Ordering::Release);
         }
-        shared.wake.wake_by_ref();
+        self.conn.wake();
     }
 }
 
@@ -317,7 +330,7 @@ impl<F: std::future::Future> std::future::Future for Scoped<F> {
         let out = std::task::ready!(inner.as_mut().poll(cx));
         // The request is done: no more interim responses for it.
         if let Some(sink) = inner.take_value() {
-            sink.shared.end_request();
+            sink.shared().end_request();
         }
         std::task::Poll::Ready(out)
     }
@@ -327,35 +340,42 @@ impl<F: std::future::Future> std::future::Future for Scoped<F> {
 mod tests {
     use super::*;
 
-    /// Counts its wakeups: the connection task, in these tests.
-    #[derive(Default)]
-    struct Task(std::sync::atomic::AtomicUsize);
+    /// A connection whose task counts its wakeups.
+    struct Conn {
+        shared: Shared,
+        wakes: std::sync::atomic::AtomicUsize,
+    }
 
-    impl std::task::Wake for Task {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
+    impl Connection for Conn {
+        fn interim(&self) -> &Shared {
+            &self.shared
         }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
+        fn wake(&self) {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    fn connection() -> (Arc<Shared>, Dropped, Arc<Task>) {
+    impl std::ops::Deref for Conn {
+        type Target = Shared;
+        fn deref(&self) -> &Shared {
+            &self.shared
+        }
+    }
+
+    fn connection() -> (Arc<Conn>, Dropped) {
         let dropped = Dropped::default();
-        let task = Arc::new(Task::default());
-        let wake = Waker::from(Arc::clone(&task));
-        (
-            Arc::new(Shared::new(Arc::clone(&dropped), wake)),
-            dropped,
-            task,
-        )
+        let conn = Conn {
+            shared: Shared::new(Arc::clone(&dropped)),
+            wakes: Default::default(),
+        };
+        (Arc::new(conn), dropped)
     }
 
     #[test]
     fn queue_and_count_are_bounded() {
         // Nothing writes the queue here: the client does not read.
-        let (shared, dropped, _) = connection();
-        let sink = Sink::new(Arc::clone(&shared));
+        let (shared, dropped) = connection();
+        let sink = Sink::new(shared.clone());
         let mut h = HeaderMap::new();
         h.insert("link", "x".repeat(3000).parse().unwrap());
         let hints = StatusCode::from_u16(103).unwrap();
@@ -402,17 +422,17 @@ mod tests {
 
     #[test]
     fn the_sink_queues_and_wakes_the_connection_which_writes_whole_blocks() {
-        let (shared, _, task) = connection();
-        let sink = Sink::new(Arc::clone(&shared));
+        let (shared, _) = connection();
+        let sink = Sink::new(shared.clone());
         let hints = StatusCode::from_u16(103).unwrap();
         let mut h = HeaderMap::new();
         h.insert("link", "</a.css>; rel=preload".parse().unwrap());
         sink.forward(hints, &h);
         sink.forward(hints, &h);
         assert!(shared.queued());
-        assert_eq!(task.0.load(Ordering::Relaxed), 2);
+        assert_eq!(shared.wakes.load(Ordering::Relaxed), 2);
         let mut out = Vec::new();
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(shared.poll_at_flush(&mut out, &mut cx).is_ready());
         let block = "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n";
         assert_eq!(String::from_utf8(out).unwrap(), block.repeat(2));
@@ -423,8 +443,8 @@ mod tests {
     /// e.g. past a timeout) is dropped: it would land inside a later response.
     #[tokio::test]
     async fn nothing_is_forwarded_once_the_handler_returned() {
-        let (shared, dropped, _) = connection();
-        let sink = Sink::new(Arc::clone(&shared));
+        let (shared, dropped) = connection();
+        let sink = Sink::new(shared.clone());
         let late = sink
             .clone()
             .scope(async {
@@ -454,16 +474,16 @@ mod tests {
     /// dropped (and counted) rather than written after it. With nothing owed they go first.
     #[tokio::test]
     async fn blocks_that_could_only_follow_the_final_head_are_dropped() {
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
         let hints = StatusCode::from_u16(103).unwrap();
         for owed in [false, true] {
-            let (shared, dropped, _) = connection();
+            let (shared, dropped) = connection();
             let mut out = Vec::new();
             if owed {
                 // hyper wrote part of a response and has not flushed.
                 assert!(shared.poll_before_write(&mut out, &mut cx).is_ready());
             }
-            Sink::new(Arc::clone(&shared))
+            Sink::new(shared.clone())
                 .scope(async {
                     let sink = Sink::current().unwrap();
                     sink.forward(hints, &HeaderMap::new());

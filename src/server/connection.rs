@@ -133,17 +133,11 @@ pub async fn serve_connection<S: Stream>(
         protocol,
         peer,
     } = accepted;
-    let activity = Arc::new(Activity::default());
+    let activity = Arc::new(Activity::new(Arc::clone(&builder.interim_dropped)));
     let in_service = Arc::clone(&activity);
-    let interim = Arc::new(interim::Shared::new(
-        Arc::clone(&builder.interim_dropped),
-        Waker::from(Arc::clone(&activity)),
-    ));
     // HTTP/1.1 only: interim responses are written on the connection between responses, which
     // HTTP/2's framing does not allow.
-    let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(Arc::clone(&interim)));
-    // Where the connection hands itself over after a 101 (`crate::upgrade`).
-    let upgrades = Arc::clone(&interim);
+    let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(activity.clone()));
     // Decided per connection by the routes in force when it opens.
     let ws_h2 = protocol == Protocol::Http2 && router.load_full().websocket_over_h2();
     let routers = crate::route::RouterCache::new(router);
@@ -173,7 +167,7 @@ pub async fn serve_connection<S: Stream>(
             observed,
         }
     });
-    let mut tracked = Tracked::new(stream, Arc::clone(&activity), interim);
+    let mut tracked = Tracked::new(stream, Arc::clone(&activity));
     if protocol == Protocol::Http2 {
         tracked = tracked.batched();
     }
@@ -197,7 +191,6 @@ pub async fn serve_connection<S: Stream>(
                 idle,
                 permit,
                 &mut shutdown,
-                upgrades,
             )
             .await;
         }
@@ -218,7 +211,7 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
 }
 
 /// Serves HTTP/1.1 on a connection until the peer closes, it idles out, shutdown completes, or
-/// it is handed over after a 101 (`upgrades`).
+/// it is handed over after a 101 (claimed in `activity.interim`).
 ///
 /// While requests come, a hyper connection serves them. Between requests the connection may
 /// *park*: hyper hands the socket back (with any bytes it read ahead) and its state (two 8 KiB
@@ -242,7 +235,6 @@ async fn serve_h1<T, S>(
     idle: Idle,
     permit: tokio::sync::OwnedSemaphorePermit,
     shutdown: &mut watch::Receiver<bool>,
-    upgrades: Arc<interim::Shared>,
 ) where
     T: Stream,
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
@@ -255,7 +247,6 @@ async fn serve_h1<T, S>(
     let mut hot = Hot {
         phase: Phase::Serving(conn),
         activity,
-        upgrades,
         open: Open {
             permits: &semaphore,
             max: idle.max_conns,
@@ -293,7 +284,7 @@ async fn serve_h1<T, S>(
                         return Poll::Ready(Watch::Done(res));
                     }
                     // A response body asked for the socket and hyper has written the head.
-                    if hot.upgrades.handoff_ready() {
+                    if hot.activity.interim.handoff_ready() {
                         return Poll::Ready(Watch::HandOff);
                     }
                     // Nothing in flight and hyper waits: it is idle, or still writing a
@@ -344,7 +335,7 @@ async fn serve_h1<T, S>(
         // hyper wrote a 101 and stopped, or the head of a response whose body the handler
         // writes itself: the socket goes to the handler that claimed it.
         if matches!(event, Watch::Done(Ok(())) | Watch::HandOff) {
-            if let Some(to) = hot.upgrades.take_upgrade() {
+            if let Some(to) = hot.activity.interim.take_upgrade() {
                 let Phase::Serving(conn) = std::mem::replace(&mut hot.phase, Phase::Switching)
                 else {
                     unreachable!("hyper finished, so it was serving")
@@ -491,9 +482,8 @@ async fn serve_h1<T, S>(
 /// The state of [`serve_h1`] that each request touches, kept in one place.
 struct Hot<'a, T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     phase: Phase<T, S>,
+    /// Also where the connection hands itself over after a 101 (`crate::upgrade`).
     activity: Arc<Activity>,
-    /// Where the connection hands itself over after a 101 (`crate::upgrade`).
-    upgrades: Arc<interim::Shared>,
     open: Open<'a>,
     /// Shutting down: hyper finishes what it has, nothing parks.
     closing: bool,
@@ -646,14 +636,9 @@ mod tests {
         F: Future<Output = Response<Body>> + Send + 'static,
     {
         let (client, server) = tokio::io::duplex(64 << 10);
-        let activity = Arc::new(Activity::default());
-        let shared = Arc::new(interim::Shared::new(
-            interim::Dropped::default(),
-            Waker::from(Arc::clone(&activity)),
-        ));
-        let sink = interim::Sink::new(Arc::clone(&shared));
-        let upgrades = Arc::clone(&shared);
-        let io = TokioIo::new(Tracked::new(server, Arc::clone(&activity), shared));
+        let activity = Arc::new(Activity::new(interim::Dropped::default()));
+        let sink = interim::Sink::new(activity.clone());
+        let io = TokioIo::new(Tracked::new(server, Arc::clone(&activity)));
         let activity_of_task = Arc::clone(&activity);
         let service = service_fn(move |_| -> Handled {
             let answer = handler();
@@ -679,7 +664,6 @@ mod tests {
                 idle,
                 permit,
                 &mut shutdown,
-                upgrades,
             )
             .await;
         });

@@ -147,16 +147,21 @@ impl Stream for TcpStream {
     }
 }
 
-/// What the idle watchdog knows about a connection. It is also the waker the watchdog's own
-/// futures (timer, shutdown signal) are polled with, and the interim sink's: that records that
-/// one of them fired and wakes the connection task, so that `serve_h1` polls the watchdog only
-/// then. One allocation per connection, touched by every read and write anyway.
-#[derive(Default)]
+/// What a connection's task, its IO wrapper and its request handlers share, in one allocation
+/// touched by every read and write anyway: what the idle watchdog and parking know about the
+/// connection, the task's waker, and the 1xx state ([`interim::Shared`]). It is also the waker
+/// the watchdog's own futures (timer, shutdown signal) are polled with, and the interim
+/// sink's: that records that one of them fired and wakes the connection task, so that
+/// `serve_h1` polls the watchdog only then. With thousands of connections this state is cold
+/// when a request comes, so what a request reads comes first, together.
+#[repr(C)]
 pub struct Activity {
-    /// Set by every read or write that moved bytes; cleared by the watchdog.
-    active: AtomicBool,
     /// Requests being handled now.
     pub in_flight: AtomicUsize,
+    /// The connection task's waker.
+    pub task: futures_util::task::AtomicWaker,
+    /// Set by every read or write that moved bytes; cleared by the watchdog.
+    active: AtomicBool,
     /// The current hyper connection has started a request.
     pub served: AtomicBool,
     /// A request of the current hyper connection came with a body. hyper may still be reading
@@ -164,12 +169,12 @@ pub struct Activity {
     pub with_body: AtomicBool,
     /// The watchdog's timer or the shutdown signal woke the task.
     pub watchdog_woken: AtomicBool,
-    /// The connection task's waker.
-    pub task: futures_util::task::AtomicWaker,
     /// Batched writes ([`Tracked::batched`]): a flush was put off and is owed at the task's
     /// next poll, whose number the driver then advances ([`Activity::flush_at_next_poll`]).
     flush_owed: AtomicBool,
     poll_number: AtomicU32,
+    /// 1xx responses queued for the client, and the hand-over after a 101.
+    pub interim: interim::Shared,
 }
 
 impl std::task::Wake for Activity {
@@ -178,12 +183,38 @@ impl std::task::Wake for Activity {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        interim::Connection::wake(&**self);
+    }
+}
+
+impl interim::Connection for Activity {
+    #[inline]
+    fn interim(&self) -> &interim::Shared {
+        &self.interim
+    }
+
+    fn wake(&self) {
         self.watchdog_woken.store(true, Ordering::Release);
         self.task.wake();
     }
 }
 
 impl Activity {
+    /// A new connection's; its dropped 1xx blocks are counted in `interim_dropped`.
+    pub fn new(interim_dropped: interim::Dropped) -> Activity {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            task: Default::default(),
+            active: AtomicBool::new(false),
+            served: AtomicBool::new(false),
+            with_body: AtomicBool::new(false),
+            watchdog_woken: AtomicBool::new(false),
+            flush_owed: AtomicBool::new(false),
+            poll_number: AtomicU32::new(0),
+            interim: interim::Shared::new(interim_dropped),
+        }
+    }
+
     #[inline]
     fn touch(&self) {
         if !self.active.load(Ordering::Relaxed) {
@@ -222,9 +253,9 @@ impl Activity {
 pub struct Tracked<S> {
     pub inner: S,
     pub pending: Bytes,
+    /// Also holds the 1xx blocks to write before hyper's next output, and whether hyper owes
+    /// bytes.
     pub activity: Arc<Activity>,
-    /// 1xx blocks to write before hyper's next output, and whether hyper owes bytes.
-    interim: Arc<interim::Shared>,
     /// Writes are held and flushes put off until the task's next poll (see [`Self::batched`]).
     batch: bool,
     /// The poll of the task in which a held flush was put off.
@@ -232,12 +263,11 @@ pub struct Tracked<S> {
 }
 
 impl<S> Tracked<S> {
-    pub fn new(inner: S, activity: Arc<Activity>, interim: Arc<interim::Shared>) -> Tracked<S> {
+    pub fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
         Tracked {
             inner,
             pending: Bytes::new(),
             activity,
-            interim,
             batch: false,
             flush_put_off_in: None,
         }
@@ -300,7 +330,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        std::task::ready!(this.interim.poll_before_write(&mut this.inner, cx))?;
+        std::task::ready!(this.activity.interim.poll_before_write(&mut this.inner, cx))?;
         let r = if this.batch {
             this.inner.poll_write_held(cx, &[io::IoSlice::new(buf)])
         } else {
@@ -318,7 +348,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        std::task::ready!(this.interim.poll_before_write(&mut this.inner, cx))?;
+        std::task::ready!(this.activity.interim.poll_before_write(&mut this.inner, cx))?;
         let r = if this.batch {
             this.inner.poll_write_held(cx, bufs)
         } else {
@@ -348,7 +378,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
                 }
             }
         }
-        std::task::ready!(this.interim.poll_at_flush(&mut this.inner, cx))?;
+        std::task::ready!(this.activity.interim.poll_at_flush(&mut this.inner, cx))?;
         std::task::ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
         this.flush_put_off_in = None;
         Poll::Ready(Ok(()))
