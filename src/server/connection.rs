@@ -18,7 +18,7 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::io::{Activity, Stream, Tracked, WatchdogTimer};
 use crate::body::{Body, RequestBody};
@@ -119,15 +119,16 @@ pub struct Accepted<S> {
     pub peer: SocketAddr,
 }
 
-/// Serves one connection until the peer closes, it idles out, or shutdown completes.
-pub async fn serve_connection<S: Stream>(
-    accepted: Accepted<S>,
+/// Serves one connection until the peer closes, it idles out, or shutdown completes: the
+/// connection's task.
+pub fn serve_connection<T: Stream>(
+    accepted: Accepted<T>,
     router: LiveRouter,
     builder: Arc<Builders>,
     idle: Idle,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     permit: tokio::sync::OwnedSemaphorePermit,
-) {
+) -> impl Future<Output = ()> + Send + Unpin + 'static {
     let Accepted {
         stream,
         protocol,
@@ -143,7 +144,7 @@ pub async fn serve_connection<S: Stream>(
     let routers = crate::route::RouterCache::new(router);
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
-    // connection it hands back (see `serve_h1`).
+    // connection it hands back (see `ServeH1`).
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
@@ -177,22 +178,46 @@ pub async fn serve_connection<S: Stream>(
             // Boxed: the HTTP/2 connection state is large and rare; HTTP/1.1 tasks stay small.
             let h2 = if ws_h2 { &builder.h2_ws } else { &builder.h2 };
             let conn = h2.serve_connection(io, service);
-            Box::pin(drive_h2(conn, peer, activity, idle.timeout, shutdown)).await;
+            Serve::H2(Box::pin(drive_h2(
+                conn,
+                peer,
+                activity,
+                idle.timeout,
+                shutdown,
+            )))
         }
         Protocol::Http1 => {
-            // Built here, so that the task keeps the stream and the service once, inside
-            // hyper's connection (an `async fn`'s arguments stay in its future to the end).
             let conn = Box::new(builder.h1.serve_connection(io, service));
-            serve_h1(
-                conn,
-                activity,
-                peer,
-                &builder.h1,
-                idle,
-                permit,
-                &mut shutdown,
-            )
-            .await;
+            Serve::H1(ServeH1::new(
+                conn, activity, peer, builder, idle, permit, shutdown,
+            ))
+        }
+    }
+}
+
+/// A connection's task: HTTP/1.1 inline, HTTP/2 boxed. The tag comes first, then what an
+/// HTTP/1.1 request reads (see [`ServeH1`]).
+#[repr(u8)]
+#[allow(clippy::large_enum_variant)] // The common case is inline; boxing it is what this avoids.
+enum Serve<T: Stream, S: hyper::service::HttpService<hyper::body::Incoming>> {
+    H1(ServeH1<T, S>),
+    H2(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
+impl<T, S> Future for Serve<T, S>
+where
+    T: Stream,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
+    S::Future: Unpin,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = ();
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.get_mut() {
+            Serve::H1(h1) => Pin::new(h1).poll(cx),
+            Serve::H2(h2) => h2.as_mut().poll(cx),
         }
     }
 }
@@ -208,6 +233,8 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     Parked(Tracked<T>, S),
     /// Between the two (only while switching).
     Switching,
+    /// The end: the stream is being shut down (or a refused hand-over's stream).
+    Closing(Pin<Box<dyn Future<Output = ()> + Send>>),
 }
 
 /// Serves HTTP/1.1 on a connection until the peer closes, it idles out, shutdown completes, or
@@ -226,117 +253,193 @@ enum Phase<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
 ///
 /// The watchdog (one timer, re-armed at its ticks, and the shutdown signal) is polled only
 /// when one of them woke the task (see [`Activity`]), not at every request.
-#[allow(clippy::too_many_arguments)] // The connection's parts, each passed once.
-async fn serve_h1<T, S>(
-    conn: Box<http1::Connection<H1Io<T>, S>>,
+///
+/// A future written by hand, not an `async fn`: with thousands of connections the task's
+/// memory is cold when a request comes, and each separately placed part of a generator (its
+/// state tag, its caller's, the locals a request reads) cost a cache miss of its own. Here what
+/// every request reads comes first, together, right behind tokio's task header.
+#[repr(C)]
+struct ServeH1<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
+    /// Also where the connection hands itself over after a 101 (`crate::upgrade`).
     activity: Arc<Activity>,
+    /// Shutting down: hyper finishes what it has, nothing parks.
+    closing: bool,
+    /// hyper is asked to hand the connection back once it is idle (or done with its response).
+    releasing: bool,
+    /// The release was asked for by the idle watchdog (not per request).
+    idle_release: bool,
+    open: Open,
+    phase: Phase<T, S>,
+    // Read at the watchdog's wakeups, and when the connection parks or ends.
+    watchdog: Watchdog,
+    builder: Arc<Builders>,
     peer: SocketAddr,
-    h1: &http1::Builder,
     idle: Idle,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    shutdown: &mut watch::Receiver<bool>,
-) where
+}
+
+/// The connection's idle watchdog: a timer re-armed at each tick, and the shutdown signal,
+/// polled with `waker` (the connection's [`Activity`]: it notes that one of them fired).
+struct Watchdog {
+    waker: Waker,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    tick: Duration,
+    /// Idle connections park after `idle.release`.
+    release: bool,
+    idle_for: Duration,
+}
+
+/// The connection's place under the connection bound (`max_connections`, counted by its
+/// semaphore), and the count of open connections above which it parks after each response.
+struct Open {
+    /// None once handed over (the upgraded stream holds it).
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    max: usize,
+    park_above: usize,
+}
+
+impl Open {
+    /// More than `park_above` connections are open.
+    #[inline]
+    fn crowded(&self) -> bool {
+        self.permit
+            .as_ref()
+            .is_some_and(|p| self.max - p.semaphore().available_permits() > self.park_above)
+    }
+}
+
+/// What [`ServeH1`] does after an event.
+#[derive(PartialEq, Eq)]
+enum Step {
+    Continue,
+    Done,
+}
+
+impl<T, S> ServeH1<T, S>
+where
     T: Stream,
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
     S::Future: Unpin,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let semaphore = Arc::clone(permit.semaphore());
-    // What every request reads or writes, together (with thousands of connections the task's
-    // state is cold when a request comes: fields spread over its future each cost a miss).
-    let mut hot = Hot {
-        phase: Phase::Serving(conn),
-        activity,
-        open: Open {
-            permits: &semaphore,
-            max: idle.max_conns,
-            park_above: idle.park_above,
-        },
-        closing: *shutdown.borrow(),
-        releasing: false,
-        idle_release: false,
-    };
-    if hot.closing {
-        if let Phase::Serving(conn) = &mut hot.phase {
-            Pin::new(&mut **conn).graceful_shutdown();
+    fn new(
+        mut conn: Box<http1::Connection<H1Io<T>, S>>,
+        activity: Arc<Activity>,
+        peer: SocketAddr,
+        builder: Arc<Builders>,
+        idle: Idle,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let closing = *shutdown.borrow();
+        if closing {
+            Pin::new(&mut *conn).graceful_shutdown();
+        }
+        let release = !idle.release.is_zero() && idle.release < idle.timeout;
+        // The watchdog also wakes hyper to check its request-head deadline.
+        let tick = if release { idle.release } else { idle.timeout }
+            .min(idle.head)
+            .max(Duration::from_millis(10));
+        // Set: the watchdog's futures are polled (and so registered) at the first poll.
+        activity.watchdog_woken.store(true, Ordering::Release);
+        let waker = Waker::from(Arc::clone(&activity));
+        ServeH1 {
+            activity,
+            closing,
+            releasing: false,
+            idle_release: false,
+            open: Open {
+                permit: Some(permit),
+                max: idle.max_conns,
+                park_above: idle.park_above,
+            },
+            phase: Phase::Serving(conn),
+            watchdog: Watchdog {
+                waker,
+                sleep: Box::pin(tokio::time::sleep(tick)),
+                shutdown: Box::pin(async move {
+                    let _ = shutdown.changed().await;
+                }),
+                tick,
+                release,
+                idle_for: Duration::ZERO,
+            },
+            builder,
+            peer,
+            idle,
         }
     }
-    let release = !idle.release.is_zero() && idle.release < idle.timeout;
-    // The watchdog also wakes hyper to check its request-head deadline.
-    let tick = if release { idle.release } else { idle.timeout }
-        .min(idle.head)
-        .max(Duration::from_millis(10));
-    let mut idle_for = Duration::ZERO;
-    // Set: the watchdog's futures are polled (and so registered) at the first poll.
-    hot.activity.watchdog_woken.store(true, Ordering::Release);
-    let waker = Waker::from(Arc::clone(&hot.activity));
-    let sleep = tokio::time::sleep(tick);
-    let changed = shutdown.changed();
-    tokio::pin!(sleep, changed);
-    loop {
-        let event = std::future::poll_fn(|cx| {
-            // First: a wakeup that comes while hyper is polled below (the watchdog's, or the
-            // interim sink's with a 1xx block to write) polls the task again.
-            hot.activity.task.register(cx.waker());
-            match &mut hot.phase {
-                Phase::Serving(conn) => {
+
+    /// Polls hyper (or the parked stream), then the watchdog if it woke the task.
+    #[inline]
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Watch> {
+        // First: a wakeup that comes while hyper is polled below (the watchdog's, or the
+        // interim sink's with a 1xx block to write) polls the task again.
+        self.activity.task.register(cx.waker());
+        match &mut self.phase {
+            Phase::Serving(conn) => {
+                if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
+                    return Poll::Ready(Watch::Done(res));
+                }
+                // A response body asked for the socket and hyper has written the head.
+                if self.activity.interim.handoff_ready() {
+                    return Poll::Ready(Watch::HandOff);
+                }
+                // Nothing in flight and hyper waits: it is idle, or still writing a response
+                // whose body the service has handed over. Either way hyper hands the
+                // connection back once its response is out. Not before this hyper connection
+                // has served a request (it may hold part of a head it read ahead, and letting
+                // go would mark that request `connection: close`), nor after a request with a
+                // body (see `Activity::with_body`).
+                if !self.releasing
+                    && !self.closing
+                    && self.activity.in_flight.load(Ordering::Relaxed) == 0
+                    && self.activity.served.load(Ordering::Relaxed)
+                    && !self.activity.with_body.load(Ordering::Relaxed)
+                    && self.open.crowded()
+                {
+                    self.releasing = true;
+                    Pin::new(&mut **conn).graceful_shutdown();
                     if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
                         return Poll::Ready(Watch::Done(res));
                     }
-                    // A response body asked for the socket and hyper has written the head.
-                    if hot.activity.interim.handoff_ready() {
-                        return Poll::Ready(Watch::HandOff);
-                    }
-                    // Nothing in flight and hyper waits: it is idle, or still writing a
-                    // response whose body the service has handed over. Either way hyper
-                    // hands the connection back once its response is out. Not before this
-                    // hyper connection has served a request (it may hold part of a head it
-                    // read ahead, and letting go would mark that request `connection:
-                    // close`), nor after a request with a body (see `Activity::with_body`).
-                    if !hot.releasing
-                        && !hot.closing
-                        && hot.activity.in_flight.load(Ordering::Relaxed) == 0
-                        && hot.activity.served.load(Ordering::Relaxed)
-                        && !hot.activity.with_body.load(Ordering::Relaxed)
-                        && hot.open.crowded()
-                    {
-                        hot.releasing = true;
-                        Pin::new(&mut **conn).graceful_shutdown();
-                        if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
-                            return Poll::Ready(Watch::Done(res));
-                        }
-                    }
-                }
-                Phase::Parked(tracked, _) => {
-                    if let Poll::Ready(r) = tracked.poll_parked(cx) {
-                        return Poll::Ready(match r {
-                            Ok(()) => Watch::Readable,
-                            Err(e) => Watch::Failed(e),
-                        });
-                    }
-                }
-                Phase::Switching => unreachable!("a phase is set before the task yields"),
-            }
-            if hot.closing {
-                return Poll::Pending;
-            }
-            if hot.activity.watchdog_woken.swap(false, Ordering::AcqRel) {
-                let mut wcx = Context::from_waker(&waker);
-                if changed.as_mut().poll(&mut wcx).is_ready() {
-                    return Poll::Ready(Watch::Shutdown);
-                }
-                if sleep.as_mut().poll(&mut wcx).is_ready() {
-                    return Poll::Ready(Watch::Tick);
                 }
             }
-            Poll::Pending
-        })
-        .await;
+            Phase::Parked(tracked, _) => {
+                if let Poll::Ready(r) = tracked.poll_parked(cx) {
+                    return Poll::Ready(match r {
+                        Ok(()) => Watch::Readable,
+                        Err(e) => Watch::Failed(e),
+                    });
+                }
+            }
+            Phase::Switching | Phase::Closing(_) => {
+                unreachable!("a phase is set before the task yields, and a closing one ends it")
+            }
+        }
+        if self.closing {
+            return Poll::Pending;
+        }
+        if self.activity.watchdog_woken.swap(false, Ordering::AcqRel) {
+            let w = &mut self.watchdog;
+            let mut wcx = Context::from_waker(&w.waker);
+            if w.shutdown.as_mut().poll(&mut wcx).is_ready() {
+                return Poll::Ready(Watch::Shutdown);
+            }
+            if w.sleep.as_mut().poll(&mut wcx).is_ready() {
+                return Poll::Ready(Watch::Tick);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Acts on what woke the task.
+    fn on_event(&mut self, event: Watch) -> Step {
         // hyper wrote a 101 and stopped, or the head of a response whose body the handler
         // writes itself: the socket goes to the handler that claimed it.
         if matches!(event, Watch::Done(Ok(())) | Watch::HandOff) {
-            if let Some(to) = hot.activity.interim.take_upgrade() {
-                let Phase::Serving(conn) = std::mem::replace(&mut hot.phase, Phase::Switching)
+            if let Some(to) = self.activity.interim.take_upgrade() {
+                let Phase::Serving(conn) = std::mem::replace(&mut self.phase, Phase::Switching)
                 else {
                     unreachable!("hyper finished, so it was serving")
                 };
@@ -361,26 +464,28 @@ async fn serve_h1<T, S>(
                         Bytes::copy_from_slice(&parts.read_buf)
                     },
                     // The connection still counts against `max_connections`.
-                    permit: Some(permit),
+                    permit: self.open.permit.take(),
                 };
-                if let Err(back) = to.send(handed) {
-                    let mut io = back.io;
-                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
+                if let Err(mut back) = to.send(handed) {
+                    self.phase = Phase::Closing(Box::pin(async move {
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut back.io).await;
+                    }));
+                    return Step::Continue;
                 }
-                return;
+                return Step::Done;
             }
         }
         match event {
-            Watch::Done(Ok(())) if hot.releasing && !hot.closing => {
-                let Phase::Serving(conn) = std::mem::replace(&mut hot.phase, Phase::Switching)
+            Watch::Done(Ok(())) if self.releasing && !self.closing => {
+                let Phase::Serving(conn) = std::mem::replace(&mut self.phase, Phase::Switching)
                 else {
                     unreachable!("hyper finished, so it was serving")
                 };
-                if hot.idle_release {
+                if self.idle_release {
                     memory::connection_released();
                 }
-                hot.releasing = false;
-                hot.idle_release = false;
+                self.releasing = false;
+                self.idle_release = false;
                 let http1::Parts {
                     io,
                     read_buf,
@@ -398,119 +503,132 @@ async fn serve_h1<T, S>(
                     };
                 }
                 drop(read_buf);
-                hot.activity.served.store(false, Ordering::Relaxed);
-                hot.activity.with_body.store(false, Ordering::Relaxed);
-                hot.phase = if tracked.pending.is_empty() {
+                self.activity.served.store(false, Ordering::Relaxed);
+                self.activity.with_body.store(false, Ordering::Relaxed);
+                self.phase = if tracked.pending.is_empty() {
                     Phase::Parked(tracked, service)
                 } else {
                     Phase::Serving(Box::new(
-                        h1.serve_connection(TokioIo::new(tracked), service),
+                        self.builder
+                            .h1
+                            .serve_connection(TokioIo::new(tracked), service),
                     ))
                 };
+                Step::Continue
             }
             Watch::Done(res) => {
                 match res {
                     Ok(()) => {
-                        if let Phase::Serving(conn) = hot.phase {
+                        let phase = std::mem::replace(&mut self.phase, Phase::Switching);
+                        if let Phase::Serving(conn) = phase {
                             let mut io = conn.into_parts().io;
-                            let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
+                            self.phase = Phase::Closing(Box::pin(async move {
+                                let _ = tokio::io::AsyncWriteExt::shutdown(io.inner_mut()).await;
+                            }));
+                            return Step::Continue;
                         }
                     }
-                    Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                    Err(e) => {
+                        tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error")
+                    }
                 }
-                return;
+                Step::Done
             }
             Watch::Failed(e) => {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-                return;
+                tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                Step::Done
             }
             Watch::Readable => {
                 let Phase::Parked(tracked, service) =
-                    std::mem::replace(&mut hot.phase, Phase::Switching)
+                    std::mem::replace(&mut self.phase, Phase::Switching)
                 else {
                     unreachable!("the stream became readable while parked")
                 };
-                hot.phase = Phase::Serving(Box::new(
-                    h1.serve_connection(TokioIo::new(tracked), service),
+                self.phase = Phase::Serving(Box::new(
+                    self.builder
+                        .h1
+                        .serve_connection(TokioIo::new(tracked), service),
                 ));
+                Step::Continue
             }
             Watch::Shutdown => {
-                hot.closing = true;
-                match &mut hot.phase {
-                    Phase::Serving(conn) => Pin::new(&mut **conn).graceful_shutdown(),
+                self.closing = true;
+                match &mut self.phase {
+                    Phase::Serving(conn) => {
+                        Pin::new(&mut **conn).graceful_shutdown();
+                        Step::Continue
+                    }
                     // Nothing in flight: close now.
-                    _ => return,
+                    _ => Step::Done,
                 }
             }
             // Asked for without a claim: nothing can take the socket.
-            Watch::HandOff => return,
-            Watch::Tick => {
-                sleep.as_mut().reset(tokio::time::Instant::now() + tick);
-                // The new deadline is registered at the next poll.
-                hot.activity.watchdog_woken.store(true, Ordering::Release);
-                if hot.activity.take_active() || hot.activity.in_flight.load(Ordering::Relaxed) > 0
-                {
-                    idle_for = Duration::ZERO;
-                    continue;
-                }
-                idle_for += tick;
-                let Phase::Serving(conn) = &mut hot.phase else {
-                    if idle_for >= idle.timeout {
-                        return;
-                    }
-                    continue;
-                };
-                if idle_for >= idle.timeout {
-                    if hot.releasing {
-                        // Handing back waits for a response stalled this long: give up.
-                        return;
-                    }
-                    hot.closing = true;
-                } else if release && !hot.releasing && idle_for >= idle.release {
-                    hot.releasing = true;
-                    hot.idle_release = true;
-                } else {
-                    continue;
-                }
-                // An idle connection closes at once; one still writing a response finishes it.
-                Pin::new(&mut **conn).graceful_shutdown();
+            Watch::HandOff => Step::Done,
+            Watch::Tick => self.on_tick(),
+        }
+    }
+
+    /// The watchdog's timer fired: re-armed; the connection parks or closes if it idled long
+    /// enough.
+    fn on_tick(&mut self) -> Step {
+        let w = &mut self.watchdog;
+        w.sleep.as_mut().reset(tokio::time::Instant::now() + w.tick);
+        // The new deadline is registered at the next poll.
+        self.activity.watchdog_woken.store(true, Ordering::Release);
+        if self.activity.take_active() || self.activity.in_flight.load(Ordering::Relaxed) > 0 {
+            w.idle_for = Duration::ZERO;
+            return Step::Continue;
+        }
+        w.idle_for += w.tick;
+        let Phase::Serving(conn) = &mut self.phase else {
+            return if w.idle_for >= self.idle.timeout {
+                Step::Done
+            } else {
+                Step::Continue
+            };
+        };
+        if w.idle_for >= self.idle.timeout {
+            if self.releasing {
+                // Handing back waits for a response stalled this long: give up.
+                return Step::Done;
+            }
+            self.closing = true;
+        } else if w.release && !self.releasing && w.idle_for >= self.idle.release {
+            self.releasing = true;
+            self.idle_release = true;
+        } else {
+            return Step::Continue;
+        }
+        // An idle connection closes at once; one still writing a response finishes it.
+        Pin::new(&mut **conn).graceful_shutdown();
+        Step::Continue
+    }
+}
+
+impl<T, S> Future for ServeH1<T, S>
+where
+    T: Stream,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
+    S::Future: Unpin,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            if let Phase::Closing(closing) = &mut this.phase {
+                return closing.as_mut().poll(cx);
+            }
+            let event = std::task::ready!(this.poll_event(cx));
+            if this.on_event(event) == Step::Done {
+                return Poll::Ready(());
             }
         }
     }
 }
 
-/// The state of [`serve_h1`] that each request touches, kept in one place.
-struct Hot<'a, T, S: hyper::service::HttpService<hyper::body::Incoming>> {
-    phase: Phase<T, S>,
-    /// Also where the connection hands itself over after a 101 (`crate::upgrade`).
-    activity: Arc<Activity>,
-    open: Open<'a>,
-    /// Shutting down: hyper finishes what it has, nothing parks.
-    closing: bool,
-    /// hyper is asked to hand the connection back once it is idle (or done with its response).
-    releasing: bool,
-    /// The release was asked for by the idle watchdog (not per request).
-    idle_release: bool,
-}
-
-/// The count of open connections, as the connection bound's semaphore knows it, and the
-/// count above which a connection parks after each response.
-#[derive(Clone, Copy)]
-struct Open<'a> {
-    permits: &'a Semaphore,
-    max: usize,
-    park_above: usize,
-}
-
-impl Open<'_> {
-    /// More than `park_above` connections are open.
-    #[inline]
-    fn crowded(&self) -> bool {
-        self.max - self.permits.available_permits() > self.park_above
-    }
-}
-
-/// What woke [`serve_h1`].
+/// What woke [`ServeH1`].
 enum Watch {
     Done(hyper::Result<()>),
     /// The parked stream has bytes (or EOF) to read.
@@ -614,6 +732,7 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::sync::Semaphore;
 
     /// Any stream serves: an in-memory one here, parked with the default `poll_parked`.
     impl Stream for DuplexStream {}
@@ -644,9 +763,9 @@ mod tests {
             let answer = handler();
             Box::pin(async move { Ok(answer.await) })
         });
-        let (tx, mut shutdown) = watch::channel(false);
+        let (tx, shutdown) = watch::channel(false);
         tokio::spawn(async move {
-            let builder = connection_builder(&ServerConfig::default());
+            let builder = Arc::new(connection_builder(&ServerConfig::default()));
             let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
             let idle = Idle {
                 timeout: Duration::from_secs(10),
@@ -656,14 +775,15 @@ mod tests {
                 max_conns: 1,
             };
             let peer = "127.0.0.1:1".parse().unwrap();
-            serve_h1(
-                Box::new(builder.h1.serve_connection(io, service)),
+            let conn = Box::new(builder.h1.serve_connection(io, service));
+            ServeH1::new(
+                conn,
                 activity_of_task,
                 peer,
-                &builder.h1,
+                builder,
                 idle,
                 permit,
-                &mut shutdown,
+                shutdown,
             )
             .await;
         });

@@ -21,7 +21,7 @@ use crate::interim;
 
 /// The byte stream of a client connection: what `connection::serve_connection` runs
 /// on. Anything readable and writable serves; the one thing the server asks besides is how to
-/// wait while a connection is parked (hyper's state freed, see `serve_h1`).
+/// wait while a connection is parked (hyper's state freed, see `ServeH1`).
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Resolves when the parked peer has sent something or closed. Bytes read meanwhile go to
     /// `pending`, which the next hyper connection reads first.
@@ -152,7 +152,7 @@ impl Stream for TcpStream {
 /// connection, the task's waker, and the 1xx state ([`interim::Shared`]). It is also the waker
 /// the watchdog's own futures (timer, shutdown signal) are polled with, and the interim
 /// sink's: that records that one of them fired and wakes the connection task, so that
-/// `serve_h1` polls the watchdog only then. With thousands of connections this state is cold
+/// `ServeH1` polls the watchdog only then. With thousands of connections this state is cold
 /// when a request comes, so what a request reads comes first, together.
 #[repr(C)]
 pub struct Activity {
@@ -392,7 +392,7 @@ impl<S: Stream> AsyncWrite for Tracked<S> {
 /// hyper's timer for HTTP/1.1 connections, where its one use is the request-head deadline
 /// (`header_read_timeout`), set anew for every request. Instead of an entry in tokio's timer
 /// wheel per request, the deadline is compared with the clock whenever hyper polls it: the
-/// connection's watchdog (see `serve_h1`) wakes the task at least every `header_read_timeout`,
+/// connection's watchdog (see `ServeH1`) wakes the task at least every `header_read_timeout`,
 /// and hyper polls the deadline each time it finds no complete head, so a slow head is cut off
 /// at most one watchdog tick late.
 #[derive(Clone, Copy)]

@@ -7,12 +7,14 @@
 //! it accepted last, unserved, and accepts nothing more until a connection closes (the kernel's
 //! backlog holds newer clients).
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::{Either, FutureExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
@@ -147,19 +149,20 @@ pub async fn accept_loop(
         let (router, builder) = (Arc::clone(&router), Arc::clone(&builder));
         if let Some(tls) = &tls {
             let (tls, shutdown) = (Arc::clone(tls), shutdown.clone());
-            tokio::spawn(async move {
-                let timeout = builder.header_read_timeout;
-                let Some((stream, h2)) = tls.accept(stream, timeout).await else {
-                    return;
-                };
+            let timeout = builder.header_read_timeout;
+            let handshake = async move { tls.accept(stream, timeout).await };
+            tokio::spawn(Task::opening(handshake, move |done| {
+                let (stream, h2) = done?;
                 let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
                 let accepted = Accepted {
                     stream,
                     protocol,
                     peer,
                 };
-                serve_connection(accepted, router, builder, idle, shutdown, permit).await
-            });
+                Some(serve_connection(
+                    accepted, router, builder, idle, shutdown, permit,
+                ))
+            }));
             continue;
         }
         let found = protocol(
@@ -168,23 +171,72 @@ pub async fn accept_loop(
             builder.header_read_timeout,
             shutdown.clone(),
         );
-        // One task: the protocol is found, then the connection served. `then` with `Either`
-        // (not an `async` block) keeps the task the size of the connection's future: an
-        // `async` block would hold the stream and the rest once more beside it.
-        let fut = found.then(move |found| match found {
-            Some((stream, protocol, shutdown)) => {
-                let accepted = Accepted {
-                    stream,
-                    protocol,
-                    peer,
-                };
-                Either::Left(serve_connection(
-                    accepted, router, builder, idle, shutdown, permit,
-                ))
+        // One task: the protocol is found, then the connection served.
+        tokio::spawn(Task::opening(found, move |found| {
+            let (stream, protocol, shutdown) = found?;
+            let accepted = Accepted {
+                stream,
+                protocol,
+                peer,
+            };
+            Some(serve_connection(
+                accepted, router, builder, idle, shutdown, permit,
+            ))
+        }));
+    }
+}
+
+/// A connection's task: how it opens (`Opening`: the h2c sniff or the TLS handshake, boxed,
+/// and what makes the served connection of its outcome; None: nothing to serve), then the
+/// connection served. `FutureExt::then` does the same (an `async` block would hold the stream
+/// and the rest once more beside the served connection), but the layout is then the
+/// compiler's: its state tag sat behind the opening's state, 776 bytes into the task, a
+/// cache line of its own that every request read (at 10,000 connections a task's memory is
+/// cold when its next request comes). Here the tag comes first and the served connection
+/// right behind it; the task is 440 bytes (1,600 before `ServeH1`).
+#[repr(u8)]
+enum Task<A, F, B> {
+    /// The served connection: first, for the reader.
+    Serving(B),
+    Opening(Pin<Box<A>>, Option<F>),
+    Done,
+}
+
+impl<A, F, B> Task<A, F, B>
+where
+    A: Future,
+    F: FnOnce(A::Output) -> Option<B> + Unpin,
+    B: Future<Output = ()> + Unpin,
+{
+    fn opening(first: A, then: F) -> Self {
+        Task::Opening(Box::pin(first), Some(then))
+    }
+}
+
+impl<A, F, B> Future for Task<A, F, B>
+where
+    A: Future,
+    F: FnOnce(A::Output) -> Option<B> + Unpin,
+    B: Future<Output = ()> + Unpin,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            match this {
+                Task::Serving(served) => return Pin::new(served).poll(cx),
+                Task::Opening(first, then) => {
+                    let found = std::task::ready!(first.as_mut().poll(cx));
+                    let then = then.take().expect("an opening is polled to its end once");
+                    *this = match then(found) {
+                        Some(served) => Task::Serving(served),
+                        None => Task::Done,
+                    };
+                }
+                Task::Done => return Poll::Ready(()),
             }
-            None => Either::Right(std::future::ready(())),
-        });
-        tokio::spawn(fut);
+        }
     }
 }
 
