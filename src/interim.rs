@@ -58,6 +58,8 @@ pub struct Shared {
     /// A handler's response body asked for the connection once hyper has written the head
     /// (a stream that the handler writes itself: push's SSE subscribers).
     handoff: AtomicBool,
+    /// `upgrade` holds a claim (read without the lock after every hyper connection's end).
+    claimed: AtomicBool,
     /// Interim responses met during the request being handled ([`MAX_PER_RESPONSE`] once its
     /// handler has returned).
     seen: AtomicU32,
@@ -87,6 +89,7 @@ impl Shared {
             queued: AtomicBool::new(false),
             owed: AtomicBool::new(false),
             handoff: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
             seen: AtomicU32::new(0),
             pending: Mutex::new(None),
             dropped,
@@ -103,7 +106,12 @@ impl Shared {
 
     /// The connection's side of an upgrade: the claim, if a handler made one.
     pub fn take_upgrade(&self) -> Option<tokio::sync::oneshot::Sender<crate::upgrade::Upgraded>> {
-        self.upgrade.lock().ok()?.take()
+        if !self.claimed.load(Ordering::Acquire) {
+            return None;
+        }
+        let taken = self.upgrade.lock().ok()?.take();
+        self.claimed.store(false, Ordering::Release);
+        taken
     }
 
     /// Interim bytes wait to be written.
@@ -230,8 +238,10 @@ impl Sink {
     /// written (see `crate::upgrade`).
     pub fn claim_upgrade(&self) -> tokio::sync::oneshot::Receiver<crate::upgrade::Upgraded> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if let Ok(mut slot) = self.shared().upgrade.lock() {
+        let shared = self.shared();
+        if let Ok(mut slot) = shared.upgrade.lock() {
             *slot = Some(tx);
+            shared.claimed.store(true, Ordering::Release);
         }
         rx
     }
@@ -405,6 +415,21 @@ mod tests {
             dropped.load(Ordering::Relaxed),
             20 - u64::from(MAX_PER_RESPONSE)
         );
+    }
+
+    /// The claim flag lets the connection skip the lock after every response; a claim is
+    /// taken once, and a withdrawn one is gone.
+    #[test]
+    fn an_upgrade_claim_is_taken_once_and_can_be_withdrawn() {
+        let (shared, _) = connection();
+        let sink = Sink::new(shared.clone());
+        assert!(shared.take_upgrade().is_none());
+        let _rx = sink.claim_upgrade();
+        assert!(shared.take_upgrade().is_some());
+        assert!(shared.take_upgrade().is_none());
+        let _rx = sink.claim_upgrade();
+        sink.unclaim_upgrade();
+        assert!(shared.take_upgrade().is_none());
     }
 
     #[test]
