@@ -7,6 +7,11 @@ use larder::cli::{Cli, Command, Source};
 use larder::config::Config;
 use larder::server;
 
+/// jemalloc, not glibc's malloc: see docs/design.md "Allocator". The library leaves the
+/// allocator to its binary (its tests count heap bytes with allocators of their own).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
