@@ -164,6 +164,38 @@ async fn at_max_connections_accepting_pauses_until_one_closes() {
     assert!(b.starts_with(b"HTTP/1.1 200"));
 }
 
+/// HTTP/2 connections (h2c, prior knowledge) hold their place under the bound as long as they
+/// are open, like HTTP/1.1 ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_connections_count_against_max_connections() {
+    let (h, _dir) = hello_files("max_connections = 2").await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = Raw::connect(h.addr).await;
+        // The preface and an empty SETTINGS frame: the server answers with its own SETTINGS.
+        s.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await;
+        assert!(
+            s.read_some(Duration::from_millis(3000)).await.is_some(),
+            "no HTTP/2 SETTINGS"
+        );
+        held.push(s);
+    }
+    let mut third = Raw::connect(h.addr).await;
+    third.write(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(
+        third.read_some(Duration::from_millis(400)).await.is_none(),
+        "served beyond the bound while two HTTP/2 connections are open"
+    );
+    held.pop();
+    let b = third
+        .read_some(Duration::from_millis(3000))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(b.starts_with(b"HTTP/1.1 200"));
+}
+
 /// A server whose connections release their buffers after 100 ms idle and close after 700 ms.
 async fn releasing_server() -> (Larder, tempfile::TempDir) {
     hello_files("idle_release = \"100ms\"\nidle_timeout = \"700ms\"").await

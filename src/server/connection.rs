@@ -184,6 +184,7 @@ pub fn serve_connection<T: Stream>(
                 activity,
                 idle.timeout,
                 shutdown,
+                permit,
             )))
         }
         Protocol::Http1 => {
@@ -648,6 +649,8 @@ async fn drive_h2<C>(
     activity: Arc<Activity>,
     idle_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
+    // The connection's place under `max_connections`, held until it ends.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 ) where
     C: GracefulConnection,
     C::Error: std::fmt::Display,
