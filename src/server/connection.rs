@@ -606,6 +606,14 @@ where
     }
 }
 
+impl<T, S: hyper::service::HttpService<hyper::body::Incoming>> Drop for ServeH1<T, S> {
+    /// The connection (and its socket) goes before its place under `max_connections` (`open`,
+    /// declared earlier, would otherwise be released first).
+    fn drop(&mut self) {
+        self.phase = Phase::Switching;
+    }
+}
+
 impl<T, S> Future for ServeH1<T, S>
 where
     T: Stream,
