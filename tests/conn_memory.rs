@@ -89,7 +89,7 @@ async fn heap_per_idle_keepalive_connection() {
     assert!(h.open_connections() >= N);
     // Before release, about 24 KB in a debug build (two 8 KiB hyper buffers, the task, small
     // bookkeeping). Released, a connection is its task and its socket registration: under
-    // 2 KiB, client stream included (1,593 bytes in a debug build since the task is a future
+    // 2 KiB, client stream included (1,465 bytes in a debug build since the task is a future
     // written by hand, `ServeH1`; 2,521 before, 2,777 when it held the stream and service
     // twice). See docs/benchmarks.md, "Idle connections".
     assert!(per < 2.0 * 1024.0, "{per}");

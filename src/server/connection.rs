@@ -196,6 +196,28 @@ pub fn serve_connection<T: Stream>(
     }
 }
 
+/// What an HTTP/1.1 connection's service must be for [`ServeH1`]: hyper asks `Unpin` of a
+/// connection it hands back (`into_parts`). Implemented for every such service.
+trait H1Service:
+    hyper::service::HttpService<
+        hyper::body::Incoming,
+        ResBody = crate::body::Body,
+        Future: Unpin,
+        Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    > + Unpin
+{
+}
+
+impl<S> H1Service for S where
+    S: hyper::service::HttpService<
+            hyper::body::Incoming,
+            ResBody = crate::body::Body,
+            Future: Unpin,
+            Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        > + Unpin
+{
+}
+
 /// A connection's task: HTTP/1.1 inline, HTTP/2 boxed. The tag comes first, then what an
 /// HTTP/1.1 request reads (see [`ServeH1`]).
 #[repr(u8)]
@@ -208,9 +230,7 @@ enum Serve<T: Stream, S: hyper::service::HttpService<hyper::body::Incoming>> {
 impl<T, S> Future for Serve<T, S>
 where
     T: Stream,
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
-    S::Future: Unpin,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: H1Service,
 {
     type Output = ();
 
@@ -275,7 +295,6 @@ struct ServeH1<T, S: hyper::service::HttpService<hyper::body::Incoming>> {
     watchdog: Watchdog,
     builder: Arc<Builders>,
     peer: SocketAddr,
-    idle: Idle,
 }
 
 /// The connection's idle watchdog: a timer re-armed at each tick, and the shutdown signal,
@@ -285,8 +304,10 @@ struct Watchdog {
     sleep: Pin<Box<tokio::time::Sleep>>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     tick: Duration,
-    /// Idle connections park after `idle.release`.
-    release: bool,
+    /// Idle this long, the connection closes.
+    timeout: Duration,
+    /// Idle this long, the connection parks (None: only after responses, when crowded).
+    release: Option<Duration>,
     idle_for: Duration,
 }
 
@@ -319,9 +340,7 @@ enum Step {
 impl<T, S> ServeH1<T, S>
 where
     T: Stream,
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
-    S::Future: Unpin,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: H1Service,
 {
     fn new(
         mut conn: Box<http1::Connection<H1Io<T>, S>>,
@@ -362,12 +381,12 @@ where
                     let _ = shutdown.changed().await;
                 }),
                 tick,
-                release,
+                timeout: idle.timeout,
+                release: release.then_some(idle.release),
                 idle_for: Duration::ZERO,
             },
             builder,
             peer,
-            idle,
         }
     }
 
@@ -582,19 +601,19 @@ where
         }
         w.idle_for += w.tick;
         let Phase::Serving(conn) = &mut self.phase else {
-            return if w.idle_for >= self.idle.timeout {
+            return if w.idle_for >= w.timeout {
                 Step::Done
             } else {
                 Step::Continue
             };
         };
-        if w.idle_for >= self.idle.timeout {
+        if w.idle_for >= w.timeout {
             if self.releasing {
                 // Handing back waits for a response stalled this long: give up.
                 return Step::Done;
             }
             self.closing = true;
-        } else if w.release && !self.releasing && w.idle_for >= self.idle.release {
+        } else if !self.releasing && w.release.is_some_and(|r| w.idle_for >= r) {
             self.releasing = true;
             self.idle_release = true;
         } else {
@@ -617,9 +636,7 @@ impl<T, S: hyper::service::HttpService<hyper::body::Incoming>> Drop for ServeH1<
 impl<T, S> Future for ServeH1<T, S>
 where
     T: Stream,
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = crate::body::Body> + Unpin,
-    S::Future: Unpin,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: H1Service,
 {
     type Output = ();
 

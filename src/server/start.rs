@@ -464,11 +464,7 @@ type WorkerListener = (
 /// (or until the [`Handle`] is dropped), then until this process's connections drain or the
 /// grace period ends: dropping the runtime earlier would cut this thread's connections short.
 fn run_worker(listeners: Vec<WorkerListener>, serving: Serving) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .max_io_events_per_tick(IO_EVENTS_PER_TICK)
-        .enable_all()
-        .build()
-    {
+    let rt = match per_core_builder().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start worker runtime");
@@ -717,18 +713,25 @@ const LONE_WORKER_BLOCKING_KEEP_ALIVE: Duration = Duration::from_millis(20);
 /// Per-core workers only: the work-stealing runtime keeps tokio's default (not measured).
 pub const IO_EVENTS_PER_TICK: usize = 32;
 
+/// A per-core worker's single-threaded runtime (worker 0's, built by [`runtime`], and each
+/// further worker's, in `run_worker`).
+fn per_core_builder() -> tokio::runtime::Builder {
+    let mut b = tokio::runtime::Builder::new_current_thread();
+    b.max_io_events_per_tick(IO_EVENTS_PER_TICK).enable_all();
+    b
+}
+
 /// Builds the runtime `main` runs [`start`] on: per-core (`threading = "per-core"`, or `auto`
 /// with one worker) a single-threaded runtime (worker 0; `start` adds the others), work-stealing
 /// one multi-threaded runtime with `workers` threads.
 pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
     match cfg.layout() {
         Layout::PerCore => {
-            let mut b = tokio::runtime::Builder::new_current_thread();
+            let mut b = per_core_builder();
             if cfg.worker_count() == 1 {
                 b.thread_keep_alive(LONE_WORKER_BLOCKING_KEEP_ALIVE);
             }
-            b.max_io_events_per_tick(IO_EVENTS_PER_TICK);
-            b.enable_all().build()
+            b.build()
         }
         Layout::WorkStealing => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
