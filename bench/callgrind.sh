@@ -17,6 +17,7 @@
 # - nostore: the caching route of `proxy`, the page answered `Cache-Control: no-store` by the
 #           origin: every request a miss that is not stored (pingap-nocache's path).
 # PAGE=NAME picks another file of bench/data (default small.html; page.html is 8 KB).
+# ENCODING=gzip (or br, zstd) sends that Accept-Encoding with every request.
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
 # CACHESIM=1 adds callgrind's cache simulation (L1 and last-level misses per function, the last
 # level sized as this VM's 2 MiB L2: the L3 is shared with other guests; slower).
@@ -79,11 +80,12 @@ TOML
     >"$tmp/$cell.log" 2>&1 &
   vg=$!
   wait_port "$port"
-  wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port$path" >/dev/null
+  hdr=(); [ -n "${ENCODING:-}" ] && hdr=(-H "Accept-Encoding: $ENCODING")
+  wrk -t1 -c"$conns" -d2s "${hdr[@]}" "http://127.0.0.1:$port$path" >/dev/null
   # The measured window lies inside one wrk run, after its connections are open, so that no
   # connection's accept or close is counted (at 10,000 connections they were a third of the
   # instructions); valgrind is slow, hence wrk's long timeout.
-  wrk -t1 -c"$conns" -d60s --timeout 60s "http://127.0.0.1:$port$path" >/dev/null &
+  wrk -t1 -c"$conns" -d60s --timeout 60s "${hdr[@]}" "http://127.0.0.1:$port$path" >/dev/null &
   load=$!
   sleep $((2 + conns / 2000))
   callgrind_control -z "$vg" >/dev/null

@@ -66,6 +66,28 @@ pub struct AcceptEncoding {
     q: [u16; 4],
 }
 
+/// Accept-Encoding values up to this long are remembered ([`AcceptEncoding::parse`]); browsers
+/// send 17-23 bytes.
+const MEMO_LEN: usize = 48;
+
+/// The last Accept-Encoding value a thread parsed, and its result.
+struct LastParsed {
+    /// `u8::MAX` until a value is parsed (longer than any remembered one).
+    len: u8,
+    bytes: [u8; MEMO_LEN],
+    parsed: AcceptEncoding,
+}
+
+thread_local! {
+    static LAST_PARSED: std::cell::RefCell<LastParsed> = const {
+        std::cell::RefCell::new(LastParsed {
+            len: u8::MAX,
+            bytes: [0; MEMO_LEN],
+            parsed: AcceptEncoding::IDENTITY_ONLY,
+        })
+    };
+}
+
 impl AcceptEncoding {
     /// No Accept-Encoding field: identity only (any coding is allowed by the RFC, but clients
     /// that send nothing expect plain bytes).
@@ -73,8 +95,34 @@ impl AcceptEncoding {
 
     /// Parses Accept-Encoding per RFC 9110 §12.5.3: q-values, `*`, `identity;q=0`. Unknown or
     /// malformed members are ignored.
+    ///
+    /// Every cache hit asks, and clients send few distinct values (browsers one each), so the
+    /// last value parsed on this thread is kept with its result: a hit with the same bytes
+    /// compares them instead of splitting and trimming (about 450 instructions for `gzip`).
+    #[inline]
     pub fn parse(value: Option<&HeaderValue>) -> AcceptEncoding {
-        let Some(s) = value.and_then(|v| v.to_str().ok()) else {
+        let Some(v) = value else {
+            return Self::IDENTITY_ONLY;
+        };
+        let b = v.as_bytes();
+        if b.len() > MEMO_LEN {
+            return Self::parse_value(v);
+        }
+        LAST_PARSED.with(|m| {
+            let mut m = m.borrow_mut();
+            if usize::from(m.len) == b.len() && &m.bytes[..b.len()] == b {
+                return m.parsed;
+            }
+            let parsed = Self::parse_value(v);
+            m.bytes[..b.len()].copy_from_slice(b);
+            m.len = b.len() as u8;
+            m.parsed = parsed;
+            parsed
+        })
+    }
+
+    fn parse_value(v: &HeaderValue) -> AcceptEncoding {
+        let Ok(s) = v.to_str() else {
             return Self::IDENTITY_ONLY;
         };
         let mut q: [Option<u16>; 4] = [None; 4];
@@ -415,6 +463,38 @@ mod tests {
         Encoding::Gzip,
         Encoding::Identity,
     ];
+
+    /// The remembered value answers only the same bytes: values of the same length, a repeat,
+    /// one too long to remember, in turn, each gives what parsing it alone gives.
+    #[test]
+    fn the_last_value_parsed_answers_only_its_own_bytes() {
+        let long = format!("gzip;q=0.5, {}, br", "x".repeat(MEMO_LEN));
+        let values = [
+            "gzip",
+            "gzip",
+            "zstd",
+            "br;q=0",
+            "br;q=1",
+            "gzip",
+            &long,
+            "gzip",
+            &long,
+            "*;q=0",
+            "identity",
+            "IDENTITY",
+            "gzip, deflate, br, zstd",
+        ];
+        for v in values {
+            let hv = HeaderValue::from_str(v).unwrap();
+            assert_eq!(
+                AcceptEncoding::parse(Some(&hv)),
+                AcceptEncoding::parse_value(&hv),
+                "{v}"
+            );
+        }
+        assert!(!ae("br;q=0").accepts(Encoding::Br));
+        assert!(ae("br;q=1").accepts(Encoding::Br));
+    }
 
     #[test]
     fn negotiation_matrix() {
