@@ -46,6 +46,8 @@ PORTS = {
     "larder": 18090,
     "larder-img": 18091,
     "ceiling": 18092,
+    # examples/hyper_floor.rs: hyper and tokio alone, for piper (what larder's stack costs)
+    "hyper": 18101,
     "thumbor": 18888,
     # scenario tls: HTTPS keep-alive (resumption on) and full handshakes (resumption off)
     "larder-tls": 18093,
@@ -669,6 +671,23 @@ class Env:
         self.systems["ceiling"] = s
         return s, ""
 
+    def _start_hyper(self):
+        """examples/hyper_floor.rs: one thread, hyper's HTTP/1.1 connection per socket and a
+        fixed answer with the bytes larder's static route sends for /small.html; no routing,
+        cache, parking or watchdog. What a server built on hyper and tokio costs at least."""
+        binary = self._larder_binary()
+        exe = binary.parent / "examples" / "hyper_floor"
+        if not exe.exists():
+            raise SkipSystem(f"{exe} missing (built with larder unless --no-build)")
+        p = self.procs.spawn("hyper", [str(exe), f"{HOST}:{PORTS['hyper']}"],
+                             self.logfile("hyper"), cpu=SUT_CPU, nofile=NOFILE)
+        ok, why = wait_http(PORTS["hyper"], "/small.html", proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not answer: {why} {self.tail('hyper')}")
+        return System("hyper", PORTS["hyper"], p, cache_header=None,
+                      version="examples/hyper_floor.rs")
+
     def _larder_binary(self):
         if self.larder_bin is None:
             self.larder_bin = build_larder(self.args)
@@ -871,7 +890,9 @@ def build_larder(args):
         log(f"bench: cargo build --release (CARGO_TARGET_DIR={target})")
         env = dict(os.environ, CARGO_TARGET_DIR=str(target))
         t0 = time.time()
-        r = subprocess.run(["cargo", "build", "--release", "--bin", "larder"], cwd=REPO, env=env,
+        # with examples/hyper_floor.rs, piper's "hyper" anchor (same dependencies)
+        r = subprocess.run(["cargo", "build", "--release", "--bin", "larder",
+                            "--example", "hyper_floor"], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=3600)
         if r.returncode != 0:
@@ -1019,9 +1040,12 @@ def scenario_cells(name):
                       ceiling_goal(f"piper {n} conns"),
                       G(f"piper {n} conns: 0 socket errors", "errors"),
                       G(f"piper {n} conns: p99 <= tuned nginx", "p99", ["nginx"], 1.0)]
+            # "hyper" is no contender either: hyper and tokio alone (examples/hyper_floor.rs)
+            gs.append(G(f"piper {n} conns: CPU per request against bare hyper (no goal)",
+                        "cpu", ["hyper"]))
             cells.append(C(f"piper-{n}", f"/small.html 100 B static, {n} conns", n,
-                           ["larder", "nginx", "nginx-debian", "ceiling"],
-                           {s: path for s in ("larder", "nginx", "nginx-debian")},
+                           ["larder", "nginx", "nginx-debian", "hyper", "ceiling"],
+                           {s: path for s in ("larder", "nginx", "nginx-debian", "hyper")},
                            "static", goals=gs))
         return cells
     if name == "pingap":
@@ -1624,7 +1648,7 @@ def markdown(doc):
 
 COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
           "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd",
-          "ceiling": "#7f7f7f",
+          "ceiling": "#7f7f7f", "hyper": "#ff7f0e",
           "larder-tls": "#d62728", "larder-hs-rsa": "#d62728", "larder-hs-ecdsa": "#d62728",
           "nginx-tls": "#2ca02c", "nginx-hs-rsa": "#2ca02c", "nginx-hs-ecdsa": "#2ca02c"}
 
@@ -1853,7 +1877,8 @@ def main():
                     judged = g["target"] is not None or g["metric"] == "errors"
                     log(f"  {'':19s}   {'goal' if judged else 'info'}: {g['text']}")
         log("  (ceiling: bench/ceiling.c replaying, byte for byte, the response of the cell's "
-            "first system, larder; goals are judged on larder's figures)")
+            "first system, larder; hyper: examples/hyper_floor.rs, hyper and tokio alone; "
+            "goals are judged on larder's figures)")
         return 0
 
     if not DATA.is_dir():
