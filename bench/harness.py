@@ -680,7 +680,7 @@ class Env:
         if not exe.exists():
             raise SkipSystem(f"{exe} missing (built with larder unless --no-build)")
         p = self.procs.spawn("hyper", [str(exe), f"{HOST}:{PORTS['hyper']}"],
-                             self.logfile("hyper"), cpu=SUT_CPU, nofile=NOFILE)
+                             self.logfile("hyper"), cpu=SUT_CPU)
         ok, why = wait_http(PORTS["hyper"], "/small.html", proc=p)
         if not ok:
             self.procs.stop(p)

@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -24,10 +24,20 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const BODY: &[u8] = include_bytes!("../bench/data/small.html");
 
+/// The fields larder's static route sends with it (Content-Length and Date are hyper's).
+const HEADERS: [(HeaderName, &str); 4] = [
+    (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+    (header::ETAG, "\"6b08c0a8.371549b9-64\""),
+    (header::LAST_MODIFIED, "Thu, 26 Nov 2026 23:28:40 GMT"),
+    (header::ACCEPT_RANGES, "bytes"),
+];
+
 fn main() {
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:18095".into());
+    // As larder does at start: 10,000 connections need more than the usual 1,024 files.
+    larder::server::raise_nofile_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -42,20 +52,10 @@ fn main() {
             tokio::spawn(async move {
                 let service = service_fn(|_req| async {
                     let mut r = Response::new(Full::new(Bytes::from_static(BODY)));
-                    let h = r.headers_mut();
-                    h.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/html; charset=utf-8"),
-                    );
-                    h.insert(
-                        header::ETAG,
-                        HeaderValue::from_static("\"6b08c0a8.371549b9-64\""),
-                    );
-                    h.insert(
-                        header::LAST_MODIFIED,
-                        HeaderValue::from_static("Thu, 26 Nov 2026 23:28:40 GMT"),
-                    );
-                    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+                    for (name, value) in HEADERS {
+                        r.headers_mut()
+                            .insert(name, HeaderValue::from_static(value));
+                    }
                     Ok::<_, Infallible>(r)
                 });
                 let _ = http1::Builder::new()
