@@ -399,6 +399,16 @@ fn frames<R: tokio::io::AsyncRead + Send + Sync + 'static>(r: R) -> Body {
     ))
 }
 
+/// `out` as stored bytes, without the spare capacity an encoder left (zstd's bulk encoder
+/// allocates the input's size for a body it may shrink tenfold): a stored body's memory is
+/// what the cache counts for it.
+fn exact(mut out: Vec<u8>) -> Bytes {
+    if out.capacity() - out.len() > out.len() / 8 {
+        out.shrink_to_fit();
+    }
+    Bytes::from(out)
+}
+
 /// Encodes `data` with one coding at the configured level.
 pub fn encode(data: &[u8], e: Encoding, cfg: &CompressionConfig) -> Bytes {
     match e {
@@ -407,7 +417,7 @@ pub fn encode(data: &[u8], e: Encoding, cfg: &CompressionConfig) -> Bytes {
             let level = flate2::Compression::new(cfg.gzip_level.get() as u32);
             let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(data.len() / 3), level);
             enc.write_all(data).expect("write to Vec");
-            Bytes::from(enc.finish().expect("finish to Vec"))
+            exact(enc.finish().expect("finish to Vec"))
         }
         Encoding::Br => {
             let mut out = Vec::with_capacity(data.len() / 3);
@@ -418,11 +428,11 @@ pub fn encode(data: &[u8], e: Encoding, cfg: &CompressionConfig) -> Bytes {
                 ..Default::default()
             };
             brotli::BrotliCompress(&mut &data[..], &mut out, &params).expect("write to Vec");
-            Bytes::from(out)
+            exact(out)
         }
-        Encoding::Zstd => Bytes::from(
-            zstd::bulk::compress(data, cfg.zstd_level.get() as i32).expect("zstd in memory"),
-        ),
+        Encoding::Zstd => {
+            exact(zstd::bulk::compress(data, cfg.zstd_level.get() as i32).expect("zstd in memory"))
+        }
     }
 }
 
@@ -446,7 +456,7 @@ pub fn decode(data: &[u8], e: Encoding, limit: usize) -> Result<Bytes, DecodeErr
     if out.len() > limit {
         return Err(DecodeError::TooLarge(limit));
     }
-    Ok(Bytes::from(out))
+    Ok(exact(out))
 }
 
 #[cfg(test)]
@@ -463,6 +473,20 @@ mod tests {
         Encoding::Gzip,
         Encoding::Identity,
     ];
+
+    /// A stored coding holds its bytes, not the buffer its encoder sized for the input (zstd's
+    /// is as large as the input).
+    #[test]
+    fn encoded_bodies_hold_no_spare_capacity() {
+        let data = b"{\"k\": \"v\"}, ".repeat(10_000);
+        for e in [Encoding::Gzip, Encoding::Br, Encoding::Zstd] {
+            let out = encode(&data, e, &CompressionConfig::default());
+            assert_eq!(decode(&out, e, data.len()).unwrap(), data, "{e:?}");
+            let len = out.len();
+            let held = out.try_into_mut().expect("the only reference").capacity();
+            assert!(held <= len + len / 8, "{e:?}: {len} bytes in {held}");
+        }
+    }
 
     /// The remembered value answers only the same bytes: values of the same length, a repeat,
     /// one too long to remember, in turn, each gives what parsing it alone gives.

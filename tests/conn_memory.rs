@@ -1,5 +1,6 @@
-//! Heap bytes held per idle keep-alive connection, counted by a wrapping global allocator
-//! (exact, unlike RSS). Also prints the sizes of the live allocations an idle connection adds.
+//! Heap bytes held per idle keep-alive connection, and per cached response, counted by a
+//! wrapping global allocator (exact, unlike RSS). Also prints the sizes of the live
+//! allocations an idle connection adds.
 //! The test bed's raw connections hold no buffer between responses, so the count includes the
 //! client's side at the cost of its sockets alone.
 
@@ -56,6 +57,22 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// Prints the sizes of the allocations traced while `TRACE` was on that at least half of `n`
+/// things (connections, entries) still hold, with their counts.
+fn print_traced_sizes(n: usize) {
+    let mut sizes: Vec<(usize, isize)> = SIZES
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .filter(|(_, k)| *k >= n as isize / 2)
+        .collect();
+    sizes.sort();
+    for (size, k) in &sizes {
+        println!("  {size:>6} bytes x {k}");
+    }
+}
+
 /// The tests count the same process-wide heap: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -74,18 +91,8 @@ async fn heap_per_idle_keepalive_connection() {
     // The client's own streams are counted too; they are small (a tokio TcpStream, an empty
     // buffer).
     let per = (after - before) as f64 / N as f64;
-    let mut sizes: Vec<(usize, isize)> = SIZES
-        .lock()
-        .unwrap()
-        .iter()
-        .copied()
-        .filter(|(_, n)| *n >= N as isize / 2)
-        .collect();
-    sizes.sort();
     println!("heap per idle connection (server + client stream): {per:.0} bytes");
-    for (size, n) in &sizes {
-        println!("  {size:>6} bytes x {n}");
-    }
+    print_traced_sizes(N);
     assert!(h.open_connections() >= N);
     // Before release, about 24 KB in a debug build (two 8 KiB hyper buffers, the task, small
     // bookkeeping). Released, a connection is its task and its socket registration: under
@@ -212,4 +219,70 @@ async fn heap_per_idle_push_subscriber() {
     // every subscriber.
     assert!(per < 3.0 * 1024.0, "{per}");
     drop(subs);
+}
+
+/// A cached response holds about the bytes the cache counts for it, so that `max_size` bounds
+/// the memory really used: not a slice of the upstream connection's read buffer (which kept
+/// 8 KiB alive per small response), and its header blocks counted as the maps they are.
+#[tokio::test(flavor = "current_thread")]
+async fn heap_per_cached_response_is_what_the_cache_counts() {
+    use tokio::io::AsyncWriteExt;
+    let _one = ONE_AT_A_TIME.lock().await;
+    // A keep-alive origin answering every request with a small cacheable page and the fields
+    // a web server sends with one.
+    let origin = raw_origin(|mut s| async move {
+        let body = "x".repeat(100);
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nserver: origin/1.0\r\ndate: Fri, 27 Nov 2026 10:00:00 GMT\r\n\
+             content-type: text/html; charset=utf-8\r\ncontent-length: 100\r\n\
+             last-modified: Thu, 26 Nov 2026 23:28:40 GMT\r\netag: \"6b08c0a8-64\"\r\n\
+             cache-control: public, max-age=3600\r\naccept-ranges: bytes\r\n\r\n{body}"
+        );
+        while read_head(&mut s).await.is_some() {
+            if s.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let h = Larder::start(&one_route(
+        "[server]\nworkers = 1",
+        "proxy",
+        &format!("upstream = \"http://{origin}\""),
+    ))
+    .await;
+    let mut s = Raw::connect(h.addr).await;
+    let mut get = async |path: String| {
+        s.write(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .await;
+        let r = s.response().await;
+        assert_eq!((r.status, r.body.len()), (200, 100));
+    };
+    // Warm: the connections, the cache's tables.
+    for i in 0..200 {
+        get(format!("/warm/{i}")).await;
+    }
+    const N: usize = 1000;
+    let (heap, counted, entries) = (
+        LIVE.load(Ordering::Relaxed),
+        h.cache_bytes(),
+        h.cache_entries(),
+    );
+    SIZES.lock().unwrap().clear();
+    TRACE.store(true, Ordering::Relaxed);
+    for i in 0..N {
+        get(format!("/page/{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    TRACE.store(false, Ordering::Relaxed);
+    print_traced_sizes(N);
+    assert_eq!(h.cache_entries(), entries + N);
+    let heap = (LIVE.load(Ordering::Relaxed) - heap) as f64 / N as f64;
+    let counted = (h.cache_bytes() - counted) as f64 / N as f64;
+    println!("per cached response: {heap:.0} heap bytes, {counted:.0} counted by the cache");
+    assert!(
+        heap < 1.2 * counted,
+        "{heap:.0} heap bytes against {counted:.0} counted"
+    );
+    assert!(heap < 4096.0, "{heap:.0}");
 }

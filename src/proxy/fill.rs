@@ -608,7 +608,9 @@ async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
     }
     Buffered::Complete(match chunks.len() {
         0 => Bytes::new(),
-        1 => chunks.pop().expect("one chunk"),
+        // A copy: the chunk is a slice of the upstream connection's read buffer, which a
+        // stored slice would keep alive whole (see `Entry::build`).
+        1 => Bytes::copy_from_slice(&chunks[0]),
         _ => {
             let mut v = Vec::with_capacity(total as usize);
             for c in chunks {
