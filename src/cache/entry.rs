@@ -392,6 +392,40 @@ mod tests {
         assert!(e.variant(Encoding::Br).is_none());
     }
 
+    /// Stored values are copies, not slices of the buffer they were parsed from (which they
+    /// would keep alive whole), in their order, repeated fields and sensitivity kept.
+    #[test]
+    fn stored_values_hold_no_slice_of_their_source() {
+        let read_buffer = Bytes::from(b"text/html; charset=utf-8<a><b>rest of the buffer".to_vec());
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_maybe_shared(read_buffer.slice(0..24)).unwrap(),
+        );
+        h.append(
+            header::LINK,
+            HeaderValue::from_maybe_shared(read_buffer.slice(24..27)).unwrap(),
+        );
+        h.append(
+            header::LINK,
+            HeaderValue::from_maybe_shared(read_buffer.slice(27..30)).unwrap(),
+        );
+        let mut secret = HeaderValue::from_static("s");
+        secret.set_sensitive(true);
+        h.insert(HeaderName::from_static("x-secret"), secret);
+        let e = two_variants(h);
+        assert!(
+            read_buffer.is_unique(),
+            "a stored value still slices the read buffer"
+        );
+        for head in [&e.headers, &e.variant(Encoding::Gzip).unwrap().head] {
+            assert_eq!(head[header::CONTENT_TYPE], "text/html; charset=utf-8");
+            let links: Vec<_> = head.get_all(header::LINK).iter().collect();
+            assert_eq!(links, ["<a>", "<b>"]);
+            assert!(head["x-secret"].is_sensitive());
+        }
+    }
+
     /// A hit's copy of a stamped block takes Age and the cache-status field without growing,
     /// whatever the number of stored fields (the table fills at three quarters of a power of 2).
     #[test]
