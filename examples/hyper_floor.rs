@@ -3,10 +3,10 @@
 //! write it, and a fixed 100-byte answer with the headers larder's static route sends for
 //! bench/data/small.html. No routing, no cache, no parking, no watchdog. A benchmark anchor
 //! beside `bench/ceiling.c` (the kernel's floor): what hyper and tokio cost on their own
-//! (docs/benchmarks.md, "The hyper floor").
+//! (docs/benchmarks.md, "How it measures").
 //!
 //!   cargo build --release --example hyper_floor
-//!   taskset -c 0 target/release/examples/hyper_floor 127.0.0.1:18095
+//!   taskset -c 0 target/release/examples/hyper_floor 127.0.0.1:18101
 
 use std::convert::Infallible;
 
@@ -35,7 +35,7 @@ const HEADERS: [(HeaderName, &str); 4] = [
 fn main() {
     let addr = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:18095".into());
+        .unwrap_or_else(|| "127.0.0.1:18101".into());
     // As larder does at start: 10,000 connections need more than the usual 1,024 files.
     larder::server::raise_nofile_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
