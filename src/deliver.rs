@@ -90,11 +90,9 @@ fn respond(
     };
     let mark = |h: &mut HeaderMap| {
         if let Some((status, name)) = stamp {
-            h.insert(
-                header::AGE,
-                age_value(entry.freshness.current_age(SystemTime::now()).as_secs()),
-            );
-            h.insert(name.clone(), status.header_value());
+            let age = age_value(entry.freshness.current_age(SystemTime::now()).as_secs());
+            set(h, &header::AGE, age);
+            set(h, name, status.header_value());
         }
     };
 
@@ -154,6 +152,19 @@ fn respond(
     *headers = variant.head.clone();
     mark(headers);
     resp
+}
+
+/// Sets `name` to `value` in `h`: in place when the field is there (the placeholders a cached
+/// entry's block holds, see `Entry::reserve_stamp`), which costs a lookup where `insert` also
+/// makes room, takes the old value out and clears repeated lines.
+#[inline]
+fn set(h: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
+    match h.get_mut(name) {
+        Some(v) => *v = value,
+        None => {
+            h.insert(name.clone(), value);
+        }
+    }
 }
 
 /// The Age header value; the first hour's values are prepared once, so a hit does not allocate.
