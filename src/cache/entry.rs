@@ -80,7 +80,7 @@ const NOT_STORED: [HeaderName; 4] = [
 
 /// Heap bytes a field's entry takes in a `HeaderMap` besides its name and value (hash, links,
 /// name, value: 104 bytes on 64-bit targets).
-pub const FIELD_BYTES: u64 = 104;
+const FIELD_BYTES: u64 = 104;
 
 /// Heap bytes `m` holds: its fields' entries, names and values (a value may share one
 /// allocation with others: counted again for each map, which errs on the side of more), and
