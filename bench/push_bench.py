@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import harness as H
+import lib as H
 
 PORT_LARDER = 18102
 PORT_NCHAN = 18101

@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import harness as H
+import lib as H
 
 PORT_ORIGIN, PORT_LARDER, PORT_NGINX, PORT_REDIS = 18300, 18301, 18302, 18303
 PORT_NODES = [18311, 18312, 18313]

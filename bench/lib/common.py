@@ -1,0 +1,65 @@
+"""Where things are (the bench folder, data, results), the ports and CPUs every scenario
+uses, the suite's time budget, and the log. Imports nothing of the harness.
+"""
+
+import sys
+from pathlib import Path
+
+
+BENCH = Path(__file__).resolve().parent.parent
+REPO = BENCH.parent
+DATA = BENCH / "data"
+RESULTS = BENCH / "results"
+DOC = REPO / "docs" / "benchmarks.md"
+VENV = BENCH / ".venv"
+HOST = "127.0.0.1"  # the only address this harness ever talks to
+
+PORTS = {
+    "origin": 18081,
+    "nginx": 18082,
+    "nginx-debian": 18083,
+    "varnish": 18084,
+    "larder": 18090,
+    "larder-img": 18091,
+    "ceiling": 18092,
+    # examples/hyper_floor.rs: hyper and tokio alone, for piper (what larder's stack costs)
+    "hyper": 18101,
+    "thumbor": 18888,
+    # scenario tls: HTTPS keep-alive (resumption on) and full handshakes (resumption off)
+    "larder-tls": 18093,
+    "larder-hs-rsa": 18094,
+    "larder-hs-ecdsa": 18095,
+    "nginx-tls": 18085,
+    "nginx-hs-rsa": 18086,
+    "nginx-hs-ecdsa": 18087,
+    # scenario pools: pools of three backends (two more origin ports, and origin-b, a
+    # backend of its own that the failover cell kills)
+    "larder-pool": 18096,
+    "larder-pool-admin": 18100,
+    "nginx-pool": 18089,
+    "origin2": 18097,
+    "origin3": 18098,
+    "origin-b": 18099,
+}
+# Ports that speak HTTPS (the harness's own requests to them skip certificate checks: the
+# certificates are made per run for 127.0.0.1, and nothing here leaves loopback).
+TLS_PORTS = {PORTS[n] for n in PORTS if "-tls" in n or "-hs-" in n}
+SUT_CPU = 0   # systems under test
+LOAD_CPU = 1  # wrk (and the origin)
+WRK_THREADS = 1
+NOFILE = 65536
+BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls", "pools"]
+SUITE_BUDGET_S = 15 * 60
+WARMUP_S = 1
+MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to
+RUN_OVERHEAD_S = 1.2    # probes, RSS, origin counter, pauses between runs
+PAIR_OVERHEAD_S = 2.0   # warm-up run and checks per cell and system
+FIXED_OVERHEAD_S = 40   # starting and stopping servers
+
+def log(msg=""):
+    print(msg, flush=True)
+
+
+def warn(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
