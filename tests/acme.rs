@@ -1,5 +1,5 @@
-//! ACME against a real ACME server: Let's Encrypt's test server pebble (built with Go by the
-//! test setup) with its challenge-test DNS server answering 127.0.0.1 for every name. larder
+//! ACME against a real ACME server: Let's Encrypt's test server pebble (built with Go by
+//! tests/provision) with its challenge-test DNS server answering 127.0.0.1 for every name. larder
 //! obtains a certificate by answering the TLS-ALPN-01 challenge on its own listener, serves it,
 //! reuses it after a restart without a new order, renews it when it is due, and keeps serving
 //! the one it has when the CA cannot be reached.

@@ -1,15 +1,14 @@
 //! The dashboard (and the push demo page) in a real browser: headless Chromium (Debian's
-//! package) driven by playwright-core (npm), both installed by the test setup when missing. It logs in with the
-//! admin token, sees the counters move when requests are sent to larder, and purges an entry
-//! from the cache browser.
+//! package) driven by playwright-core (npm), both installed by tests/provision. It logs in with
+//! the admin token, sees the counters move when requests are sent to larder, and purges an
+//! entry from the cache browser.
 
 mod common;
 
 use common::*;
 
-/// Runs `tests/browser/<script>` with node, Chromium and playwright-core (installed when
-/// missing), off the runtime's threads (larder serves the browser meanwhile); the one JSON
-/// line it prints.
+/// Runs `tests/browser/<script>` with node, Chromium and playwright-core (from tests/provision),
+/// off the runtime's threads (larder serves the browser meanwhile); the one JSON line it prints.
 async fn browser(script: &'static str, args: Vec<String>) -> serde_json::Value {
     let chromium = apt("chromium", "chromium");
     let playwright = npm("playwright-core", "1.64.1");

@@ -1,7 +1,7 @@
 //! Metrics on the admin listener: `/metrics` needs the token, counts requests by route,
 //! method, status class and cache result where they complete (on any worker thread), has a
 //! duration histogram and the server's gauges, and its text passes the OpenMetrics parser of
-//! Prometheus's own Python client (from PyPI, installed by the test setup).
+//! Prometheus's own Python client (from PyPI, installed by tests/provision).
 
 mod common;
 

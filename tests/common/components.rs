@@ -1,43 +1,34 @@
 //! The real components some tests need beside larder (redis-server, an ACME test server,
-//! headless Chromium, nginx modules, ...), installed by the test setup itself when they are
-//! missing, so that `cargo test` in a fresh clone passes on a fresh machine. A test that needs a
-//! component calls one of these and gets its path, or fails loudly: it never skips.
+//! headless Chromium, ...), found where `tests/provision` installs them. Nothing is installed
+//! from inside `cargo test`: a test that needs a missing component fails at once with a message
+//! naming the command that installs it (`tests/provision`, then `cargo test` again). A test
+//! that needs a component gets its path or fails; it never skips.
 //!
-//! Installs go to Debian's packages (`apt-get`, as root), Go's module proxy (`go install`) and
-//! npm, each serialized across test binaries by one `flock` on a file under the tools directory
-//! (`$LARDER_TOOLS`, else `~/.cache/larder-tools`: outside the clone, so repeat runs are quick).
+//! Debian's packages are found on PATH (and the sbin directories); what Go, npm and pip build
+//! lives in the tools directory (`$LARDER_TOOLS`, else `~/.cache/larder-tools`: outside the
+//! clone, so a fresh clone reuses it). tests/provision holds the versions; a test asking for
+//! another one fails and says so.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Where components built or downloaded by the tests live (not the system's packages).
+/// Where components built or downloaded by tests/provision live (not the system's packages).
 pub fn tools_dir() -> PathBuf {
-    let dir = std::env::var_os("LARDER_TOOLS")
+    std::env::var_os("LARDER_TOOLS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
             Path::new(&home).join(".cache/larder-tools")
-        });
-    std::fs::create_dir_all(&dir).expect("create the tools directory");
-    dir
+        })
 }
 
-/// Runs `script` with `sh -c` while holding the tools lock; panics with its output on failure.
-fn locked(script: &str) {
-    let lock = tools_dir().join(".lock");
-    let out = Command::new("flock")
-        .arg(&lock)
-        .arg("sh")
-        .arg("-c")
-        .arg(script)
-        .output()
-        .expect("run flock (util-linux)");
-    assert!(
-        out.status.success(),
-        "installing a test component failed: {script}\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// The failure of a test whose component is missing: what is missing, and how to install it.
+fn missing(what: &str) -> ! {
+    panic!(
+        "missing test component: {what}.\n\
+         Install every component the tests use with `tests/provision` (as root, or with sudo), \
+         then run `cargo test` again."
+    )
 }
 
 /// The path of `binary` if it is on PATH or in an sbin directory.
@@ -51,107 +42,74 @@ pub fn which(binary: &str) -> Option<PathBuf> {
     found
 }
 
-/// `binary` from Debian's `package`, installed with apt-get if missing.
+/// `binary` from Debian's `package`.
 pub fn apt(binary: &str, package: &str) -> PathBuf {
-    if let Some(p) = which(binary) {
-        return p;
-    }
-    locked(&format!(
-        "command -v {binary} >/dev/null 2>&1 || {{ \
-           export DEBIAN_FRONTEND=noninteractive; \
-           apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package} >/dev/null 2>&1 || \
-           {{ apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package}; }}; }}"
-    ));
-    which(binary).unwrap_or_else(|| panic!("{package} installed but {binary} not found"))
+    which(binary).unwrap_or_else(|| missing(&format!("`{binary}` (Debian's package {package})")))
 }
 
-/// A file that Debian's `package` provides (a module, a data file), installed if missing.
+/// A file that Debian's `package` provides (a module, a data file).
 pub fn apt_file(file: &str, package: &str) -> PathBuf {
     let p = PathBuf::from(file);
     if !p.exists() {
-        locked(&format!(
-            "test -e {file} || {{ export DEBIAN_FRONTEND=noninteractive; \
-               apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package} >/dev/null 2>&1 || \
-               {{ apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq {package}; }}; }}"
-        ));
+        missing(&format!("{file} (Debian's package {package})"));
     }
-    assert!(p.exists(), "{package} installed but {file} not found");
     p
 }
 
 /// The Go toolchain (the machine's, else Debian's golang-go).
 pub fn go() -> PathBuf {
-    which("go").unwrap_or_else(|| apt("go", "golang-go"))
+    apt("go", "golang-go")
 }
 
-/// `binary` built by `go install module@version` into the tools directory.
+/// `binary`, built by `go install module@version` into the tools directory.
 pub fn go_install(module_at_version: &str, binary: &str) -> PathBuf {
-    let bin_dir = tools_dir().join("go/bin");
-    let bin = bin_dir.join(binary);
-    if !bin.is_file() {
-        let go = go();
-        let (gopath, gocache) = (tools_dir().join("go/path"), tools_dir().join("go/cache"));
-        locked(&format!(
-            "test -x {bin} || GOBIN={bin_dir} GOPATH={gopath} GOCACHE={gocache} GOFLAGS=-mod=mod {go} install {module_at_version}",
-            bin = bin.display(),
-            bin_dir = bin_dir.display(),
-            gopath = gopath.display(),
-            gocache = gocache.display(),
-            go = go.display(),
+    let bin = tools_dir().join("go/bin").join(binary);
+    let built_from = std::fs::read_to_string(bin.with_extension("version")).unwrap_or_default();
+    if !bin.is_file() || built_from.trim() != module_at_version {
+        let found = match built_from.trim() {
+            "" => "none".to_string(),
+            other => format!("one built from {other}"),
+        };
+        missing(&format!(
+            "{} built by `go install {module_at_version}` (found: {found})",
+            bin.display()
         ));
     }
-    assert!(
-        bin.is_file(),
-        "go install {module_at_version} made no {binary}"
-    );
     bin
 }
 
-/// The directory of an npm package installed (with its dependencies) into the tools directory.
+/// The directory of an npm package installed (with its dependencies) into the tools directory;
+/// node, which runs it, on PATH.
 pub fn npm(package: &str, version: &str) -> PathBuf {
-    let prefix = tools_dir().join("npm");
-    let dir = prefix.join("node_modules").join(package);
-    if !dir.join("package.json").is_file() {
-        let npm = which("npm").unwrap_or_else(|| apt("npm", "npm"));
-        locked(&format!(
-            "test -f {dir}/package.json || {npm} install --silent --no-audit --no-fund --prefix {prefix} {package}@{version}",
-            dir = dir.display(),
-            npm = npm.display(),
-            prefix = prefix.display(),
+    apt("node", "nodejs");
+    let dir = tools_dir().join("npm/node_modules").join(package);
+    let manifest = std::fs::read(dir.join("package.json")).unwrap_or_default();
+    let found = serde_json::from_slice::<serde_json::Value>(&manifest)
+        .ok()
+        .and_then(|m| m["version"].as_str().map(str::to_string));
+    if found.as_deref() != Some(version) {
+        missing(&format!(
+            "{} from `npm install {package}@{version}` (found version: {found:?})",
+            dir.display()
         ));
     }
-    assert!(
-        dir.is_dir(),
-        "npm install {package}@{version} made no {}",
-        dir.display()
-    );
     dir
 }
 
-/// The Python interpreter of a virtual environment in the tools directory holding `packages`
-/// (pip names with versions, from PyPI).
+/// The Python interpreter of the virtual environment in the tools directory, which holds
+/// `packages` (pip names with versions, from PyPI).
 pub fn pip(packages: &[&str]) -> PathBuf {
     let venv = tools_dir().join("venv");
     let python = venv.join("bin/python");
     let marker = venv.join(format!(".{}", packages.join("+").replace(['/', '='], "_")));
-    if !marker.is_file() {
-        let python3 = which("python3").unwrap_or_else(|| apt("python3", "python3"));
-        locked(&format!(
-            "test -f {marker} || {{ {{ test -x {python} || {python3} -m venv {venv} || \
-               {{ apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null && {python3} -m venv {venv}; }}; }} && \
-               {python} -m pip install -q --disable-pip-version-check {pkgs} && touch {marker}; }}",
-            marker = marker.display(),
-            python = python.display(),
-            python3 = python3.display(),
-            venv = venv.display(),
-            pkgs = packages.join(" "),
+    if !python.is_file() || !marker.is_file() {
+        missing(&format!(
+            "a Python virtual environment at {} with `pip install {}` ({} not found)",
+            venv.display(),
+            packages.join(" "),
+            marker.display()
         ));
     }
-    assert!(
-        python.is_file(),
-        "no virtual environment at {}",
-        venv.display()
-    );
     python
 }
 

@@ -11,7 +11,7 @@
 //! - `images`: test images.
 //! - `tls`: a test certificate authority and an HTTPS client (HTTP/1.1 or HTTP/2 by ALPN).
 //! - `components`: the real components some tests need (redis-server, pebble, Chromium, ...),
-//!   installed by the test setup when missing.
+//!   found where tests/provision installs them (a missing one fails at once, naming it).
 // Each test binary uses a part of the bed.
 #![allow(dead_code, unused_imports)]
 
