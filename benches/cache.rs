@@ -18,7 +18,7 @@ use larder::config::{ByteSize, CacheConfig, CompressionConfig};
 use larder::deliver::{self, CacheStatus};
 
 fn fresh() -> Freshness {
-    Freshness::own(Duration::from_secs(3600))
+    Freshness::own(Duration::from_secs(3600), std::time::SystemTime::now())
 }
 
 fn json_entry() -> Entry {
@@ -66,6 +66,8 @@ fn hot_path(c: &mut Criterion) {
                 &req,
                 CacheStatus::Hit,
                 &status_header,
+                // Read per delivery, as a hit does.
+                std::time::SystemTime::now(),
             )
         })
     });

@@ -459,7 +459,7 @@ fn entries(cache: &Cache, query: &str) -> Response<Body> {
         .and_then(|l| l.parse().ok())
         .unwrap_or(100usize)
         .min(10_000);
-    let now = std::time::SystemTime::now();
+    let now = cache.clock().now();
     let urls: Vec<serde_json::Value> = (cache.entries_under(&prefix, limit).into_iter())
         .map(|(key, entries)| {
             let variants: Vec<serde_json::Value> = entries

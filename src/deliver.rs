@@ -49,7 +49,8 @@ impl CacheStatus {
 }
 
 /// Builds the response for `entry` to a request with `method` and `req_headers`, stamped with
-/// Age and the cache-status header (the caching proxy, the image server).
+/// Age (its age at `now`, by the cache's clock) and the cache-status header (the caching proxy,
+/// the image server).
 #[inline]
 pub fn from_entry(
     entry: &Entry,
@@ -57,8 +58,14 @@ pub fn from_entry(
     req_headers: &HeaderMap,
     status: CacheStatus,
     status_header: &HeaderName,
+    now: SystemTime,
 ) -> Response<Body> {
-    respond(entry, method, req_headers, Some((status, status_header)))
+    respond(
+        entry,
+        method,
+        req_headers,
+        Some((status, status_header, now)),
+    )
 }
 
 /// Builds the response for `entry` as its origin would send it: no Age, no cache-status header
@@ -73,7 +80,7 @@ fn respond(
     entry: &Entry,
     method: &Method,
     req_headers: &HeaderMap,
-    stamp: Option<(CacheStatus, &HeaderName)>,
+    stamp: Option<(CacheStatus, &HeaderName, SystemTime)>,
 ) -> Response<Body> {
     let fields = RequestFields::scan(req_headers);
     let accept = AcceptEncoding::parse(fields.accept_encoding);
@@ -89,8 +96,8 @@ fn respond(
         }
     };
     let mark = |h: &mut HeaderMap| {
-        if let Some((status, name)) = stamp {
-            let age = age_value(entry.freshness.current_age(SystemTime::now()).as_secs());
+        if let Some((status, name, now)) = stamp {
+            let age = age_value(entry.freshness.current_age(now).as_secs());
             set(h, &header::AGE, age);
             set(h, name, status.header_value());
         }
@@ -287,7 +294,7 @@ mod tests {
                 rh.insert(HeaderName::from_static(k), hv(v));
             }
             for e in [&stamped, &derived] {
-                let r = from_entry(e, &get, &rh, CacheStatus::Stale, &xc);
+                let r = from_entry(e, &get, &rh, CacheStatus::Stale, &xc, SystemTime::now());
                 let h = r.headers();
                 assert_eq!(h.get_all(&xc).iter().count(), 1, "{req:?}");
                 assert_eq!(h[&xc], "STALE", "{req:?}");

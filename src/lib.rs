@@ -43,8 +43,11 @@
 //! ([`push::replicate`]).
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
-//! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] is a coarse monotonic clock for
-//! deadlines that tolerate milliseconds (the request-head deadline, the static re-stat).
+//! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] holds the cache's wall
+//! clock ([`clock::Clock`]: freshness, Age, the stale windows, bans, the tiers' lifetimes; built
+//! by [`server::start_with`] and handed to the cache, which the handlers read it from, so that
+//! tests move it instead of sleeping) and a coarse monotonic clock for deadlines that tolerate
+//! milliseconds (the request-head deadline, the static re-stat).
 //!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through, push's WebSocket sessions).
@@ -66,8 +69,8 @@
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim,
-//!    socket).
+//! 3. [`cache`] (compress, config, http, metrics, clock); [`upstream`] (body, config, http,
+//!    interim, socket).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],

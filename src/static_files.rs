@@ -155,9 +155,9 @@ fn bundle_time() -> SystemTime {
     })
 }
 
-/// Freshness of a static entry: it never expires by time (the file's stat decides).
-fn static_freshness() -> Freshness {
-    Freshness::own(Duration::from_secs(u32::MAX as u64))
+/// Freshness of a static entry made at `now`: it never expires by time (the file's stat decides).
+fn static_freshness(now: SystemTime) -> Freshness {
+    Freshness::own(Duration::from_secs(u32::MAX as u64), now)
 }
 
 impl StaticFiles {
@@ -190,7 +190,7 @@ impl StaticFiles {
                             StatusCode::OK,
                             h,
                             vec![(Encoding::Identity, Bytes::from_static(body))],
-                            static_freshness(),
+                            static_freshness(cache.clock().now()),
                             false,
                         );
                         (*path, Arc::new(e))
@@ -459,7 +459,7 @@ impl StaticFiles {
             StatusCode::OK,
             headers,
             bodies,
-            static_freshness(),
+            static_freshness(self.cache.clock().now()),
             negotiated,
         ));
         self.cache.store(key.clone(), Arc::clone(&entry));

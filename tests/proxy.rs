@@ -68,7 +68,10 @@ async fn age_from_origin_is_added() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expiry_by_max_age_s_maxage_and_expires() {
-    let origin = Origin::start(|seen, _| {
+    // One clock for the origin's Date and Expires and larder's cache, moved past the lifetimes.
+    let clock = larder::clock::Clock::adjustable();
+    let origin_clock = clock.clone();
+    let origin = Origin::start_at(&clock, move |seen, _| {
         let r = Reply::ok("body");
         match seen.path.as_str() {
             // Lifetimes of 2-3 s: Date has whole seconds, so up to 1 s of apparent age is
@@ -77,7 +80,7 @@ async fn expiry_by_max_age_s_maxage_and_expires() {
             // s-maxage wins over max-age in a shared cache (§5.2.2.10).
             "/s-maxage" => r.header("cache-control", "max-age=600, s-maxage=2"),
             _ => {
-                let now = std::time::SystemTime::now();
+                let now = origin_clock.now();
                 r.header("date", &httpdate::fmt_http_date(now)).header(
                     "expires",
                     &httpdate::fmt_http_date(now + Duration::from_secs(3)),
@@ -86,14 +89,14 @@ async fn expiry_by_max_age_s_maxage_and_expires() {
         }
     })
     .await;
-    let larder = larder(PROXY, &origin.url()).await;
+    let larder = Larder::start_at(&PROXY.replace("{origin}", &origin.url()), clock).await;
     let c = client();
     for path in ["/max-age", "/s-maxage", "/expires"] {
         let url = format!("http://{}{path}", larder.addr);
         assert_eq!(get(&c, &url, &[]).await.cache(), "MISS", "{path}");
         assert_eq!(get(&c, &url, &[]).await.cache(), "HIT", "{path}");
     }
-    tokio::time::sleep(Duration::from_millis(3100)).await;
+    larder.advance(Duration::from_millis(3100));
     for path in ["/max-age", "/s-maxage", "/expires"] {
         let url = format!("http://{}{path}", larder.addr);
         assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED", "{path}");

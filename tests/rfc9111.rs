@@ -16,18 +16,22 @@ async fn setup(
 }
 
 /// [`setup`] with more keys in the proxy route's table (`request_cache_control = "honour"`).
+/// The origin and larder share one clock, which a test moves with [`Larder::advance`] rather
+/// than sleep past a max-age.
 async fn setup_route(
     extra: &str,
     route_keys: &str,
     handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
 ) -> (Origin, Larder, Client, String) {
-    let origin = Origin::start(handler).await;
+    let clock = larder::clock::Clock::adjustable();
+    let origin = Origin::start_at(&clock, handler).await;
     let proxy = if route_keys.is_empty() {
         PROXY.to_string()
     } else {
         proxy_with(route_keys)
     };
-    let larder = larder(&format!("{extra}\n{proxy}"), &origin.url()).await;
+    let toml = format!("{extra}\n{proxy}").replace("{origin}", &origin.url());
+    let larder = Larder::start_at(&toml, clock).await;
     let base = larder.url("");
     (origin, larder, client(), base)
 }
@@ -171,7 +175,7 @@ mod request_directives {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s5_2_1_max_age_min_fresh_max_stale() {
-        let (_o, _l, c, base) = setup_route("", HONOUR, |_, n| {
+        let (_o, l, c, base) = setup_route("", HONOUR, |_, n| {
             Reply::ok(format!("{n}"))
                 .header("cache-control", "max-age=2")
                 .header("age", "1")
@@ -193,7 +197,7 @@ mod request_directives {
                 .cache(),
             "HIT"
         );
-        tokio::time::sleep(Duration::from_millis(1600)).await; // now stale
+        l.advance(Duration::from_millis(1600)); // now stale
         assert_eq!(
             get(&c, &url, &[("cache-control", "max-stale=60")])
                 .await
@@ -214,7 +218,7 @@ mod request_directives {
         // §5.2.1: request directives are advisory. By default a client cannot make larder
         // fetch from the origin on every request: no-cache, max-age=0, min-fresh and Pragma
         // are answered from the cache, and max-stale does not stretch a lifetime.
-        let (o, _l, c, base) = setup("", |_, n| {
+        let (o, l, c, base) = setup("", |_, n| {
             Reply::ok(format!("{n}")).header("cache-control", "max-age=2")
         })
         .await;
@@ -232,7 +236,7 @@ mod request_directives {
             }
         }
         assert_eq!(o.hits(), 1);
-        tokio::time::sleep(Duration::from_millis(2100)).await; // now stale
+        l.advance(Duration::from_millis(2100)); // now stale
         let g = get(&c, &url, &[("cache-control", "max-stale=600")]).await;
         assert_eq!((g.cache(), &g.body[..]), ("EXPIRED", &b"1"[..]));
         // only-if-cached is still honoured: it never costs the origin anything.
@@ -334,7 +338,7 @@ mod response_directives {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s5_2_2_2_must_revalidate_never_serves_stale_when_origin_fails() {
-        let (_o, _l, c, base) = setup("[cache]\nstale_if_error = \"60s\"", |seen, n| {
+        let (_o, l, c, base) = setup("[cache]\nstale_if_error = \"60s\"", |seen, n| {
             let cc = if seen.path == "/mr" {
                 "max-age=1, must-revalidate"
             } else {
@@ -349,7 +353,7 @@ mod response_directives {
         .await;
         get(&c, &format!("{base}/mr"), &[]).await;
         get(&c, &format!("{base}/sie"), &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let mr = get(&c, &format!("{base}/mr"), &[]).await;
         assert_eq!(mr.status, 503);
         // Without must-revalidate, the configured stale-if-error grace serves the stale copy.
@@ -390,7 +394,7 @@ mod response_directives {
             e.finish().unwrap()
         };
         let plain = body.clone();
-        let (_o, _l, c, base) = setup("", move |seen, _| {
+        let (_o, l, c, base) = setup("", move |seen, _| {
             if seen.path == "/gz" {
                 Reply::ok(gz.clone())
                     .header("cache-control", "max-age=60, no-transform")
@@ -404,7 +408,22 @@ mod response_directives {
         })
         .await;
         get(&c, &format!("{base}/plain"), &[]).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Stored as it came, and no variant on its way: nothing will re-encode it later.
+        let host = l.addr.to_string();
+        let mut stored = None;
+        for _ in 0..500 {
+            stored = l.stored_encodings(&host, "/plain");
+            if stored.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stored = stored.expect("the response is stored");
+        assert_eq!(
+            stored,
+            (vec!["identity"], false),
+            "no-transform body to be re-encoded"
+        );
         let g = get(
             &c,
             &format!("{base}/plain"),
@@ -512,7 +531,7 @@ mod validation {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_4_a_304_updates_stored_headers_but_not_content_length() {
-        let (origin, _l, c, base) = setup("", |seen, n| {
+        let (origin, l, c, base) = setup("", |seen, n| {
             if seen.headers.contains_key("if-none-match") {
                 Reply::ok("")
                     .status(304)
@@ -529,7 +548,7 @@ mod validation {
         .await;
         let url = format!("{base}/val");
         get(&c, &url, &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let r = get(&c, &url, &[]).await;
         assert_eq!(r.cache(), "REVALIDATED");
         assert_eq!(r.body, "original body");
@@ -544,7 +563,7 @@ mod validation {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_4_the_right_variant_is_refreshed() {
-        let (_o, _l, c, base) = setup("", |seen, _| {
+        let (_o, l, c, base) = setup("", |seen, _| {
             let lang = seen
                 .headers
                 .get("accept-language")
@@ -566,7 +585,7 @@ mod validation {
         let url = format!("{base}/vv");
         get(&c, &url, &[("accept-language", "en")]).await;
         get(&c, &url, &[("accept-language", "fr")]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let fr = get(&c, &url, &[("accept-language", "fr")]).await;
         assert_eq!((fr.cache(), &fr.body[..]), ("REVALIDATED", &b"body-fr"[..]));
         let fr = get(&c, &url, &[("accept-language", "fr")]).await;
@@ -578,7 +597,7 @@ mod validation {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_5_a_head_updates_or_invalidates_the_stored_get_response() {
-        let (origin, _l, c, base) = setup("", |seen, n| {
+        let (origin, l, c, base) = setup("", |seen, n| {
             let tag = if seen.path == "/changed" && n >= 3 {
                 "\"v2\""
             } else {
@@ -604,7 +623,7 @@ mod validation {
         for p in ["/same", "/changed", "/plain"] {
             get(&c, &format!("{base}{p}"), &[]).await;
         }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         // No validators on either side: the HEAD's fields and freshness are taken over too.
         let head = send(&c, "HEAD", &format!("{base}/plain"), &[], b"").await;
         assert_eq!(head.header("x-meta"), Some("2"));
@@ -636,7 +655,7 @@ mod validation {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_3_3_a_200_replaces_the_stored_response() {
-        let (_o, _l, c, base) = setup("", |_, n| {
+        let (_o, l, c, base) = setup("", |_, n| {
             Reply::ok(format!("version {n}"))
                 .header("etag", &format!("\"{n}\""))
                 .header("cache-control", "max-age=1")
@@ -644,7 +663,7 @@ mod validation {
         .await;
         let url = format!("{base}/rep");
         get(&c, &url, &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let r = get(&c, &url, &[]).await;
         assert_eq!((r.cache(), &r.body[..]), ("EXPIRED", &b"version 1"[..]));
         assert_eq!(get(&c, &url, &[]).await.body, "version 1");
@@ -656,7 +675,7 @@ mod stale {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn rfc5861_stale_while_revalidate_race_makes_one_background_fetch() {
-        let (origin, _l, c, base) = setup("", |_, n| {
+        let (origin, l, c, base) = setup("", |_, n| {
             let cc = if n == 0 {
                 "max-age=1, stale-while-revalidate=30"
             } else {
@@ -673,7 +692,7 @@ mod stale {
         .await;
         let url = Arc::new(format!("{base}/swr"));
         get(&c, &url, &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let mut tasks = Vec::new();
         for _ in 0..50 {
             let (c, url) = (c.clone(), url.clone());
@@ -684,7 +703,14 @@ mod stale {
             assert_eq!(g.body, "v0", "stale answer expected at once");
             assert_eq!(g.cache(), "STALE");
         }
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Until the background refresh lands, answers stay stale (and start no other refresh).
+        for i in 0.. {
+            if get(&c, &url, &[]).await.cache() == "HIT" {
+                break;
+            }
+            assert!(i < 500, "the background refresh never landed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(origin.hits(), 2, "exactly one background refresh");
         let fresh = get(&c, &url, &[]).await;
         assert_eq!((fresh.cache(), &fresh.body[..]), ("HIT", &b"v1"[..]));
@@ -693,7 +719,7 @@ mod stale {
     #[tokio::test(flavor = "multi_thread")]
     async fn rfc5861_stale_if_error_when_origin_is_down() {
         // After the first response the origin breaks every response mid-body.
-        let (_origin, _l, c, base) = setup("", |_, n| {
+        let (_origin, l, c, base) = setup("", |_, n| {
             let r = Reply::ok("kept").header("cache-control", "max-age=1, stale-if-error=60");
             if n == 0 {
                 r
@@ -704,7 +730,7 @@ mod stale {
         .await;
         let url = format!("{base}/sie");
         get(&c, &url, &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let g = get(&c, &url, &[]).await;
         assert_eq!(
             (g.status.as_u16(), g.cache(), &g.body[..]),
@@ -717,7 +743,7 @@ mod stale {
         // After the first response per path, the origin breaks off every response: larder is
         // "disconnected" and may serve stale (default grace 60 s), except where must-revalidate,
         // proxy-revalidate, s-maxage or no-cache forbid it (§5.2.2.2, .8, .10, .4).
-        let (_o, _l, c, base) = setup("", |seen, n| {
+        let (_o, l, c, base) = setup("", |seen, n| {
             let cc = match seen.path.as_str() {
                 "/mr" => "max-age=1, must-revalidate",
                 "/pr" => "max-age=1, proxy-revalidate",
@@ -737,7 +763,7 @@ mod stale {
         for p in paths {
             get(&c, &format!("{base}{p}"), &[]).await;
         }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         let ok = get(&c, &format!("{base}/ok"), &[]).await;
         assert_eq!((ok.status.as_u16(), ok.cache()), (200, "STALE"));
         assert_eq!(ok.body, "old");
@@ -749,7 +775,7 @@ mod stale {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn s4_2_4_no_stale_without_permission() {
-        let (origin, _l, c, base) = setup("", |_, n| {
+        let (origin, l, c, base) = setup("", |_, n| {
             if n == 0 {
                 Reply::ok("old").header("cache-control", "max-age=1")
             } else {
@@ -759,7 +785,7 @@ mod stale {
         .await;
         let url = format!("{base}/nostale");
         get(&c, &url, &[]).await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        l.advance(Duration::from_millis(1100));
         assert_eq!(get(&c, &url, &[]).await.status, 500);
         assert_eq!(origin.hits(), 2);
     }
@@ -865,6 +891,27 @@ mod stored_fields {
             get(&c, &format!("{base}/age"), &[]).await.cache(),
             "EXPIRED"
         );
+        assert_eq!(origin.hits(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn s4_2_3_age_counts_the_time_stored_on_larders_clock() {
+        // Age is the stored response's current age when it is sent: the resident time counts
+        // on the clock the cache is handed, the one freshness is read on.
+        let (origin, l, c, base) = setup("", |_, n| {
+            Reply::ok(format!("{n}")).header("cache-control", "max-age=600")
+        })
+        .await;
+        let url = format!("{base}/aging");
+        get(&c, &url, &[]).await;
+        l.advance(Duration::from_secs(300));
+        let hit = get(&c, &url, &[]).await;
+        assert_eq!((hit.cache(), &hit.body[..]), ("HIT", &b"0"[..]));
+        let age: u64 = hit.header("age").unwrap().parse().unwrap();
+        // 300 s moved, and under 2 s of the Date's whole seconds and of the test's own time.
+        assert!((300..302).contains(&age), "age {age}");
+        l.advance(Duration::from_secs(300));
+        assert_eq!(get(&c, &url, &[]).await.cache(), "EXPIRED");
         assert_eq!(origin.hits(), 2);
     }
 }

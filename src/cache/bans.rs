@@ -82,9 +82,9 @@ pub(super) struct Bans {
 }
 
 impl Bans {
-    /// An empty list, or the one `file` holds (an unreadable file is a floor of now: nothing
+    /// An empty list, or the one `file` holds (an unreadable file is a floor of `now`: nothing
     /// stored before it is trusted).
-    pub(super) fn load(file: Option<PathBuf>) -> Bans {
+    pub(super) fn load(file: Option<PathBuf>, now: SystemTime) -> Bans {
         let list = match &file {
             None => List::default(),
             Some(path) => match std::fs::read(path) {
@@ -92,7 +92,7 @@ impl Bans {
                     tracing::warn!(path = %path.display(), error = %e,
                         "unreadable purge list: records stored before now are not served");
                     List {
-                        floor_ms: millis(SystemTime::now()),
+                        floor_ms: millis(now),
                         bans: VecDeque::new(),
                     }
                 }),
@@ -195,7 +195,7 @@ mod tests {
     fn a_ban_hides_what_was_stored_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("bans.json");
-        let bans = Bans::load(Some(file.clone()));
+        let bans = Bans::load(Some(file.clone()), SystemTime::now());
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let key = CacheKey::from_parts("http", "h", "/a/1");
         let old = entry(&["red"], t0);
@@ -209,13 +209,13 @@ mod tests {
         bans.add(Ban::of(&Purge::Prefix("http://h/b".into()), at));
         assert!(!bans.bans(&key, &entry(&[], t0)));
         // Kept across a restart.
-        let again = Bans::load(Some(file));
+        let again = Bans::load(Some(file), SystemTime::now());
         assert!(again.bans(&key, &old));
     }
 
     #[test]
     fn the_oldest_ban_dropped_becomes_the_floor() {
-        let bans = Bans::load(None);
+        let bans = Bans::load(None, SystemTime::now());
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         for i in 0..=MAX_BANS as u64 {
             let ban = Ban::of(&Purge::Tag(format!("t{i}")), t0 + Duration::from_secs(i));

@@ -351,7 +351,7 @@ pub(crate) mod tests_support {
     use std::time::Duration;
 
     pub(crate) fn fresh() -> Freshness {
-        Freshness::own(Duration::from_secs(60))
+        Freshness::own(Duration::from_secs(60), std::time::SystemTime::now())
     }
 }
 

@@ -32,7 +32,7 @@ pub mod vary;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HeaderMap;
@@ -45,6 +45,7 @@ pub use shared::{SharedLog, Snapshot, StreamEntry};
 pub use tiers::{Below, Lease, Tier, TierCounts};
 pub use vary::Selection;
 
+use crate::clock::Clock;
 use crate::compress::{Compressor, Encoding};
 use crate::config::{CacheConfig, CompressionConfig};
 
@@ -60,7 +61,7 @@ pub enum Purge {
 }
 
 /// The cache, as the handlers see it: stored responses, the fills in flight, the compressor that
-/// builds stored responses' variants, and the cache settings.
+/// builds stored responses' variants, the cache settings, and the wall clock freshness is read on.
 pub struct Cache {
     /// The memory tier.
     memory: memory::Store,
@@ -73,6 +74,8 @@ pub struct Cache {
     /// URLs whose last coalesced fill the policy refused to store, and until when their misses
     /// fetch each for itself (Varnish's hit-for-miss): see [`Cache::mark_uncacheable`].
     uncacheable: Mutex<HashMap<CacheKey, Instant>>,
+    /// The wall clock freshness is read on (handed in: tests move it).
+    clock: Clock,
 }
 
 /// How long a URL whose response may not be stored skips coalescing (Varnish's default
@@ -83,8 +86,12 @@ const HIT_FOR_MISS: Duration = Duration::from_secs(120);
 const MAX_UNCACHEABLE: usize = 100_000;
 
 impl Cache {
-    /// A cache in memory only (whatever `cfg` says of the tiers below).
+    /// A cache in memory only (whatever `cfg` says of the tiers below), on the system clock.
     pub fn new(cfg: CacheConfig, compression: CompressionConfig) -> Arc<Cache> {
+        Cache::in_memory(cfg, compression, Clock::system())
+    }
+
+    fn in_memory(cfg: CacheConfig, compression: CompressionConfig, clock: Clock) -> Arc<Cache> {
         Arc::new(Cache {
             memory: memory::Store::new(&cfg),
             fills: Arc::new(Inflight::default()),
@@ -92,18 +99,21 @@ impl Cache {
             cfg,
             tiers: None,
             uncacheable: Mutex::default(),
+            clock,
         })
     }
 
     /// The cache `cfg` sets up, with its tiers below memory: the disk tier opened (and what an
     /// earlier process left in it recovered), the shared tier's client connecting, and this
-    /// node following the fleet's purges. Call it within the runtime that serves.
+    /// node following the fleet's purges. Its freshness is read on `clock`. Call it within the
+    /// runtime that serves.
     pub async fn open(
         cfg: CacheConfig,
         compression: CompressionConfig,
+        clock: Clock,
     ) -> Result<Arc<Cache>, tiers::OpenError> {
-        let Some(tiers) = tiers::Tiers::open(&cfg).await? else {
-            return Ok(Cache::new(cfg, compression));
+        let Some(tiers) = tiers::Tiers::open(&cfg, clock.clone()).await? else {
+            return Ok(Cache::in_memory(cfg, compression, clock));
         };
         let tiers = Arc::new(tiers);
         let evicted = (tiers.disk.is_some() && !tiers.disk_all).then(|| {
@@ -123,6 +133,7 @@ impl Cache {
             cfg,
             tiers: Some(Arc::clone(&tiers)),
             uncacheable: Mutex::default(),
+            clock,
         });
         if let Some(shared) = &tiers.shared {
             // What was purged while this node was down applies before it serves (memory is
@@ -154,6 +165,12 @@ impl Cache {
     #[inline]
     pub fn config(&self) -> &CacheConfig {
         &self.cfg
+    }
+
+    /// The wall clock the handlers read freshness and age on.
+    #[inline]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The compressor shared by the handlers (stored variants, on-the-fly coding).
@@ -270,7 +287,7 @@ impl Cache {
         let tiers = self.tiers.as_ref()?;
         let entry = tiers.read_disk(key, request).await?;
         if !entry.lacks_variants()
-            && entry.freshness.is_fresh(SystemTime::now())
+            && entry.freshness.is_fresh(self.clock.now())
             && !tiers.doorkeeper.admit(key)
         {
             return Some(Arc::new(entry));

@@ -358,13 +358,13 @@ pub struct Freshness {
 }
 
 impl Freshness {
-    /// A response larder produced itself (a file, an image transform), fresh for `lifetime` from
-    /// now, with no stale serving.
-    pub fn own(lifetime: Duration) -> Freshness {
+    /// A response larder produced itself (a file, an image transform) at `now` (the cache's
+    /// clock), fresh for `lifetime` from then, with no stale serving.
+    pub fn own(lifetime: Duration, now: SystemTime) -> Freshness {
         Freshness {
             lifetime,
             initial_age: Duration::ZERO,
-            received: SystemTime::now(),
+            received: now,
             always_revalidate: false,
             must_revalidate: false,
             stale_while_revalidate: Duration::ZERO,
@@ -829,7 +829,7 @@ mod tests {
             lifetime: Duration::from_secs(100),
             initial_age: Duration::from_secs(30),
             received,
-            ..Freshness::own(Duration::ZERO)
+            ..Freshness::own(Duration::ZERO, received)
         };
         // Resident time is counted from the wall-clock time of receipt (across a restart too).
         let later = received + Duration::from_secs(50);

@@ -362,7 +362,7 @@ mod tests {
             StatusCode::NOT_FOUND,
             HeaderMap::new(),
             vec![(Encoding::Br, Bytes::new())],
-            Freshness::own(Duration::from_secs(1)),
+            Freshness::own(Duration::from_secs(1), std::time::SystemTime::now()),
             false,
         );
         assert_same(&plain, &Entry::decode(plain.encode().unwrap()).unwrap());

@@ -10,7 +10,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -22,6 +22,7 @@ use super::entry::Entry;
 use super::key::CacheKey;
 use super::shared::{Leasing, Shared};
 use super::Purge;
+use crate::clock::Clock;
 use crate::config::{CacheConfig, DiskWrite};
 
 pub use super::shared::Lease;
@@ -145,6 +146,8 @@ pub(super) struct Tiers {
     pub(super) doorkeeper: Doorkeeper,
     /// The cache-status field every delivery of a record adds ([`Entry::reserve_stamp`]).
     status_header: http::HeaderName,
+    /// The cache's wall clock (records' lifetimes, bans' times).
+    clock: Clock,
 }
 
 /// Which disk hits are promoted to memory: a record read from the disk goes into memory on its
@@ -185,7 +188,7 @@ impl Doorkeeper {
 
 impl Tiers {
     /// The tiers `cfg` sets up; `None` when it sets up none.
-    pub(super) async fn open(cfg: &CacheConfig) -> Result<Option<Tiers>, OpenError> {
+    pub(super) async fn open(cfg: &CacheConfig, clock: Clock) -> Result<Option<Tiers>, OpenError> {
         if cfg.disk.is_none() && cfg.shared.is_none() {
             return Ok(None);
         }
@@ -222,7 +225,10 @@ impl Tiers {
                 })
                 .collect(),
         };
-        let bans = Bans::load(cfg.disk.as_ref().map(|d| d.dir.join("bans.json")));
+        let bans = Bans::load(
+            cfg.disk.as_ref().map(|d| d.dir.join("bans.json")),
+            clock.now(),
+        );
         let grace = [
             cfg.stale_while_revalidate.0,
             cfg.stale_if_error.0,
@@ -240,6 +246,7 @@ impl Tiers {
             grace,
             doorkeeper: Doorkeeper::new(cfg.max_size.0),
             status_header: cfg.status_header.0.clone(),
+            clock,
         }))
     }
 
@@ -358,7 +365,7 @@ impl Tiers {
     /// full fetch).
     fn ttl(&self, entry: &Entry) -> Duration {
         let f = &entry.freshness;
-        let now = SystemTime::now();
+        let now = self.clock.now();
         let stale = [f.stale_while_revalidate, f.stale_if_error, self.grace]
             .into_iter()
             .max()
@@ -377,7 +384,7 @@ impl Tiers {
     /// Applies a purge made on this node: kept as a ban, dropped from the disk (a URL), and sent
     /// to the shared tier and every other node.
     pub(super) fn purge(&self, target: &Purge) {
-        let ban = Ban::of(target, SystemTime::now());
+        let ban = Ban::of(target, self.clock.now());
         if let (Some(disk), Purge::Url(key)) = (&self.disk, target) {
             disk.remove(key);
         }

@@ -381,6 +381,7 @@ impl Images {
                 req.headers(),
                 status,
                 &inner.status_header,
+                inner.cache.clock().now(),
             )
         };
         if !inner.cfg.cache_results {
@@ -491,7 +492,8 @@ impl Inner {
             );
             (Bytes::from(out), format)
         };
-        let mut entry = result_entry(&md5, &key, body, format, negotiated);
+        let now = self.cache.clock().now();
+        let mut entry = result_entry(&md5, &key, body, format, negotiated, now);
         entry.reserve_stamp(&self.status_header);
         Ok(Arc::new(entry))
     }
@@ -505,6 +507,7 @@ fn result_entry(
     body: Bytes,
     format: sniff::ImageFormat,
     negotiated: bool,
+    now: std::time::SystemTime,
 ) -> Entry {
     let mut h = HeaderMap::new();
     h.insert(
@@ -523,7 +526,7 @@ fn result_entry(
         HeaderName::from_static("x-content-type-options"),
         HeaderValue::from_static("nosniff"),
     );
-    let freshness = Freshness::own(Duration::from_secs(365 * 24 * 3600));
+    let freshness = Freshness::own(Duration::from_secs(365 * 24 * 3600), now);
     Entry::build(
         StatusCode::OK,
         h,

@@ -17,7 +17,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -160,7 +159,7 @@ impl<'p> Fill<'p> {
                 parts.method = method;
                 parts
             });
-        let request_time = SystemTime::now();
+        let request_time = me.cache.clock().now();
         let resp = (me.pool)
             .send(
                 edited.as_ref().unwrap_or(&req.client),
@@ -174,7 +173,7 @@ impl<'p> Fill<'p> {
             method: Method::GET,
             has_authorization: req.client.headers.contains_key(header::AUTHORIZATION),
             request_time,
-            response_time: SystemTime::now(),
+            response_time: me.cache.clock().now(),
             request_no_store: req.request_no_store,
         };
         Ok((ctx, resp))
@@ -197,7 +196,7 @@ impl<'p> Fill<'p> {
             }
         }
         // §4.3.3 and RFC 5861 §4: a server error may be answered with the stale response.
-        if rparts.status.is_server_error() && old.freshness.serve_on_error(SystemTime::now()) {
+        if rparts.status.is_server_error() && old.freshness.serve_on_error(me.cache.clock().now()) {
             return ControlFlow::Break(me.deliver_parts(old, &self.req.client, CacheStatus::Stale));
         }
         if self.head_through() {

@@ -143,8 +143,10 @@ impl Proxy {
         } else {
             RequestDirectives::default()
         };
-        if directives.accepts(&entry.freshness, SystemTime::now()) {
-            Ok(me.deliver(&entry, &req, CacheStatus::Hit))
+        // One reading of the clock for the decision and the Age it stamps.
+        let now = me.cache.clock().now();
+        if directives.accepts(&entry.freshness, now) {
+            Ok(me.deliver(&entry, &req, CacheStatus::Hit, now))
         } else {
             Err(Slow {
                 req,
@@ -184,7 +186,7 @@ impl Proxy {
             }
         };
         if let Some(entry) = &stored {
-            let now = SystemTime::now();
+            let now = me.cache.clock().now();
             let usable = !has_auth || entry.auth_ok;
             if usable && directives.accepts(&entry.freshness, now) {
                 return me
@@ -221,7 +223,7 @@ impl Proxy {
                         CacheStatus::Stale,
                     );
                 }
-                return me.deliver(entry, &req, CacheStatus::Stale);
+                return me.deliver(entry, &req, CacheStatus::Stale, now);
             }
         }
         if directives.only_if_cached {
@@ -229,7 +231,7 @@ impl Proxy {
             if stored.is_none() && !has_auth && me.cache.has_tiers() {
                 let below = Box::pin(me.cache.below(&key, req.headers(), false)).await;
                 if let Below::Found(entry, _) = below {
-                    if directives.accepts(&entry.freshness, SystemTime::now()) {
+                    if directives.accepts(&entry.freshness, me.cache.clock().now()) {
                         let (method, headers) = (req.method(), req.headers());
                         return me
                             .deliver_settled(&entry, method, headers, CacheStatus::Hit)
@@ -273,7 +275,7 @@ impl Proxy {
         let mut stored = stored;
         if stored.is_none() && me.cache.has_disk() {
             if let Some(entry) = me.cache.from_disk(&key, &parts.headers).await {
-                if directives.accepts(&entry.freshness, SystemTime::now()) {
+                if directives.accepts(&entry.freshness, me.cache.clock().now()) {
                     let (method, headers) = (&parts.method, &parts.headers);
                     return me
                         .deliver_settled(&entry, method, headers, CacheStatus::Hit)
@@ -318,7 +320,7 @@ impl Proxy {
                     if stored.is_none() && me.cache.has_tiers() {
                         match Box::pin(me.cache.below(&key, &parts.headers, true)).await {
                             Below::Found(entry, _) => {
-                                if directives.accepts(&entry.freshness, SystemTime::now()) {
+                                if directives.accepts(&entry.freshness, me.cache.clock().now()) {
                                     guard.complete(Arc::clone(&entry));
                                     let (method, headers) = (&parts.method, &parts.headers);
                                     return me
@@ -357,7 +359,7 @@ impl Proxy {
                 // Another variant: this request's own may be stored by now; if not, its fill.
                 FillOutcome::Filled(other) => {
                     stored = me.cache.lookup(&key, &parts.headers);
-                    let now = SystemTime::now();
+                    let now = me.cache.clock().now();
                     if let Some(e) = stored
                         .as_ref()
                         .filter(|e| directives.accepts(&e.freshness, now))
@@ -563,12 +565,14 @@ impl Inner {
         }
     }
 
+    /// Delivers `entry` as it is at `now` (by the cache's clock).
     #[inline]
     fn deliver<B>(
         &self,
         entry: &crate::cache::Entry,
         req: &Request<B>,
         status: CacheStatus,
+        now: SystemTime,
     ) -> Response<Body> {
         deliver::from_entry(
             entry,
@@ -576,6 +580,7 @@ impl Inner {
             req.headers(),
             status,
             &self.status_header,
+            now,
         )
     }
 
@@ -601,7 +606,8 @@ impl Inner {
             }
             None => entry,
         };
-        deliver::from_entry(entry, method, headers, status, &self.status_header)
+        let now = self.cache.clock().now();
+        deliver::from_entry(entry, method, headers, status, &self.status_header, now)
     }
 
     fn deliver_parts(
@@ -616,6 +622,7 @@ impl Inner {
             &parts.headers,
             status,
             &self.status_header,
+            self.cache.clock().now(),
         )
     }
 
@@ -630,7 +637,7 @@ impl Inner {
         request: &http::HeaderMap,
         status: CacheStatus,
     ) -> Response<Body> {
-        let now = SystemTime::now();
+        let now = self.cache.clock().now();
         let grace = self.cache.config().stale_if_disconnected.0;
         match stale.filter(|o| {
             o.freshness.serve_on_error(now) || o.freshness.serve_disconnected(now, grace)
@@ -641,6 +648,7 @@ impl Inner {
                 request,
                 CacheStatus::Stale,
                 &self.status_header,
+                now,
             ),
             None => self.tag(e.response(), status),
         }

@@ -10,7 +10,8 @@
 //! background services.
 //!
 //! Along a connection's path, one file each:
-//! - `start.rs`: the runtime, [`start`], the admin listener, the [`Handle`].
+//! - `start.rs`: the runtime, [`start`] (and [`start_with`], on a clock handed in), the admin
+//!   listener, the [`Handle`].
 //! - `listen.rs`: binding, the accept loop and the connection bound, a plain-TCP connection's
 //!   protocol (h2c sniffing), the open-files limit.
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
@@ -35,4 +36,4 @@ mod start;
 
 pub use io::Stream;
 pub use listen::{fit_open_files, raise_nofile_limit, OpenFiles};
-pub use start::{runtime, shutdown_signal, start, Error, Handle};
+pub use start::{runtime, shutdown_signal, start, start_with, Error, Handle};

@@ -16,6 +16,7 @@ use super::connection::connection_builder;
 use super::listen::{accept_loop, bind, bind_std, Serving};
 use super::reload::{Reloader, RouterParts, Slot};
 use crate::cache::Cache;
+use crate::clock::Clock;
 use crate::config::{Config, Layout, ServerConfig};
 use crate::interim;
 use crate::memory::return_freed_memory;
@@ -175,7 +176,13 @@ impl Handle {
 /// shutdown signal are shared. Those threads end after shutdown (or when the [`Handle`] is
 /// dropped) once the open connections drained or the grace period is over.
 pub async fn start(config: Config) -> Result<Handle, Error> {
-    let cache = Cache::open(config.cache.clone(), config.compression.clone()).await?;
+    start_with(config, Clock::system()).await
+}
+
+/// [`start`], with the cache (and every handler through it) reading freshness, age and the
+/// stale windows on `clock`: a test hands in a [`Clock::adjustable`] and moves it forward.
+pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
+    let cache = Cache::open(config.cache.clone(), config.compression.clone(), clock).await?;
     let server = Arc::new(config.server.clone());
     let max_conns = server.max_connections.get() as usize;
     let conns = Arc::new(Semaphore::new(max_conns));

@@ -1,6 +1,7 @@
 //! larder under test: started in-process on 127.0.0.1:0 from TOML text (the format users
 //! write, which stays put while the library's types move) or, for the quick starts' path, from
-//! a config built in code; and what the tests read of its state;
+//! a config built in code, on the system's clock or on one the test moves; and what the tests
+//! read of its state;
 //! and the built binary, for tests of the command line and of the process. Tests reach the
 //! library's server and cache only through here, so that one edit absorbs a change of its API.
 
@@ -12,6 +13,8 @@ pub struct Larder {
     /// The first listener's address.
     pub addr: SocketAddr,
     handle: larder::server::Handle,
+    /// The clock larder's cache reads.
+    clock: larder::clock::Clock,
 }
 
 impl Larder {
@@ -21,13 +24,33 @@ impl Larder {
         Larder::from_config(cfg).await
     }
 
+    /// Starts larder from TOML text, its cache on `clock` (a [`larder::clock::Clock::adjustable`]
+    /// the test moves with [`Larder::advance`]; hand the same clock to the origin,
+    /// [`super::Origin::start_at`], so that its `Date` moves too).
+    pub async fn start_at(toml: &str, clock: larder::clock::Clock) -> Larder {
+        let cfg = larder::config::Config::parse(toml, "test").expect("test config parses");
+        Larder::on(cfg, clock).await
+    }
+
     /// Starts larder from a config built in code (as the command line's quick starts do).
     pub async fn from_config(cfg: larder::config::Config) -> Larder {
-        let handle = larder::server::start(cfg).await.expect("larder starts");
+        Larder::on(cfg, larder::clock::Clock::system()).await
+    }
+
+    async fn on(cfg: larder::config::Config, clock: larder::clock::Clock) -> Larder {
+        let handle = (larder::server::start_with(cfg, clock.clone()).await).expect("larder starts");
         Larder {
             addr: handle.addrs[0],
             handle,
+            clock,
         }
+    }
+
+    /// Moves larder's clock (and the origin's, when it shares it) forward by `by`: what a stored
+    /// response's age, freshness and stale windows are read on. Larder must have been started
+    /// on an adjustable clock ([`Larder::start_at`]).
+    pub fn advance(&self, by: std::time::Duration) {
+        assert!(self.clock.advance(by), "larder runs on the system clock");
     }
 
     /// `http://` URL of `path` on the first listener.
@@ -130,6 +153,18 @@ impl Larder {
         let key = larder::cache::CacheKey::from_parts("http", host, path);
         let no_fields = http::HeaderMap::new();
         self.handle.cache.lookup(&key, &no_fields).is_some()
+    }
+
+    /// The codings of the entry for `http://{host}{path}` that a request with no fields would
+    /// be answered from ("identity" for the body as stored), and whether more are being built
+    /// for it; `None` when nothing is stored.
+    pub fn stored_encodings(&self, host: &str, path: &str) -> Option<(Vec<&'static str>, bool)> {
+        let key = larder::cache::CacheKey::from_parts("http", host, path);
+        let entry = self.handle.cache.lookup(&key, &http::HeaderMap::new())?;
+        let codings = (entry.by_size().iter())
+            .map(|e| e.token().unwrap_or("identity"))
+            .collect();
+        Some((codings, entry.pending.is_some()))
     }
 }
 

@@ -1,6 +1,8 @@
 //! The test origin: a hyper server on 127.0.0.1:0 that answers what the test says
 //! ([`Reply`]: delays, aborted, stalled and generated bodies) and records what it was asked
-//! ([`Seen`]); and [`raw_origin`], for origins that misbehave in ways hyper's server will not.
+//! ([`Seen`]), its `Date` from the clock of the larder under test when the test moves that clock
+//! ([`Origin::start_at`]); and [`raw_origin`], for origins that misbehave in ways hyper's server
+//! will not.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -124,6 +126,23 @@ pub struct Origin {
 impl Origin {
     /// Starts an origin; `handler` gets each request and its 0-based index.
     pub async fn start(handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static) -> Origin {
+        Origin::serve(None, handler).await
+    }
+
+    /// [`Origin::start`], dating its replies (those without a `date` of their own) by `clock`,
+    /// the clock larder is started on ([`super::Larder::start_at`]): when the test moves it,
+    /// the origin's time moves with larder's, as the world's would.
+    pub async fn start_at(
+        clock: &larder::clock::Clock,
+        handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+    ) -> Origin {
+        Origin::serve(Some(clock.clone()), handler).await
+    }
+
+    async fn serve(
+        clock: Option<larder::clock::Clock>,
+        handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+    ) -> Origin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let count = Arc::new(AtomicUsize::new(0));
@@ -144,10 +163,11 @@ impl Origin {
                 opened.fetch_add(1, Ordering::SeqCst);
                 let closed = Arc::clone(&opened);
                 let (c, s, h) = (c.clone(), s.clone(), handler.clone());
+                let clock = clock.clone();
                 let mut alive = alive.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let (c, s, h) = (c.clone(), s.clone(), h.clone());
+                        let (c, s, h, clock) = (c.clone(), s.clone(), h.clone(), clock.clone());
                         async move {
                             let (parts, body) = req.into_parts();
                             let body = body
@@ -165,10 +185,16 @@ impl Origin {
                                 body,
                             };
                             let n = c.fetch_add(1, Ordering::SeqCst);
-                            let reply = h(&seen, n);
+                            let mut reply = h(&seen, n);
                             s.lock().unwrap().push(seen);
                             if !reply.delay.is_zero() {
                                 tokio::time::sleep(reply.delay).await;
+                            }
+                            let dated =
+                                (reply.headers.iter()).any(|(k, _)| k.eq_ignore_ascii_case("date"));
+                            if let (Some(clock), false) = (clock, dated) {
+                                let date = httpdate::fmt_http_date(clock.now());
+                                reply.headers.push(("date".into(), date));
                             }
                             Ok::<_, Infallible>(build_reply(reply))
                         }

@@ -147,6 +147,7 @@ pub fn entry_record(data: &[u8]) {
         &request,
         larder::deliver::CacheStatus::Hit,
         &HeaderName::from_static("x-cache"),
+        std::time::SystemTime::now(),
     );
 }
 
