@@ -704,7 +704,8 @@ mod tests {
     /// Config is plain data at the bottom of the dependency graph: outside their tests, no file
     /// of it names another module of larder (`crate::` anywhere, `super::` in mod.rs, whose
     /// parent is the crate, `super::super::` in the others), in code or in a `use`. Doc
-    /// comments may mention them.
+    /// comments may mention them. Inside, the files form a ladder with mod.rs on top: the
+    /// others name a file (`super::units::`), never what mod.rs re-exports (`super::Dur`).
     #[test]
     fn config_imports_nothing_of_larders() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
@@ -732,6 +733,15 @@ mod tests {
                     || line.contains("super::super")
                     || (*root && line.contains("super::"));
                 assert!(!reaches_out, "{name}:{}: {line}", n + 1);
+                for (i, _) in line.match_indices("super::") {
+                    let rest = &line[i + "super::".len()..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    let file = format!("{}.rs", &rest[..end]);
+                    let below = files.iter().any(|(f, ..)| *f == file && f != "mod.rs");
+                    assert!(below, "{name}:{}: uses mod.rs: {line}", n + 1);
+                }
             }
         }
     }
