@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer};
 
-use super::{Bounded, Fraction};
+use super::units::{Bounded, Fraction};
 
 /// Where and how requests are logged.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use http::Uri;
 use serde::{de, Deserialize, Deserializer};
 
-use super::{Bounded, Dur, Fraction, UpstreamTlsConfig, HOUR_MS};
+use super::pool::UpstreamTlsConfig;
+use super::units::{Bounded, Dur, Fraction, HOUR_MS};
 
 /// Where spans go and which requests get one.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -11,7 +11,8 @@ use http::header::HeaderName;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use super::{Bounded, Dur, Upstream, HOUR_MS};
+use super::net::Upstream;
+use super::units::{Bounded, Dur, HOUR_MS};
 
 /// A pool of backends that proxy routes share (`[pool.NAME]`), or the inline pool of a route's
 /// `upstream`.

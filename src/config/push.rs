@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{Bounded, ByteSize, Dur, MIB};
+use super::units::{Bounded, ByteSize, Dur, MIB};
 
 /// A push route: its records, who may write and read them, and the limits of its subscribers.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{ByteSize, Dur, GIB, MIB};
+use super::units::{ByteSize, Dur, GIB, MIB};
 
 /// `[cache.disk]`: responses written to a bounded store on disk, read back on a memory miss
 /// (also after a restart).

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Bounded, Dur, HeaderValueCfg, HOUR_MS, YEAR_MS};
+use super::headers::HeaderValueCfg;
+use super::units::{Bounded, Dur, HOUR_MS, YEAR_MS};
 
 /// A listener's `tls` table: the listener speaks TLS 1.2 and 1.3, with ALPN choosing HTTP/2 or
 /// HTTP/1.1.

@@ -12,6 +12,7 @@
 //! Along a connection's path, one file each:
 //! - `start.rs`: the runtime, [`start`] (and [`start_with`], on a clock handed in), the admin
 //!   listener, the [`Handle`].
+//! - `gauges.rs`: the figures `/metrics` reads at scrape time (connections, cache, TLS, ...).
 //! - `listen.rs`: binding, the accept loop and the connection bound, a plain-TCP connection's
 //!   protocol (h2c sniffing), the open-files limit.
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
@@ -28,6 +29,7 @@
 
 mod background;
 mod connection;
+mod gauges;
 mod h3;
 mod io;
 mod listen;

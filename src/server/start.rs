@@ -182,67 +182,163 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
 /// [`start`], with the cache (and every handler through it) reading freshness, age and the
 /// stale windows on `clock`: a test hands in a [`Clock::adjustable`] and moves it forward.
 pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
-    let cache = Cache::open(config.cache.clone(), config.compression.clone(), clock).await?;
-    let server = Arc::new(config.server.clone());
-    let max_conns = server.max_connections.get() as usize;
-    let conns = Arc::new(Semaphore::new(max_conns));
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let builder = connection_builder(&server);
-    let interim_dropped = Arc::clone(&builder.interim_dropped);
-    let serving = Serving {
-        builder: Arc::new(builder),
-        server: Arc::clone(&server),
-        conns: Arc::clone(&conns),
-        shutdown: shutdown_rx,
-    };
-    let extra_threads = match server.layout() {
-        Layout::PerCore => server.worker_count().saturating_sub(1),
-        Layout::WorkStealing => 0,
-    };
-    let reuse_port = extra_threads > 0;
+    let shared = Shared::build(&config, clock).await?;
+    let (serving, shutdown) = serving(&config.server);
+    let interim_dropped = Arc::clone(&serving.builder.interim_dropped);
+    let Listeners {
+        addrs,
+        mut routers,
+        slots,
+    } = bind_listeners(&config, &shared, &serving)?;
+    spawn_workers(&addrs, &slots, &serving)?;
+    let tls_acceptors: Vec<Arc<tls::Acceptor>> =
+        shared.acceptors.iter().flatten().cloned().collect();
+    let mut background = background_services(&shared, &serving);
+    let max_conns = serving.server.max_connections.get() as usize;
+    if let Some(m) = &shared.metrics {
+        let (cache, conns, dropped) = (&shared.cache, &serving.conns, &interim_dropped);
+        super::gauges::register(m, cache, conns, max_conns, dropped, &tls_acceptors);
+        super::gauges::register_families(m, cache, &shared.pools, &shared.access_log);
+    }
+    let (admin, watch_config) = (config.admin.clone(), config.server.watch_config.0);
+    let reloader = Arc::new(Reloader::new(
+        config,
+        slots,
+        shared.router_parts(),
+        serving.clone(),
+    ));
+    if !watch_config.is_zero() && reloader.path().is_some() {
+        let r = Arc::clone(&reloader);
+        background.register(
+            "reload on a change of the configuration file",
+            move |stop| watch_config_file(r, watch_config, stop),
+        );
+    }
+    let mut admin_addr = None;
+    if let Some(addr) = admin.listen {
+        let api = admin_api(admin.token, &shared, &tls_acceptors, &reloader, &serving);
+        let (bound, router) = listen_admin(addr, api, &serving)?;
+        admin_addr = Some(bound);
+        routers.push(router);
+    }
+    Ok(Handle {
+        addrs,
+        admin_addr,
+        cache: shared.cache,
+        routers,
+        shutdown,
+        conns: Arc::clone(&serving.conns),
+        max_conns,
+        grace: serving.server.shutdown_grace.0,
+        interim_dropped,
+        background,
+        tls: tls_acceptors,
+        metrics: shared.metrics,
+        access_log: shared.access_log,
+        spans: shared.spans,
+        pools: shared.pools,
+        reloader,
+    })
+}
 
-    let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
-    // Push routes' stores, opened here so that a bad directory is an error now; the routers
-    // built below hold them from then on.
-    let _push_stores = crate::push::open_all(&config).map_err(Error::Push)?;
-    let pools = Arc::new(std::sync::RwLock::new(pools));
-    let mut addrs = Vec::new();
-    let mut routers = Vec::new();
-    let mut acceptors = Vec::new();
-    // Requests are counted when there is an admin listener to read the counts from.
-    let metrics = config.admin.listen.map(|_| crate::metrics::Metrics::new());
-    let access_log = match &config.access_log {
-        Some(cfg) => Some(crate::access_log::AccessLog::start(cfg).map_err(Error::AccessLog)?),
-        None => None,
-    };
-    let spans = match &config.tracing {
-        Some(cfg) => Some(crate::otel::Spans::start(cfg).map_err(Error::Tracing)?),
-        None => None,
-    };
-    // HTTP-01 answers of ACME orders, served by every plain listener.
-    let http01 = Arc::new(tls::acme::Http01::default());
-    for l in &config.listeners {
-        let tls = match &l.tls {
-            Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg, &http01).map_err(
-                |source| Error::Tls {
-                    addr: l.addr,
-                    source,
-                },
-            )?)),
+/// What the listeners' routers, the admin API and the [`Handle`] share, built from the
+/// configuration before any socket is bound.
+struct Shared {
+    cache: Arc<Cache>,
+    pools: SharedPools,
+    /// Push routes' stores, opened here so that a bad directory is an error now; the routers
+    /// built from the same configuration hold them from then on.
+    _push_stores: Vec<Arc<crate::push::store::Store>>,
+    /// Requests are counted when there is an admin listener to read the counts from.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    access_log: Option<Arc<crate::access_log::AccessLog>>,
+    spans: Option<Arc<crate::otel::Spans>>,
+    /// HTTP-01 answers of ACME orders, served by every plain listener.
+    http01: Arc<tls::acme::Http01>,
+    /// Each listener's TLS acceptor (None: plain), in configuration order.
+    acceptors: Vec<Option<Arc<tls::Acceptor>>>,
+}
+
+impl Shared {
+    /// Opens the cache, builds the pools, opens the push stores, starts the access log and the
+    /// span exporter, and loads every listener's certificates: each error is reported now.
+    async fn build(config: &Config, clock: Clock) -> Result<Shared, Error> {
+        let cache = Cache::open(config.cache.clone(), config.compression.clone(), clock).await?;
+        let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
+        let _push_stores = crate::push::open_all(config).map_err(Error::Push)?;
+        let pools = Arc::new(std::sync::RwLock::new(pools));
+        let metrics = config.admin.listen.map(|_| crate::metrics::Metrics::new());
+        let access_log = match &config.access_log {
+            Some(cfg) => Some(crate::access_log::AccessLog::start(cfg).map_err(Error::AccessLog)?),
             None => None,
         };
-        acceptors.push(tls);
+        let spans = match &config.tracing {
+            Some(cfg) => Some(crate::otel::Spans::start(cfg).map_err(Error::Tracing)?),
+            None => None,
+        };
+        let http01 = Arc::new(tls::acme::Http01::default());
+        let mut acceptors = Vec::new();
+        for l in &config.listeners {
+            let tls = match &l.tls {
+                Some(cfg) => Some(Arc::new(tls::Acceptor::new(cfg, &http01).map_err(
+                    |source| Error::Tls {
+                        addr: l.addr,
+                        source,
+                    },
+                )?)),
+                None => None,
+            };
+            acceptors.push(tls);
+        }
+        Ok(Shared {
+            cache,
+            pools,
+            _push_stores,
+            metrics,
+            access_log,
+            spans,
+            http01,
+            acceptors,
+        })
     }
-    let parts = RouterParts {
-        cache: Arc::clone(&cache),
-        pools: Arc::clone(&pools),
-        metrics: metrics.clone(),
-        access_log: access_log.as_ref().map(|l| l.id()),
-        spans: spans.clone(),
-        http01: Arc::clone(&http01),
+
+    /// What a listener's router is built from (here, and by each reload).
+    fn router_parts(&self) -> RouterParts {
+        RouterParts {
+            cache: Arc::clone(&self.cache),
+            pools: Arc::clone(&self.pools),
+            metrics: self.metrics.clone(),
+            access_log: self.access_log.as_ref().map(|l| l.id()),
+            spans: self.spans.clone(),
+            http01: Arc::clone(&self.http01),
+        }
+    }
+}
+
+/// What every accept loop is handed: the connection builder, the server's settings, the bound
+/// on open connections, and the shutdown signal (with its sender, which [`Handle`] keeps).
+fn serving(server: &ServerConfig) -> (Serving, watch::Sender<bool>) {
+    let server = Arc::new(server.clone());
+    let conns = Arc::new(Semaphore::new(server.max_connections.get() as usize));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let builder = connection_builder(&server);
+    let serving = Serving {
+        builder: Arc::new(builder),
+        server,
+        conns,
+        shutdown: shutdown_rx,
     };
-    let mut slots = Vec::new();
-    for (l, tls) in config.listeners.iter().zip(&acceptors) {
+    (serving, shutdown_tx)
+}
+
+/// Binds every listener of `config` (its HTTP/3 endpoint too, when it has one), builds its
+/// router and spawns its accept loop on the current runtime.
+fn bind_listeners(config: &Config, shared: &Shared, serving: &Serving) -> Result<Listeners, Error> {
+    let server = &serving.server;
+    let reuse_port = extra_threads(server) > 0;
+    let parts = shared.router_parts();
+    let (mut addrs, mut routers, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for (l, tls) in config.listeners.iter().zip(&shared.acceptors) {
         let listener = bind(l.addr, reuse_port).map_err(|source| Error::Bind {
             addr: l.addr,
             source,
@@ -273,13 +369,13 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
             None => None,
         };
         let alt_svc = h3.as_ref().map(|(_, v)| v.clone());
-        let router = Arc::new(parts.router(l, &config, bound, alt_svc.as_ref()));
+        let router = Arc::new(parts.router(l, config, bound, alt_svc.as_ref()));
         let live: LiveRouter = crate::route::Live::new(Arc::clone(&router));
         if let Some((endpoint, _)) = h3 {
             tokio::spawn(super::h3::serve(
                 endpoint,
                 Arc::clone(&live),
-                Arc::clone(&conns),
+                Arc::clone(&serving.conns),
                 server.max_headers.get() as usize,
                 serving.shutdown.clone(),
             ));
@@ -302,10 +398,38 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
             stop,
         });
     }
-    for i in 1..=extra_threads {
+    Ok(Listeners {
+        addrs,
+        routers,
+        slots,
+    })
+}
+
+/// The listeners [`bind_listeners`] started, each in configuration order.
+struct Listeners {
+    /// Their bound addresses.
+    addrs: Vec<SocketAddr>,
+    routers: Vec<Arc<Router>>,
+    /// What a reload replaces.
+    slots: Vec<Slot>,
+}
+
+/// Per-core worker threads beside the current one (worker 0): `workers - 1` with `per-core`
+/// threads, none work-stealing.
+fn extra_threads(server: &ServerConfig) -> usize {
+    match server.layout() {
+        Layout::PerCore => server.worker_count().saturating_sub(1),
+        Layout::WorkStealing => 0,
+    }
+}
+
+/// Starts the per-core worker threads beyond worker 0, each with its own `SO_REUSEPORT`
+/// socket on every listener's address (bound here, so that errors are reported by `start`).
+fn spawn_workers(addrs: &[SocketAddr], slots: &[Slot], serving: &Serving) -> Result<(), Error> {
+    for i in 1..=extra_threads(&serving.server) {
         // Bind on this thread so that errors are reported by `start`.
         let mut listeners = Vec::with_capacity(addrs.len());
-        for slot in &slots {
+        for slot in slots {
             let std = bind_std(slot.bound, true).map_err(|source| Error::Bind {
                 addr: slot.bound,
                 source,
@@ -322,9 +446,16 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
                 source,
             })?;
     }
+    Ok(())
+}
+
+/// The background services every server runs (returning freed memory), and those its TLS
+/// listeners and access log ask for (ACME renewals, re-reading certificates, reopening the
+/// log's file). Watching the configuration file is added once the reloader exists.
+fn background_services(shared: &Shared, serving: &Serving) -> Background {
     let mut background = Background::new(serving.shutdown.clone());
     background.register("return freed memory", return_freed_memory);
-    for a in acceptors.iter().flatten() {
+    for a in shared.acceptors.iter().flatten() {
         if let Some(acme) = &a.acme {
             let (acme, every) = (Arc::clone(acme), acme.check_interval());
             background.register("acme", move |stop| tls::acme::run(acme, every, stop));
@@ -336,93 +467,44 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
             });
         }
     }
-    let tls_acceptors: Vec<Arc<tls::Acceptor>> = acceptors.iter().flatten().cloned().collect();
-    if let Some(m) = &metrics {
-        register_gauges(
-            m,
-            &cache,
-            &conns,
-            max_conns,
-            &interim_dropped,
-            &tls_acceptors,
-        );
-        let running = Arc::clone(&pools);
-        m.families(move || running.read().expect("not poisoned").metric_families());
-        m.families(crate::push::metric_families);
-        let tiered = Arc::clone(&cache);
-        m.families(move || tiered.metric_families());
-        if let Some(log) = &access_log {
-            let log = Arc::clone(log);
-            m.families(move || {
-                vec![crate::metrics::Family::one(
-                    "larder_access_log_dropped",
-                    "Access log lines dropped because the writer fell behind.",
-                    true,
-                    log.dropped(),
-                )]
-            });
-        }
-    }
-    if let Some(log) = &access_log {
+    if let Some(log) = &shared.access_log {
         let log = Arc::clone(log);
         background.register("access log reopen on SIGUSR1", move |stop| {
             reopen_on_usr1(log, stop)
         });
     }
-    let admin_listen = config.admin.listen;
-    let admin_token = config.admin.token.clone();
-    let watch_config = config.server.watch_config.0;
-    let reloader = Arc::new(Reloader::new(config, slots, parts, serving.clone()));
-    if !watch_config.is_zero() && reloader.path().is_some() {
-        let r = Arc::clone(&reloader);
-        background.register(
-            "reload on a change of the configuration file",
-            move |stop| watch_config_file(r, watch_config, stop),
-        );
-    }
-    let mut admin_addr = None;
-    if let Some(addr) = admin_listen {
-        let info = server_info(&conns, max_conns, &tls_acceptors, &pools);
-        let text = Arc::clone(&reloader);
-        let reload = Arc::clone(&reloader);
-        let reload: crate::admin::ReloadFn = Arc::new(move || {
-            let r = Arc::clone(&reload);
-            Box::pin(async move { r.reload_from_file() })
-        });
-        let admin = crate::admin::Admin::new(Arc::clone(&cache), admin_token, metrics.clone())
-            .with_server(info, Arc::new(move || text.text()))
-            .with_reload(reload)
-            .with_drain({
-                let pools = Arc::clone(&pools);
-                Arc::new(move |pool: &str, backend: &str, drain: bool| {
-                    pools
-                        .read()
-                        .expect("not poisoned")
-                        .drain(pool, backend, drain)
-                })
-            });
-        let (bound, router) = listen_admin(addr, admin, &serving)?;
-        admin_addr = Some(bound);
-        routers.push(router);
-    }
-    Ok(Handle {
-        addrs,
-        admin_addr,
-        cache,
-        routers,
-        shutdown: shutdown_tx,
-        conns,
-        max_conns,
-        grace: server.shutdown_grace.0,
-        interim_dropped,
-        background,
-        tls: tls_acceptors,
-        metrics,
-        access_log,
-        spans,
-        pools,
-        reloader,
-    })
+    background
+}
+
+/// The admin API: purge and status over the cache, guarded by `token`, with the server's
+/// status, reloads of the configuration file and the draining of backends.
+fn admin_api(
+    token: Option<String>,
+    shared: &Shared,
+    tls: &[Arc<tls::Acceptor>],
+    reloader: &Arc<Reloader>,
+    serving: &Serving,
+) -> crate::admin::Admin {
+    let max_conns = serving.server.max_connections.get() as usize;
+    let info = server_info(&serving.conns, max_conns, tls, &shared.pools);
+    let text = Arc::clone(reloader);
+    let reload = Arc::clone(reloader);
+    let reload: crate::admin::ReloadFn = Arc::new(move || {
+        let r = Arc::clone(&reload);
+        Box::pin(async move { r.reload_from_file() })
+    });
+    crate::admin::Admin::new(Arc::clone(&shared.cache), token, shared.metrics.clone())
+        .with_server(info, Arc::new(move || text.text()))
+        .with_reload(reload)
+        .with_drain({
+            let pools = Arc::clone(&shared.pools);
+            Arc::new(move |pool: &str, backend: &str, drain: bool| {
+                pools
+                    .read()
+                    .expect("not poisoned")
+                    .drain(pool, backend, drain)
+            })
+        })
 }
 
 /// Reloads the configuration when its file changes (its length or modification time), checked
@@ -585,115 +667,6 @@ async fn reopen_on_usr1(
             _ = shutdown.changed() => return,
         }
     }
-}
-
-/// The figures read at scrape time: connections, the cache, origins' 1xx responses dropped,
-/// TLS handshakes and ACME certificates.
-fn register_gauges(
-    m: &crate::metrics::Metrics,
-    cache: &Arc<Cache>,
-    conns: &Arc<Semaphore>,
-    max_conns: usize,
-    interim_dropped: &interim::Dropped,
-    tls: &[Arc<tls::Acceptor>],
-) {
-    use crate::metrics::Family;
-    let (conns, cache) = (Arc::clone(conns), Arc::clone(cache));
-    let dropped = Arc::clone(interim_dropped);
-    m.families(move || {
-        let open = max_conns - conns.available_permits();
-        vec![
-            Family::one(
-                "larder_connections_open",
-                "Client connections open now (TCP and QUIC).",
-                false,
-                open as u64,
-            ),
-            Family::one(
-                "larder_connections_max",
-                "The bound on open connections (max_connections).",
-                false,
-                max_conns as u64,
-            ),
-            Family::one(
-                "larder_cache_entries",
-                "Responses stored (each variant counts).",
-                false,
-                cache.len() as u64,
-            ),
-            Family::one(
-                "larder_cache_bytes",
-                "Bytes the cache holds.",
-                false,
-                cache.weight(),
-            ),
-            Family::one(
-                "larder_cache_capacity_bytes",
-                "The cache's size bound.",
-                false,
-                cache.capacity(),
-            ),
-            Family::one(
-                "larder_cache_fills_in_flight",
-                "Origin fetches filling the cache now.",
-                false,
-                cache.fills_in_flight() as u64,
-            ),
-            Family::one(
-                "larder_interim_dropped",
-                "Origins' 1xx responses dropped at their bounds.",
-                true,
-                dropped.load(Ordering::Relaxed),
-            ),
-        ]
-    });
-    if tls.is_empty() {
-        return;
-    }
-    let tls = tls.to_vec();
-    m.families(move || {
-        let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
-        let outcome = |o: &str, n: u64| (vec![("outcome", o.to_string())], n);
-        let mut out = vec![Family {
-            name: "larder_tls_handshakes",
-            help: "TLS handshakes on TLS listeners, by outcome.",
-            counter: true,
-            samples: vec![
-                outcome("done", c.handshakes),
-                outcome("failed", c.failed),
-                outcome("timed_out", c.timed_out),
-                outcome("plain_http", c.plain_http),
-            ],
-        }];
-        let acme: Vec<_> = (tls.iter())
-            .filter_map(|a| a.acme.as_ref())
-            .map(|a| (a.domain().to_string(), a.status()))
-            .collect();
-        if !acme.is_empty() {
-            let expiry = |s: &tls::acme::AcmeStatus| {
-                (s.not_after)
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_secs())
-            };
-            out.push(Family {
-                name: "larder_acme_certificate_expiry_seconds",
-                help: "When the ACME certificate in use expires (Unix time; 0: none yet).",
-                counter: false,
-                samples: (acme.iter())
-                    .map(|(d, s)| (vec![("domain", d.clone())], expiry(s)))
-                    .collect(),
-            });
-            out.push(Family {
-                name: "larder_acme_failures",
-                help: "ACME orders that failed since start.",
-                counter: true,
-                samples: (acme.iter())
-                    .map(|(d, s)| (vec![("domain", d.clone())], s.failures))
-                    .collect(),
-            });
-        }
-        out
-    });
 }
 
 /// How long an idle blocking-pool thread lives when one worker serves everything (tokio's

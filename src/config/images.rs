@@ -1,0 +1,181 @@
+//! The `images` handler's settings (`images = { dir = "..." }` on a route): the image server's
+//! store, limits, workers, output defaults and presets.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::image_params::{FormatChoice, Preset};
+use super::net::Cidr;
+use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
+
+/// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
+/// parameters (zimg's API), results cached (the image server, `crate::images`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// Directory holding the originals (created at start if missing), sharded by MD5.
+    pub dir: PathBuf,
+    /// Largest upload accepted, enforced while reading (413 beyond); at most 1 GiB, since an
+    /// upload is held in memory whole.
+    #[serde(default = "ImagesConfig::default_max_upload")]
+    pub max_upload_size: ByteSize<0, GIB>,
+    /// Largest source image, in pixels, read from its header before decoding (bombs refused).
+    #[serde(default = "ImagesConfig::default_max_pixels")]
+    pub max_pixels: Bounded<1, 1_000_000_000>,
+    /// Largest output width or height; a request for more is refused with 400.
+    #[serde(default = "ImagesConfig::default_max_output")]
+    pub max_output_dimension: Bounded<1, 65_535>,
+    /// Most frames an animated GIF or WebP may have (upload and transform).
+    #[serde(default = "ImagesConfig::default_max_frames")]
+    pub max_frames: Bounded<1, 100_000>,
+    /// Recently used originals held in memory (bytes, scan-resistant), so a transform of a hot
+    /// image reads no file; 0 reads every original from the store.
+    #[serde(default = "ImagesConfig::default_originals_memory")]
+    pub originals_memory: ByteSize,
+    /// Store originals in the shared tier (`[cache.shared]`) as well as in `dir`, so that any
+    /// node can transform any uploaded image (a node missing one locally fetches it once).
+    #[serde(default)]
+    pub share_originals: bool,
+    /// Transforms running at once; 0 means one per core.
+    #[serde(default = "ImagesConfig::default_workers")]
+    pub workers: Workers,
+    /// Transforms waiting for a worker at most; beyond, 503 with Retry-After at once.
+    #[serde(default = "ImagesConfig::default_queue_depth")]
+    pub queue_depth: Bounded<0, 1_000_000>,
+    /// Longest a transform waits for a worker and its decode memory; then 503 with Retry-After.
+    #[serde(default = "ImagesConfig::default_queue_timeout")]
+    pub queue_timeout: Dur<1>,
+    /// Memory the route's transforms may hold at once (decoded pixels, resize and encode
+    /// buffers, estimated from the header before decoding). A transform waits until its
+    /// estimate fits; one that could never fit gets 422.
+    #[serde(default = "ImagesConfig::default_decode_memory")]
+    pub decode_memory: ByteSize<MIB>,
+    /// Largest scale factor applied to the source (1.0: never enlarged). A request for more
+    /// gets the largest allowed size with the requested aspect ratio.
+    #[serde(default = "ImagesConfig::default_max_upscale")]
+    pub max_upscale: Upscale,
+    /// rav1e's speed preset for AVIF output: 1 (slowest, smallest) to 10 (fastest).
+    #[serde(default = "ImagesConfig::default_avif_speed")]
+    pub avif_speed: Bounded<1, 10>,
+    /// Largest AVIF output in pixels (AVIF encoding costs far more CPU per pixel than the
+    /// other formats): `f=avif` beyond it gets 400, `f=auto` falls back to the source's format.
+    #[serde(default = "ImagesConfig::default_max_avif_pixels")]
+    pub max_avif_pixels: Bounded<1, 1_000_000_000>,
+    /// Output format when a request has no `f`: `none` keeps the source's, `auto` picks AVIF
+    /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`.
+    #[serde(default = "ImagesConfig::default_format")]
+    pub default_format: FormatChoice,
+    /// Encoding quality (1-100) when a request has no `q`.
+    #[serde(default = "ImagesConfig::default_quality")]
+    pub default_quality: Bounded<1, 100>,
+    /// Store transform results in the shared cache (false: every request transforms).
+    #[serde(default = "yes")]
+    pub cache_results: bool,
+    /// Addresses allowed to upload (`"127.0.0.1"`, `"10.0.0.0/8"`); empty allows any.
+    #[serde(default)]
+    pub upload_allow: Vec<Cidr>,
+    /// Uploads need the `[admin]` token as a bearer token.
+    #[serde(default)]
+    pub upload_token: bool,
+    /// Named parameter sets for `t=NAME`, written as a query string:
+    /// `thumb = "w=100&h=100&p=1"`. Parameters in the request override the preset's.
+    #[serde(default)]
+    pub presets: std::collections::BTreeMap<String, Preset>,
+}
+
+impl ImagesConfig {
+    /// An image route storing under `dir` with every other setting at its default.
+    pub fn new_dir(dir: PathBuf) -> Self {
+        ImagesConfig {
+            dir,
+            max_upload_size: Self::default_max_upload(),
+            max_pixels: Self::default_max_pixels(),
+            max_output_dimension: Self::default_max_output(),
+            max_frames: Self::default_max_frames(),
+            originals_memory: Self::default_originals_memory(),
+            share_originals: false,
+            workers: Bounded(0),
+            queue_depth: Self::default_queue_depth(),
+            queue_timeout: Self::default_queue_timeout(),
+            decode_memory: Self::default_decode_memory(),
+            max_upscale: Self::default_max_upscale(),
+            avif_speed: Self::default_avif_speed(),
+            max_avif_pixels: Self::default_max_avif_pixels(),
+            default_format: Self::default_format(),
+            default_quality: Self::default_quality(),
+            cache_results: true,
+            upload_allow: Vec::new(),
+            upload_token: false,
+            presets: Default::default(),
+        }
+    }
+    fn default_max_upload() -> ByteSize<0, GIB> {
+        ByteSize(20 << 20)
+    }
+    fn default_max_pixels() -> Bounded<1, 1_000_000_000> {
+        Bounded(50_000_000)
+    }
+    fn default_max_output() -> Bounded<1, 65_535> {
+        Bounded(4096)
+    }
+    fn default_max_frames() -> Bounded<1, 100_000> {
+        Bounded(100)
+    }
+    fn default_workers() -> Workers {
+        Bounded(0)
+    }
+    fn default_originals_memory() -> ByteSize {
+        ByteSize(64 << 20)
+    }
+    fn default_queue_depth() -> Bounded<0, 1_000_000> {
+        Bounded(64)
+    }
+    fn default_queue_timeout() -> Dur<1> {
+        Dur(Duration::from_secs(10))
+    }
+    fn default_decode_memory() -> ByteSize<MIB> {
+        ByteSize(512 << 20)
+    }
+    fn default_max_upscale() -> Upscale {
+        Upscale(1.0)
+    }
+    fn default_avif_speed() -> Bounded<1, 10> {
+        Bounded(10)
+    }
+    /// 1920×1080.
+    fn default_max_avif_pixels() -> Bounded<1, 1_000_000_000> {
+        Bounded(2_073_600)
+    }
+    fn default_format() -> FormatChoice {
+        FormatChoice::Keep
+    }
+    fn default_quality() -> Bounded<1, 100> {
+        Bounded(75)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::err;
+    use crate::config::{Config, HandlerConfig};
+
+    /// The `[admin]` token reaches the image route where its handler is built
+    /// (`route::tests::handlers_get_the_admin_token_where_they_are_built`).
+    #[test]
+    fn images_route_and_presets() {
+        let c = Config::parse(
+            "[admin]\ntoken = \"s3cret\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/img/\"\nimages = { dir = \"/tmp/x\", upload_allow = [\"10.0.0.0/8\"], presets = { thumb = \"w=100&h=100\" } }\n",
+            "t",
+        )
+        .unwrap();
+        let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
+            panic!("images route")
+        };
+        assert!(i.upload_allow[0].contains("10.1.2.3".parse().unwrap()));
+        assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
+        assert!(e.contains("line 4") && e.contains("`w`"), "{e}");
+    }
+}
