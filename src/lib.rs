@@ -67,7 +67,7 @@
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
 //! 3. [`cache`] (compress, config, http, metrics); [`upstream`] (body, config, http, interim,
-//!    socket).
+//!    metrics, socket, upgrade).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],
