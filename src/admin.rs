@@ -57,20 +57,21 @@ impl Access {
     }
 }
 
-/// Whether `Authorization: Bearer <token>` carries `token` (compared in constant time).
-pub fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), token.as_bytes()))
+/// The token of `Authorization: Bearer <token>`, if the request has one. The scheme's name is
+/// case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER` are Bearer too); one or more spaces
+/// follow it.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.trim_start().split_once([' ', '\t'])?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `Authorization: Bearer <token>` carries `token` (compared in constant time, by
+/// the `subtle` crate: how long the comparison takes says nothing of how much of it matched).
+pub fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bearer_token(headers).is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
 }
 
 fn refused() -> Response<Body> {
@@ -186,11 +187,15 @@ impl Admin {
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
         // The dashboard's page holds no data: it asks for the token, then the API.
         if req.method() == Method::GET && matches!(req.uri().path(), "/" | "/_larder/dashboard") {
-            return crate::http::page_response(
+            // Never in a frame (another site's page would overlay it, clickjacking):
+            // `frame-ancestors 'none'`, and X-Frame-Options for browsers without CSP 2.
+            let mut page = crate::http::page_response(
                 DASHBOARD,
                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'; img-src 'self' data:",
+                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
             );
+            (page.headers_mut()).insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+            return page;
         }
         if !self.access.bearer_ok(req.headers()) {
             return refused();
@@ -621,6 +626,30 @@ mod tests {
         assert!(!a.permits(&h, peer));
         assert!(a.permits(&HeaderMap::new(), "10.1.1.1:5".parse().unwrap()));
         assert!(!Access::default().bearer_ok(&h));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        // RFC 9110 §11.1: an auth scheme's name is case-insensitive.
+        let a = Access {
+            token: Some("s3cret".into()),
+            allow: vec![],
+        };
+        for (value, ok) in [
+            ("Bearer s3cret", true),
+            ("bearer s3cret", true),
+            ("BEARER s3cret", true),
+            ("bEaReR   s3cret ", true),
+            ("Bearer\ts3cret", true),
+            ("Basic s3cret", false),
+            ("Bearers3cret", false),
+            ("bearer s3cre", false),
+            ("bearer", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_static(value));
+            assert_eq!(a.bearer_ok(&h), ok, "{value:?}");
+        }
     }
 
     #[test]

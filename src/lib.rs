@@ -70,7 +70,7 @@
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
 //! 3. [`cache`] (compress, config, http, metrics, clock); [`upstream`] (body, config, http,
-//!    interim, socket).
+//!    interim, metrics, socket, upgrade).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
 //! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],

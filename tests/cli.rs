@@ -21,7 +21,15 @@ fn check(text: &str) -> (bool, String) {
 #[test]
 fn example_config_checks_ok() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/larder.example.toml");
-    let out = larder_command().arg("check").arg(example).output().unwrap();
+    // Its static route serves `./public`: a directory where it runs.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("public")).unwrap();
+    let out = larder_command()
+        .arg("check")
+        .arg(example)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -109,6 +117,81 @@ fn missing_file_is_a_clear_error() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/larder.toml"));
+}
+
+/// larder with `args`, its address space bounded (2 GiB) and stopped after 10 s if it still
+/// runs: (exit code, stderr and stdout).
+fn run_bounded(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 2097152 && exec timeout 10 \"$@\"")
+        .arg("sh")
+        .arg(larder_command().get_program())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// `larder --config /dev/zero` read forever (3.4 GB at 4 s). What is not a regular file is
+/// refused before a byte is read, and so is a file larger than 16 MiB.
+#[test]
+fn regression_a_config_that_is_not_a_file_or_too_large_is_refused() {
+    for args in [
+        &["--config", "/dev/zero"][..],
+        &["check", "/dev/zero"],
+        &["check", "/tmp"],
+    ] {
+        let (code, msg) = run_bounded(args);
+        assert_eq!(code, Some(2), "{args:?}: {msg}");
+        assert!(
+            msg.contains(&format!("cannot read {}", args[1]))
+                && msg.contains("a configuration is a file"),
+            "{args:?}: {msg}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len((16 << 20) + 1).unwrap();
+    let (code, msg) = run_bounded(&["check", big.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{msg}");
+    assert!(msg.contains("larger than 16 MiB"), "{msg}");
+}
+
+/// A static `root` that does not exist was accepted (and every request answered 404): `check`
+/// and loading refuse it, naming the key and its line.
+#[test]
+fn regression_a_static_root_that_does_not_exist_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    for (root, why) in [
+        (dir.path().join("nope"), "does not exist"),
+        (file, "is not a directory"),
+    ] {
+        let text = format!(
+            "{l}[[listener.route]]\npath = \"/s\"\nstatic = {{ root = {:?} }}\n",
+            root.display().to_string()
+        );
+        let (ok, msg) = check(&text);
+        assert!(!ok, "accepted:\n{text}");
+        assert!(
+            msg.contains("line 7, key `listener.route.static.root`") && msg.contains(why),
+            "{text}\n=> {msg}"
+        );
+    }
+    // An existing directory is fine.
+    let text = format!(
+        "{l}[[listener.route]]\npath = \"/s\"\nstatic = {{ root = {:?} }}\n",
+        dir.path().display().to_string()
+    );
+    let (ok, msg) = check(&text);
+    assert!(ok, "{msg}");
 }
 
 /// larder with `args` (`{}` standing for the path of a file holding `text`), its open-files limit

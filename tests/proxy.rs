@@ -1576,3 +1576,49 @@ async fn regression_gzip_client_never_gets_identity_after_a_fill() {
     }
     assert_eq!(origin.hits(), 2);
 }
+
+/// An HTTP/1.0 origin (as Python's http.server is): each answer in HTTP/1.0, with no
+/// Content-Length (its body ends at the close), the connection closed after it. larder answers
+/// its HTTP/1.1 client in HTTP/1.1, whether the response is stored or not, and the client's
+/// connection stays open for the next request.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_1_0_origin_is_answered_for_in_http_1_1_on_a_kept_connection() {
+    use tokio::io::AsyncWriteExt;
+    let addr = raw_origin(|mut s| async move {
+        let Some(got) = read_head(&mut s).await else {
+            return;
+        };
+        let (status, cc) = if got.starts_with(b"GET /missing") {
+            ("404 Not Found", "")
+        } else if got.starts_with(b"GET /cached") {
+            ("200 OK", "cache-control: max-age=60\r\n")
+        } else {
+            ("200 OK", "cache-control: no-store\r\n")
+        };
+        let reply = format!("HTTP/1.0 {status}\r\nserver: SimpleHTTP/0.6\r\n{cc}\r\nbody of it");
+        let _ = s.write_all(reply.as_bytes()).await;
+        // The body ends at the close.
+    })
+    .await;
+    let larder = larder(PROXY, &format!("http://{addr}")).await;
+    let mut c = Raw::connect(larder.addr).await;
+    for (path, status) in [
+        ("/missing", 404),
+        ("/cached", 200),
+        ("/passed", 200),
+        ("/missing", 404),
+        ("/cached", 200),
+    ] {
+        c.write(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n"))
+            .await;
+        let r = c.response().await;
+        assert!(
+            r.head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{path}: {}",
+            r.head
+        );
+        assert_eq!(r.text(), "body of it", "{path}");
+        assert_ne!(r.header("connection"), Some("close"), "{path}: {}", r.head);
+    }
+    assert!(larder.has_entry("t", "/cached"));
+}

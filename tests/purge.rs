@@ -110,6 +110,31 @@ async fn admin_api_requires_the_token() {
     .await;
     assert_eq!(g.status, 200);
     assert!(String::from_utf8_lossy(&g.body).contains("\"urls\":0"));
+    // RFC 9110 §11.1: the scheme's name is case-insensitive.
+    for scheme in ["bearer", "BEARER"] {
+        let auth = format!("{scheme} s3cret");
+        let g = get(
+            &c,
+            &format!("{admin}/_larder/status"),
+            &[("authorization", &auth)],
+        )
+        .await;
+        assert_eq!(g.status, 200, "{scheme}");
+    }
+}
+
+/// The dashboard's page may not be framed by another site (clickjacking): CSP
+/// `frame-ancestors 'none'`, and X-Frame-Options for older browsers.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_refuses_to_be_framed() {
+    let (_o, _l, c, _base, admin) = setup("").await;
+    for path in ["/", "/_larder/dashboard"] {
+        let g = get(&c, &format!("{admin}{path}"), &[]).await;
+        assert_eq!(g.status, 200, "{path}");
+        let csp = g.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert_eq!(g.header("x-frame-options"), Some("DENY"), "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -175,6 +175,30 @@ async fn records_are_written_read_and_conditioned() {
     // A member through a scalar is a conflict; nothing changes.
     let conflict = put(&c, &l.url("/cars/1/km/x"), "1").await;
     assert_eq!(conflict.status, 409);
+    assert_eq!(
+        json_of(&conflict)["error"],
+        "cannot set member `km/x` of record `cars/1`: its member `km` is not an object"
+    );
+    // Through a record that is itself a number: the message names the member path (it
+    // named an empty one).
+    assert_eq!(put(&c, &l.url("/num"), "1").await.status, 201);
+    let conflict = put(&c, &l.url("/num/a/b"), "2").await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(
+        json_of(&conflict)["error"],
+        "cannot set member `a/b` of record `num`: the record is not an object"
+    );
+    // A prefix asked as a path (the route is at /): the answer says how to ask for it.
+    for url in ["/cars/?subscribe", "/cars/"] {
+        let prefix = get(&c, &l.url(url), &[]).await;
+        assert_eq!(prefix.status, 400);
+        assert_eq!(
+            json_of(&prefix)["error"],
+            "`cars/` is not an id (an id does not end in /): for the records under it, ask \
+             `/?match=cars/*` (with `&subscribe` to follow them)",
+            "{url}"
+        );
+    }
 
     // Preconditions for safe concurrent writers.
     let now = get(&c, &l.url("/cars/1"), &[]).await;

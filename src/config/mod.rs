@@ -8,7 +8,9 @@
 //! `max_size`, `max_connections` above the open-files limit) run after parsing and name the key
 //! they blame and its line, found by its path in the text ([`Locator`]). Each part of the program
 //! receives its own typed slice of this (`CacheConfig`, `CompressionConfig`, `ProxyConfig`, ...),
-//! never the whole thing.
+//! never the whole thing. Loading a file ([`Config::load`]) reads a regular file of bounded
+//! size ([`MAX_CONFIG_BYTES`]) and checks the directories it names on this machine (a static
+//! route's `root`).
 //!
 //! It is plain data at the bottom of the dependency graph: it imports nothing of larder's, holds
 //! no runtime state (the handlers build theirs from it, e.g. who may purge from `[admin]`), and
@@ -131,6 +133,49 @@ impl Source {
     }
 }
 
+/// The largest configuration file larder reads (16 MiB; the example with every setting is
+/// under 10 KiB). A larger file, or one that is not a regular file (`/dev/zero`, a pipe, a
+/// directory), is refused before any of it is read: reading `/dev/zero` whole never ends.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of the configuration file at `path`: a regular file of at most
+/// [`MAX_CONFIG_BYTES`] (read through a bound too, should it grow meanwhile).
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a device, pipe or socket)"
+        };
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("it is {what}: a configuration is a file"),
+        ));
+    }
+    let too_large = || {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!(
+                "larger than {} MiB: not a configuration",
+                MAX_CONFIG_BYTES >> 20
+            ),
+        )
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_large());
+    }
+    let mut text = String::new();
+    (std::fs::File::open(path)?)
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_large());
+    }
+    Ok(text)
+}
+
 /// File descriptors kept for what is not a client connection or a listening socket: standard
 /// streams, the runtimes' epoll and wakers (about 12 in all with one worker, measured), files
 /// being read, upstream connections being made. Past these, descriptors can still run out (an
@@ -181,15 +226,56 @@ impl Config {
         }
     }
 
-    /// Reads and parses a configuration file.
+    /// Reads and parses a configuration file (a regular file of at most [`MAX_CONFIG_BYTES`]),
+    /// and checks what the file names on this machine: each static route's `root` is a
+    /// directory.
     pub fn load(path: &Path) -> Result<Config, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        let text = read_bounded(path).map_err(|source| Error::Read {
             path: path.to_path_buf(),
             source,
         })?;
         let mut cfg = Self::parse(&text, &path.display().to_string())?;
         cfg.source.path = Some(path.to_path_buf());
+        cfg.check_directories()?;
         Ok(cfg)
+    }
+
+    /// Each static route's `root` is a directory here: one that does not exist (a typo, a
+    /// missing mount) would answer 404 to every request.
+    fn check_directories(&self) -> Result<(), Error> {
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, r) in l.routes.iter().enumerate() {
+                let HandlerConfig::Static(StaticConfig {
+                    root: Some(root), ..
+                }) = &r.handler
+                else {
+                    continue;
+                };
+                let why = match std::fs::metadata(root) {
+                    Ok(m) if m.is_dir() => continue,
+                    Ok(_) => "is not a directory".to_string(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        "does not exist".to_string()
+                    }
+                    Err(e) => format!("cannot be read: {e}"),
+                };
+                let relative = if root.is_relative() {
+                    let cwd = std::env::current_dir().unwrap_or_default();
+                    format!(" (relative to the working directory, {})", cwd.display())
+                } else {
+                    String::new()
+                };
+                let at = [Key("listener"), Index(i), Key("route"), Index(j)];
+                return Err(self.source.error(
+                    &[&[&at[..], &[Key("static"), Key("root")]].concat(), &at],
+                    format!(
+                        "{}{relative} {why}: every request would be answered 404",
+                        root.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks that span several keys (each key alone was checked while parsing); an error names

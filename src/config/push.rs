@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::units::{Bounded, ByteSize, Dur, MIB};
+use super::units::{Bounded, ByteSize, Dur, HOUR_MS, MIB};
 
 /// A push route: its records, who may write and read them, and the limits of its subscribers.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -84,6 +84,18 @@ pub struct JwtConfig {
     /// An RS256 public key (PEM file).
     #[serde(default)]
     pub public_key: Option<PathBuf>,
+    /// How far a token's `exp` and `nbf` may be off (clocks of the issuer and of larder
+    /// disagree): a token is taken until `exp` plus this, and from `nbf` minus this. Whole
+    /// seconds (jsonwebtoken counts in seconds), at most an hour.
+    #[serde(default = "JwtConfig::default_leeway")]
+    pub leeway: Dur<0, HOUR_MS>,
+}
+
+impl JwtConfig {
+    /// jsonwebtoken's own default.
+    fn default_leeway() -> Dur<0, HOUR_MS> {
+        Dur(std::time::Duration::from_secs(60))
+    }
 }
 
 impl PushConfig {

@@ -7,7 +7,8 @@
 //! {"larder": {"publish": ["cars/*"], "subscribe": ["*"]}, "exp": 1893456000}
 //! ```
 //!
-//! `exp` and `nbf` are checked when present. A browser's EventSource cannot send headers, so
+//! `exp` and `nbf` are checked when present, give or take the route's `leeway` (60 s by
+//! default). A browser's EventSource cannot send headers, so
 //! a read token may also come in the `authorization` query parameter.
 
 use http::{HeaderMap, StatusCode};
@@ -106,6 +107,7 @@ impl Auth {
                 let mut v = Validation::new(alg);
                 v.required_spec_claims.clear();
                 v.validate_nbf = true;
+                v.leeway = j.leeway.0.as_secs();
                 Some((key, v))
             }
         };
@@ -116,13 +118,9 @@ impl Auth {
         })
     }
 
+    /// The bearer token, its scheme's name in any case (RFC 9110 §11.1).
     fn bearer(headers: &HeaderMap) -> Option<&str> {
-        headers
-            .get(http::header::AUTHORIZATION)?
-            .to_str()
-            .ok()?
-            .strip_prefix("Bearer ")
-            .map(str::trim)
+        crate::admin::bearer_token(headers)
     }
 
     fn claims(&self, token: &str) -> Option<Claims> {
@@ -183,6 +181,60 @@ impl Auth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Dur, JwtConfig};
+    use http::HeaderValue;
+
+    const SECRET: &str = "a-long-enough-shared-secret";
+
+    fn auth(leeway_secs: u64) -> Auth {
+        let mut cfg = PushConfig::new_dir("/unused".into(), Some("tok".into()));
+        cfg.jwt = Some(JwtConfig {
+            secret: Some(SECRET.into()),
+            public_key: None,
+            leeway: Dur(std::time::Duration::from_secs(leeway_secs)),
+        });
+        Auth::new(&cfg).unwrap()
+    }
+
+    fn bearer(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(value).unwrap(),
+        );
+        h
+    }
+
+    fn jwt(claims: serde_json::Value) -> String {
+        let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+    }
+
+    #[test]
+    fn exp_and_nbf_are_checked_with_the_configured_leeway() {
+        let now = jsonwebtoken::get_current_timestamp();
+        let grants = serde_json::json!({"publish": ["*"]});
+        // Expired 30 s ago, and valid only 30 s from now.
+        let expired = jwt(serde_json::json!({"larder": grants, "exp": now - 30}));
+        let early = jwt(serde_json::json!({"larder": grants, "nbf": now + 30}));
+        for token in [&expired, &early] {
+            let h = bearer(&format!("Bearer {token}"));
+            assert!(auth(60).writer(&h).id("x"), "within 60 s of leeway");
+            assert!(!auth(0).writer(&h).id("x"), "no leeway");
+            assert!(!auth(10).writer(&h).id("x"), "beyond 10 s of leeway");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let a = auth(0);
+        let token = jwt(serde_json::json!({"larder": {"publish": ["cars/*"]}}));
+        for scheme in ["Bearer", "bearer", "BEARER"] {
+            assert_eq!(a.writer(&bearer(&format!("{scheme} tok"))), Allowed::All);
+            let granted = a.writer(&bearer(&format!("{scheme} {token}")));
+            assert!(granted.id("cars/1") && !granted.id("bikes/1"), "{scheme}");
+        }
+    }
 
     #[test]
     fn a_pattern_covers_the_ones_inside_it() {

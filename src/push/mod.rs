@@ -178,6 +178,18 @@ impl Push {
             return inner.preflight(req.headers());
         }
         if !rest.is_empty() && !valid_id(&rest) {
+            // `/records/` where the route is at `/`: a prefix meant, which `match` says.
+            let under = rest.strip_suffix('/').filter(|id| valid_id(id));
+            if let (Some(id), true) = (under, method == Method::GET || method == Method::HEAD) {
+                let at = inner.prefix_slash();
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "`{rest}` is not an id (an id does not end in /): for the records under \
+                         it, ask `{at}?match={id}/*` (with `&subscribe` to follow them)"
+                    ),
+                );
+            }
             return refuse(
                 StatusCode::BAD_REQUEST,
                 "an id is segments of A-Z a-z 0-9 _ - . ~ : @ separated by /, at most 512 bytes",
@@ -543,7 +555,7 @@ impl Inner {
                 Ok(v) => v,
                 Err(r) => return r,
             };
-            match (method, member) {
+            match (method, member.as_deref()) {
                 (Method::PATCH, _) => Write::Patch(value),
                 (_, Some(m)) => Write::Member(m.split('/').map(str::to_string).collect(), value),
                 _ => Write::Put(value),
@@ -588,10 +600,20 @@ impl Inner {
             Err(WriteError::PreconditionFailed) => {
                 refuse(StatusCode::PRECONDITION_FAILED, "precondition failed")
             }
-            Err(WriteError::Conflict(at)) => refuse(
-                StatusCode::CONFLICT,
-                &format!("member `{at}` is not an object"),
-            ),
+            Err(WriteError::Conflict(at)) => {
+                // `at` is where the path met a value that is not an object: empty for the
+                // record itself.
+                let through = if at.is_empty() {
+                    "the record is not an object".to_string()
+                } else {
+                    format!("its member `{at}` is not an object")
+                };
+                let member = member.as_deref().unwrap_or_default();
+                refuse(
+                    StatusCode::CONFLICT,
+                    &format!("cannot set member `{member}` of record `{id}`: {through}"),
+                )
+            }
             Err(WriteError::TooLarge(max)) => refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("a record is at most {max} bytes"),

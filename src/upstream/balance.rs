@@ -126,23 +126,56 @@ impl Ring {
     /// The backend `key` belongs to, or walking on along the ring, the first that `ok`
     /// accepts: a key whose backend is down moves to the next one and comes back after.
     pub fn pick(&self, key: &[u8], mut ok: impl FnMut(usize) -> bool) -> Option<usize> {
-        let mut refused = 0u128;
+        let mut refused = BackendSet::default();
         for addr in self.continuum.node_iter(key).take(MAX_WALK) {
             let &i = self.index.get(addr)?;
-            if i < 128 && refused & (1 << i) != 0 {
+            if refused.contains(i) {
                 continue;
             }
             if ok(i) {
                 return Some(i);
             }
-            if i < 128 {
-                refused |= 1 << i;
-                if refused.count_ones() as usize == self.index.len() {
-                    return None;
-                }
+            refused.insert(i);
+            if refused.len() == self.index.len() {
+                return None;
             }
         }
         None
+    }
+}
+
+/// A set of a pool's backends by index (those a request has tried): the first 128 in one
+/// word, the rest of a larger pool in words allocated when one of them is added. (A plain
+/// `u128` lost every backend past the 128th: a failed one could be chosen again.)
+#[derive(Debug, Default, Clone)]
+pub struct BackendSet {
+    low: u128,
+    high: Vec<u64>,
+}
+
+impl BackendSet {
+    pub fn insert(&mut self, i: usize) {
+        let Some(j) = i.checked_sub(128) else {
+            self.low |= 1 << i;
+            return;
+        };
+        if self.high.len() <= j / 64 {
+            self.high.resize(j / 64 + 1, 0);
+        }
+        self.high[j / 64] |= 1 << (j % 64);
+    }
+
+    pub fn contains(&self, i: usize) -> bool {
+        match i.checked_sub(128) {
+            None => self.low & (1 << i) != 0,
+            Some(j) => (self.high.get(j / 64)).is_some_and(|w| w & (1 << (j % 64)) != 0),
+        }
+    }
+
+    /// How many backends the set holds.
+    pub fn len(&self) -> usize {
+        let high: u32 = self.high.iter().map(|w| w.count_ones()).sum();
+        (self.low.count_ones() + high) as usize
     }
 }
 
@@ -167,6 +200,32 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_set_holds_any_index() {
+        let mut s = BackendSet::default();
+        for i in [0, 1, 127, 128, 129, 191, 192, 300, 1000] {
+            assert!(!s.contains(i), "{i}");
+            s.insert(i);
+            s.insert(i);
+            assert!(s.contains(i), "{i}");
+        }
+        assert_eq!(s.len(), 9);
+        assert!(!s.contains(2) && !s.contains(130) && !s.contains(999) && !s.contains(5000));
+    }
+
+    #[test]
+    fn the_ring_walks_past_refused_backends_beyond_the_128th() {
+        let members: Vec<(usize, String, u32)> = (0..200)
+            .map(|i| (i, format!("10.0.{}.{}:80", i / 256, i % 256), 1))
+            .collect();
+        let ring = Ring::new(&members);
+        // Only the last backend takes requests: every key walks to it.
+        for key in [&b"a"[..], b"b", b"some/path"] {
+            assert_eq!(ring.pick(key, |i| i == 199), Some(199));
+        }
+        assert_eq!(ring.pick(b"a", |_| false), None);
+    }
 
     #[test]
     fn round_robin_is_smooth_and_weighted() {

@@ -1,7 +1,8 @@
 //! One exchange with a backend: the client request rewritten into the backend's (with the
 //! proxy fields of [`crate::http::fields`]: hop-by-hop fields, Via, X-Forwarded-*), the
 //! timeouts on the response head and on the body ([`UpstreamBody`]), and whether a failure may
-//! be resent (a pooled connection the origin had closed).
+//! be resent (a pooled connection the origin had closed). The response's HTTP version is
+//! larder's own (HTTP/1.1), not the backend's: the client's connection decides what goes on it.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -63,7 +64,11 @@ pub fn send(
         let result = until_head(sent, &mut deadline, timeout, upload.as_deref()).await;
         let (error, resend) = match result {
             Some(Ok(answer)) => {
-                let (response, conn) = answer.into_parts();
+                let (mut response, conn) = answer.into_parts();
+                // The backend's HTTP version is its own: larder speaks its own to its clients.
+                // (An HTTP/1.0 origin's version passed on made hyper's server answer an
+                // HTTP/1.1 client in HTTP/1.0 and close the connection.)
+                *response.version_mut() = http::Version::HTTP_11;
                 return Ok(
                     response.map(|body| UpstreamBody::new(body, body_timeout, inflight, conn))
                 );

@@ -297,14 +297,14 @@ impl Pool {
         let mut body = Some(body);
         async move {
             let started = Instant::now();
-            let mut tried = 0u128;
+            let mut tried = balance::BackendSet::default();
             let mut attempt = 0;
             let mut resend: Option<usize> = None;
             loop {
                 let fresh = resend.is_some();
                 let i = resend
                     .take()
-                    .unwrap_or_else(|| self.choose(key.as_deref(), tried));
+                    .unwrap_or_else(|| self.choose(key.as_deref(), &tried));
                 let backend = &self.backends[i];
                 let p = upstream_request(parts.borrow(), &backend.url, peer);
                 let b = if retryable {
@@ -350,11 +350,11 @@ impl Pool {
                 if !matches!(e, FetchError::RequestBody(_)) {
                     self.outcome(i, false);
                 }
-                tried |= bit(i);
+                tried.insert(i);
                 let more = retryable
                     && attempt < self.cfg.retries.get()
                     && started.elapsed() < self.cfg.retry_timeout.0
-                    && (tried.count_ones() as usize) < self.backends.len()
+                    && tried.len() < self.backends.len()
                     && retry_after(&e);
                 if !more {
                     return Err(e);
@@ -384,10 +384,10 @@ impl Pool {
     /// not yet tried; else a backup; else (every backend down) any primary not yet tried, as
     /// Envoy's panic mode does: a request to a backend thought down may still succeed, a 502
     /// never does.
-    fn choose(&self, key: Option<&[u8]>, tried: u128) -> usize {
+    fn choose(&self, key: Option<&[u8]>, tried: &balance::BackendSet) -> usize {
         let now = self.now_ms();
         let passive = &self.cfg.passive;
-        let ok = |i: usize| tried & bit(i) == 0 && self.backends[i].health.admit(now, passive);
+        let ok = |i: usize| !tried.contains(i) && self.backends[i].health.admit(now, passive);
         let chosen = match (self.cfg.balance, &self.ring, key) {
             (Balance::Hash, Some(ring), Some(key)) => ring.pick(key, ok),
             (Balance::LeastConn, _, _) => balance::least_loaded(
@@ -403,7 +403,7 @@ impl Pool {
             .or_else(|| {
                 tracing::debug!(pool = %self.name, "no backend up: trying one anyway");
                 self.round_robin
-                    .pick(|i| tried & bit(i) == 0 && !self.backends[i].drained())
+                    .pick(|i| !tried.contains(i) && !self.backends[i].drained())
             })
             .or_else(|| self.round_robin.pick(|i| !self.backends[i].drained()))
             .or_else(|| self.round_robin.pick(|_| true))
@@ -549,14 +549,6 @@ impl Drop for InFlight {
     }
 }
 
-fn bit(i: usize) -> u128 {
-    if i < 128 {
-        1 << i
-    } else {
-        0
-    }
-}
-
 /// Whether a failed exchange may be tried again elsewhere: nothing of a response came back
 /// (the connection failed, closed or reset, or no head in time).
 fn retry_after(e: &FetchError) -> bool {
@@ -580,6 +572,7 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
 mod tests {
     use super::*;
     use crate::config::BackendConfig;
+    use balance::BackendSet;
 
     fn pool(n: usize, cfg: impl FnOnce(&mut PoolConfig)) -> Arc<Pool> {
         let backends = (0..n)
@@ -601,12 +594,14 @@ mod tests {
         }
         assert_eq!(p.states(), ["ejected", "up"]);
         for _ in 0..10 {
-            assert_eq!(p.choose(None, 0), 1);
+            assert_eq!(p.choose(None, &BackendSet::default()), 1);
         }
         std::thread::sleep(Duration::from_millis(40));
         assert_eq!(p.states()[0], "probing");
         // One request probes it; the others keep going to the healthy one meanwhile.
-        let picks: Vec<usize> = (0..6).map(|_| p.choose(None, 0)).collect();
+        let picks: Vec<usize> = (0..6)
+            .map(|_| p.choose(None, &BackendSet::default()))
+            .collect();
         assert_eq!(picks.iter().filter(|&&i| i == 0).count(), 1, "{picks:?}");
         p.outcome(0, true);
         assert_eq!(p.states(), ["up", "up"]);
@@ -629,24 +624,40 @@ mod tests {
     #[test]
     fn all_down_still_tries_and_backups_come_first() {
         let p = pool(2, |c| c.backends[1].backup = true);
-        assert_eq!(p.choose(None, 0), 0);
+        assert_eq!(p.choose(None, &BackendSet::default()), 0);
         for _ in 0..3 {
             p.outcome(0, false);
         }
-        assert_eq!(p.choose(None, 0), 1);
+        assert_eq!(p.choose(None, &BackendSet::default()), 1);
         for _ in 0..3 {
             p.outcome(1, false);
         }
         // Everything is out: a primary is tried anyway.
-        assert_eq!(p.choose(None, 0), 0);
+        assert_eq!(p.choose(None, &BackendSet::default()), 0);
     }
 
     #[test]
     fn tried_backends_are_skipped() {
         let p = pool(3, |_| {});
+        let mut tried = BackendSet::default();
+        tried.insert(1);
         for _ in 0..10 {
-            let i = p.choose(None, bit(1));
+            let i = p.choose(None, &tried);
             assert_ne!(i, 1);
+        }
+    }
+
+    /// Tried backends were a `u128` mask: from the 129th on, a backend that failed could be
+    /// chosen again for the same request.
+    #[test]
+    fn tried_backends_are_skipped_beyond_the_128th() {
+        let p = pool(200, |_| {});
+        let mut tried = BackendSet::default();
+        for i in 0..199 {
+            tried.insert(i);
+        }
+        for _ in 0..300 {
+            assert_eq!(p.choose(None, &tried), 199);
         }
     }
 
