@@ -105,3 +105,76 @@ async fn a_websocket_peer_that_floods_pings_and_never_reads_is_closed() {
     .await;
     assert!(end.is_ok(), "the connection is closed");
 }
+
+/// An SSE subscription over HTTP/1.1 on a socket with a small receive buffer, not read.
+async fn slow_subscriber(addr: SocketAddr) -> TcpStream {
+    let mut s = small_window(addr).await;
+    s.write_all(b"GET /?subscribe&init=0 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    s
+}
+
+/// Reads `s` until it closes: the bytes and the longest wait between two reads.
+async fn read_out(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, Duration, bool) {
+    let mut all = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut longest = Duration::ZERO;
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        let left = limit.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Err(_) => return (all, longest.max(last.elapsed()), false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (all, longest.max(last.elapsed()), true),
+            Ok(Ok(n)) => {
+                all.extend_from_slice(&buf[..n]);
+                longest = longest.max(last.elapsed());
+                last = Instant::now();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn sse_subscribers_that_do_not_read_are_reset_and_never_left_silent() {
+    // Twenty subscribers that read nothing while 200 changes of 50 KB are written: each one's
+    // socket fills, its write waits past two heartbeats (and its ring is overtaken).
+    let (l, _dir) =
+        push_larder("heartbeat = \"300ms\"\nqueue = 64\nmax_record_size = \"1MiB\"").await;
+    let mut subs = Vec::new();
+    for _ in 0..20 {
+        subs.push(slow_subscriber(l.addr).await);
+    }
+    let c = client();
+    let value = format!("\"{}\"", "z".repeat(50 * 1024));
+    for i in 0..200 {
+        let r = send(
+            &c,
+            "PUT",
+            &l.url(&format!("/big/{}", i % 100)),
+            &[("authorization", "Bearer s3cret")],
+            &value,
+        )
+        .await;
+        assert!(r.status.is_success(), "{}", r.status);
+    }
+    // Reading now, each finds what was written for it, then the reset and the stream's end,
+    // with nothing like a heartbeat's silence on the way.
+    for (i, s) in subs.iter_mut().enumerate() {
+        let (got, longest, closed) = read_out(s, Duration::from_secs(10)).await;
+        let text = String::from_utf8_lossy(&got);
+        let tail = &text[text.len().saturating_sub(120)..];
+        assert!(
+            text.ends_with(
+                "\r\n2a\r\nevent: reset\ndata: {\"reason\":\"overflow\"}\n\n\r\n0\r\n\r\n"
+            ),
+            "subscriber {i} is told it overflowed, and its stream ends: {tail:?}"
+        );
+        assert!(closed, "subscriber {i}: the connection is closed");
+        assert!(
+            longest < Duration::from_secs(2),
+            "subscriber {i}: the stream is never silent past its heartbeat: {longest:?}"
+        );
+    }
+}
