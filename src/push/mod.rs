@@ -431,9 +431,10 @@ impl Inner {
             Some(sink) if req.version() <= http::Version::HTTP_11 => {
                 let chunked = req.version() == http::Version::HTTP_11;
                 let claim = sink.claim_handoff();
+                let heartbeat = self.cfg.heartbeat.0;
                 tokio::spawn(async move {
                     if let Ok(up) = claim.await {
-                        sse::serve_raw(up, start, chunked).await;
+                        sse::serve_raw(up, start, chunked, heartbeat).await;
                     }
                 });
                 Body::stream(sse::HandOff::new(sink))

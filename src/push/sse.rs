@@ -4,7 +4,8 @@
 //! changes missed since `Last-Event-ID`), then reads the topic's ring. Every event waiting
 //! when the subscriber wakes goes out in one write; a lone event goes out as the shared bytes
 //! themselves, with no copy. A subscriber the ring has overtaken gets a `reset` event and its
-//! stream ends (the client reconnects with its last event id and resumes from the history).
+//! stream ends (the client reconnects with its last event id and resumes from the history);
+//! on HTTP/1.x so does one whose socket took nothing for two heartbeats ([`serve_raw`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -207,33 +208,93 @@ impl http_body::Body for HandOff {
     }
 }
 
-/// How long one write to a subscriber may wait for its socket before the subscriber is
-/// dropped (its client stopped reading; a slower one gets a `reset` from its ring first).
-const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the end of a stream that a stalled client was cut off from (what was being written,
+/// the `reset` and the last chunk) waits for it to read before its connection is dropped.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Writes `b` within [`WRITE_TIMEOUT`]: whether it went.
-async fn write(io: &mut Box<dyn crate::upgrade::Io>, b: Bytes) -> bool {
+/// Writes `b`, waiting at most `wait` for the socket to take any of it: `Err(Some(rest))` with
+/// what it did not take by then, `Err(None)` when the connection failed.
+async fn write(
+    io: &mut Box<dyn crate::upgrade::Io>,
+    mut b: Bytes,
+    wait: std::time::Duration,
+) -> Result<(), Option<Bytes>> {
     use std::future::Future;
     use tokio::io::AsyncWriteExt;
-    let mut fut = std::pin::pin!(io.write_all(&b));
-    // Nearly every write goes at once: those read no clock and arm no timer.
-    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-    if let Poll::Ready(r) = first {
-        return r.is_ok();
+    while !b.is_empty() {
+        let wrote = {
+            let mut fut = std::pin::pin!(io.write(&b));
+            // Nearly every write goes at once: those read no clock and arm no timer.
+            match std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => tokio::time::timeout(wait, fut).await.ok(),
+            }
+        };
+        match wrote {
+            None => return Err(Some(b)),
+            Some(Ok(0)) | Some(Err(_)) => return Err(None),
+            Some(Ok(n)) => {
+                let _ = b.split_to(n);
+            }
+        }
     }
-    matches!(tokio::time::timeout(WRITE_TIMEOUT, fut).await, Ok(Ok(())))
+    Ok(())
+}
+
+/// Ends a stream: `rest` (what was being written), then `last` unless the stream ended
+/// already (`ended`), then the last chunk, each waiting at most `wait`; then the connection
+/// is closed.
+async fn finish(
+    io: &mut Box<dyn crate::upgrade::Io>,
+    rest: Option<Bytes>,
+    last: &'static [u8],
+    ended: bool,
+    chunked: bool,
+    wait: std::time::Duration,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut parts = Vec::with_capacity(3);
+    parts.extend(rest);
+    if !ended {
+        parts.push(if chunked {
+            super::fanout::chunk(last)
+        } else {
+            Bytes::from_static(last)
+        });
+    }
+    if chunked {
+        parts.push(Bytes::from_static(b"0\r\n\r\n"));
+    }
+    for p in parts {
+        if write(io, p, wait).await.is_err() {
+            return;
+        }
+    }
+    let _ = tokio::time::timeout(wait, io.shutdown()).await;
 }
 
 /// Writes a subscription's events on a connection handed over after the response head:
 /// as HTTP/1.1 chunks (`chunked`), or as they are (an HTTP/1.0 response delimited by close).
-pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// A write that waits two heartbeats for the socket cuts the subscriber off as if it had
+/// overflowed (by then the ring is overtaking it, or its client is gone): it stops reading
+/// the ring, and what was being written, the `reset` and the end wait [`LINGER`] more for the
+/// client to read them. So a client that reads again finds the `reset` and the stream's end,
+/// never a stream left open with nothing coming.
+pub async fn serve_raw(
+    up: crate::upgrade::Upgraded,
+    start: Start,
+    chunked: bool,
+    heartbeat: std::time::Duration,
+) {
+    use tokio::io::AsyncReadExt;
     // The permit is held while the subscriber lives.
     let crate::upgrade::Upgraded {
         mut io,
         permit: _permit,
         ..
     } = up;
+    let patience = heartbeat * 2;
     let head = opening(&start);
     let head = if chunked {
         super::fanout::chunk(&head)
@@ -243,7 +304,11 @@ pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool
     let Start {
         mut rx, skip_to, ..
     } = start;
-    if !write(&mut io, head).await {
+    if let Err(rest) = write(&mut io, head, patience).await {
+        if rest.is_some() {
+            drop(rx);
+            finish(&mut io, rest, OVERFLOW, false, chunked, LINGER).await;
+        }
         return;
     }
     let mut probe = [0u8; 64];
@@ -265,15 +330,19 @@ pub async fn serve_raw(up: crate::upgrade::Upgraded, start: Start, chunked: bool
         let batch = Batch::gather(got, &mut rx, skip_to);
         let ended = batch.ended;
         if let Some(b) = batch.take(chunked) {
-            if !write(&mut io, b).await {
-                return;
+            match write(&mut io, b, patience).await {
+                Ok(()) => {}
+                Err(None) => return,
+                Err(rest) => {
+                    // The ring's place is given up now; the end waits for the client.
+                    drop(rx);
+                    finish(&mut io, rest, OVERFLOW, ended, chunked, LINGER).await;
+                    return;
+                }
             }
         }
         if ended {
-            if chunked {
-                let _ = write(&mut io, Bytes::from_static(b"0\r\n\r\n")).await;
-            }
-            let _ = io.shutdown().await;
+            finish(&mut io, None, b"", true, chunked, patience).await;
             return;
         }
     }

@@ -15,6 +15,12 @@
 //! SSE, `since` resuming like `Last-Event-ID`), `{"op": "get", "id": ..., "value": ...}`, and
 //! `{"error": ..., "op": ...}` for a request it refused. Pings go out every heartbeat; a
 //! message over the route's limit closes the socket with 1009.
+//!
+//! A peer that does not read is bounded like any other: every write (a message, the pong to a
+//! ping, which tungstenite queues as it reads the ping) is awaited before the next frame is
+//! read, so what waits for the peer is at most one message and one pong, and a write
+//! that waits two heartbeats ends the session (the socket is dropped: a close frame would wait
+//! behind what the peer has not read).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -142,11 +148,15 @@ pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
     // subscriptions (each gets a `reset`), never the route's memory.
     let (ev_tx, mut ev_rx) = mpsc::channel::<Out>(inner.cfg.queue.0 as usize);
     let mut subs: HashMap<String, AbortHandle> = HashMap::new();
-    let mut ping = tokio::time::interval(inner.cfg.heartbeat.0);
+    let heartbeat = inner.cfg.heartbeat.0;
+    // How long one write may wait for the peer to read: past it, the session ends.
+    let patience = heartbeat * 2;
+    let mut ping = tokio::time::interval(heartbeat);
     ping.tick().await;
     let mut reason: Option<CloseFrame> = None;
+    let mut stalled = false;
     loop {
-        let out: Option<Message> = tokio::select! {
+        let out: Write = tokio::select! {
             m = rx.next() => match m {
                 None => break,
                 Some(Err(tungstenite::Error::Capacity(_))) => {
@@ -154,28 +164,44 @@ pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
                     break;
                 }
                 Some(Err(_)) => break,
-                Some(Ok(Message::Text(t))) => Some(handle(&inner, &read, t.as_bytes(), &mut subs, &ev_tx)),
-                Some(Ok(Message::Binary(b))) => Some(handle(&inner, &read, &b, &mut subs, &ev_tx)),
+                Some(Ok(Message::Text(t))) => Write::Send(handle(&inner, &read, t.as_bytes(), &mut subs, &ev_tx)),
+                Some(Ok(Message::Binary(b))) => Write::Send(handle(&inner, &read, &b, &mut subs, &ev_tx)),
                 Some(Ok(Message::Close(_))) => break,
-                Some(Ok(_)) => None,
+                // tungstenite has queued the pong; it goes before the next frame is read (its
+                // reads never wait for a write, so pongs to a peer that does not read would
+                // pile up in its write buffer, one per ping read).
+                Some(Ok(Message::Ping(_))) => Write::Flush,
+                Some(Ok(_)) => Write::Nothing,
             },
             e = ev_rx.recv() => match e {
-                Some(Out::Event(b)) => Some(Message::Text(
+                Some(Out::Event(b)) => Write::Send(Message::Text(
                     tungstenite::Utf8Bytes::try_from(b).expect("events are JSON text"),
                 )),
                 Some(Out::Ended(name, why)) => {
                     subs.remove(&name);
                     let sub = serde_json::to_string(&name).expect("a string serializes");
-                    Some(Message::text(format!(
+                    Write::Send(Message::text(format!(
                         "{{\"sub\":{sub},\"event\":\"reset\",\"seq\":0,\"data\":{{\"reason\":\"{why}\"}}}}"
                     )))
                 }
-                None => None,
+                None => Write::Nothing,
             },
-            _ = ping.tick() => Some(Message::Ping(Bytes::new())),
+            _ = ping.tick() => Write::Send(Message::Ping(Bytes::new())),
         };
-        if let Some(m) = out {
-            if tx.send(m).await.is_err() {
+        // Every write waits for the peer's socket (nothing more is read meanwhile), and at
+        // most `patience`.
+        let wrote = match out {
+            Write::Send(m) => tokio::time::timeout(patience, tx.send(m)).await,
+            Write::Flush => tokio::time::timeout(patience, tx.flush()).await,
+            Write::Nothing => continue,
+        };
+        match wrote {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                // The peer reads nothing: a close frame would wait behind what it has not
+                // read, so the connection is dropped without one.
+                stalled = true;
                 break;
             }
         }
@@ -183,10 +209,24 @@ pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
     for (_, h) in subs {
         h.abort();
     }
-    if let Some(r) = reason {
-        let _ = tx.send(Message::Close(Some(r))).await;
+    if stalled {
+        return;
     }
-    let _ = tx.close().await;
+    // The closing handshake waits for the peer at most `patience` too.
+    let _ = tokio::time::timeout(patience, async {
+        if let Some(r) = reason {
+            let _ = tx.send(Message::Close(Some(r))).await;
+        }
+        let _ = tx.close().await;
+    })
+    .await;
+}
+
+/// What the session writes after an event: a message, the pong tungstenite queued, or nothing.
+enum Write {
+    Send(Message),
+    Flush,
+    Nothing,
 }
 
 /// Answers one client message.
