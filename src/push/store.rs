@@ -199,7 +199,7 @@ struct State {
     pending: HashMap<Arc<str>, (usize, Option<Arc<Record>>)>,
     /// The sequence number of the last change staged (failed ones leave gaps: an entity-tag
     /// a reader never saw is still never given twice).
-    seq: u64,
+    staged: u64,
     /// The sequence number of the last change committed.
     committed: u64,
     /// Committed changes, oldest first, for resuming subscribers.
@@ -295,7 +295,7 @@ impl Store {
         let mut st = State {
             records: BTreeMap::new(),
             pending: HashMap::new(),
-            seq: 0,
+            staged: 0,
             committed: 0,
             history: VecDeque::new(),
             history_max: cfg.history.0 as usize,
@@ -316,7 +316,7 @@ impl Store {
                 Arc::new(Record::new(v, json, c.seq, c.t))
             });
             let id: Arc<str> = c.id.into();
-            st.seq = st.seq.max(c.seq);
+            st.staged = st.staged.max(c.seq);
             let change = st.stage(&id, c.seq, new);
             st.settle(&change);
         }
@@ -519,8 +519,8 @@ impl Store {
                     made = Some(make(seen.as_deref(), &w, max_record)?);
                 }
             }
-            st.seq += 1;
-            let seq = st.seq;
+            st.staged += 1;
+            let seq = st.staged;
             let new = match (made.take().expect("made"), w) {
                 (None, _) => None,
                 // A PUT's value is its own: taken, not copied.
@@ -571,8 +571,8 @@ impl Store {
         expired.dedup();
         let changes: Vec<Arc<Change>> = (expired.iter())
             .map(|id| {
-                st.seq += 1;
-                let seq = st.seq;
+                st.staged += 1;
+                let seq = st.staged;
                 st.stage(id, seq, None)
             })
             .collect();
@@ -793,8 +793,8 @@ impl State {
                     .first_key_value()
                     .map(|(k, v)| (*k, Arc::clone(v)))
                     .expect("over max, so not empty");
-                self.seq += 1;
-                let seq = self.seq;
+                self.staged += 1;
+                let seq = self.staged;
                 out.push(self.stage(&oldest, seq, None));
             }
         }
@@ -1111,6 +1111,77 @@ mod tests {
         let r = store.get("r").unwrap();
         assert_eq!(r.value.as_object().unwrap().len(), 8 * 25);
         assert_eq!(r.seq, 1 + 8 * 25);
+    }
+
+    /// With the log on a full file system (a tmpfs mounted for the test), concurrent writes
+    /// all fail, those queued behind the first failed commit included, and leave nothing in
+    /// memory; once there is room, the next write succeeds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_that_fail_to_commit_leave_nothing_and_writing_resumes() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("small");
+        std::fs::create_dir(&mnt).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mounting a tmpfs for the test failed (needs root)"
+        );
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let _unmount = Unmount(mnt.clone());
+        let store = store_in(&mnt, |_| {});
+        let none = Conditions::default();
+        store.write("a", Write::Put(json!(1)), &none).await.unwrap();
+        let filler = mnt.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write(&[0u8; 4096]).is_ok_and(|n| n > 0) {}
+        // Every frame larger than the room left in the log's last page.
+        let big = json!("z".repeat(30_000));
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let (store, big) = (Arc::clone(&store), big.clone());
+                tokio::spawn(async move {
+                    let none = Conditions::default();
+                    let w = if i % 2 == 0 {
+                        Write::Put(big)
+                    } else {
+                        Write::Patch(json!({ "p": big }))
+                    };
+                    let id = if i % 4 == 1 {
+                        "a".to_string()
+                    } else {
+                        format!("n/{i}")
+                    };
+                    store.write(&id, w, &none).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert!(
+                matches!(r, Err(WriteError::Storage) | Err(WriteError::NotFound)),
+                "{:?}",
+                r.as_ref().err()
+            );
+        }
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.get("a").unwrap().value, json!(1));
+        assert_eq!((store.seq(), store.history().0), (1, 1));
+        assert!(store.state.lock().unwrap().pending.is_empty());
+        drop(f);
+        std::fs::remove_file(&filler).unwrap();
+        let w = store.write("b", Write::Put(big.clone()), &none).await;
+        assert!(matches!(w, Ok(Written::Created(_))));
+        assert_eq!(store.get("b").unwrap().value, big);
     }
 
     #[test]
