@@ -326,7 +326,10 @@ mod tests {
         struct Unmount(PathBuf);
         impl Drop for Unmount {
             fn drop(&mut self) {
-                let _ = std::process::Command::new("umount").arg(&self.0).status();
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
             }
         }
         let _unmount = Unmount(mnt.clone());
