@@ -1,7 +1,8 @@
 //! Push routes: records written over HTTP (PUT, PATCH, member PUT, DELETE, preconditions),
 //! read like cached objects, listed and subscribed to with filters over SSE (init, live events,
 //! resume with Last-Event-ID, a gap, heartbeats, a slow subscriber's overflow) and WebSocket;
-//! access by token and JWT, CORS, groups, and durability across kill -9.
+//! access by token and JWT, CORS, groups, durability across kill -9, and writes the log refuses
+//! (a full file system) leaving no trace.
 
 mod common;
 
@@ -872,6 +873,10 @@ async fn metrics_count_records_subscriptions_and_changes() {
         ("larder_push_subscriptions", 2),
         ("larder_push_topics", 2),
         ("larder_push_changes_total", 3),
+        ("larder_push_history_changes", 3),
+        // Each change's id and values before and after: a:"1", b:"2", a:"1"->"3".
+        ("larder_push_history_bytes", 2 + 2 + 3),
+        ("larder_push_queued_bytes", 0),
     ] {
         let line = format!("{name}{{dir=\"{d}\"}} {v}");
         assert!(text.contains(&line), "{line} in\n{text}");
@@ -1086,6 +1091,140 @@ fn acknowledged_writes_survive_kill_9_and_the_log_is_compacted() {
         assert_eq!(g.body.len(), 1024 * 1024 + 2);
         let g = get(&c, &format!("http://{addr}/r/{}", acked[0].0), &[]).await;
         assert_eq!(json_of(&g), acked[0].1);
+    });
+}
+
+/// A larder child process on `cfg`, once it listens on `addr`.
+fn start_child(cfg: &std::path::Path, addr: std::net::SocketAddr) -> Child {
+    let child = Child(
+        larder_command()
+            .arg("--config")
+            .arg(cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("larder did not start");
+}
+
+/// A tmpfs of `size` mounted on `dir` (the test runs as root: it fails, not skips, if the
+/// mount is refused), unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mounting a tmpfs on {} failed (the test needs root)",
+            dir.display()
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Fills the file system with a file `name`, to the last byte it takes.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join(name)).unwrap();
+        let block = [0u8; 4096];
+        while f.write(&block).is_ok_and(|n| n > 0) {}
+        let byte = [0u8; 1];
+        while f.write(&byte).is_ok_and(|n| n > 0) {}
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: a log a writer thread still holds open does not keep it mounted.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// With the change log on a full file system, a write gets 503 and leaves no trace: not in
+/// reads, lists or subscriptions, not after a restart; once there is room again the next
+/// write succeeds without a restart (issue #39, item 4).
+#[test]
+fn a_write_the_log_refused_leaves_no_trace_and_writing_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records");
+    let fs = Tmpfs::mount(&records, "200k");
+    let cfg = dir.path().join("larder.toml");
+    let addr = free_port();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[listener]]\naddr = \"{addr}\"\n  [[listener.route]]\n  path = \"/r/\"\n  push = {{ dir = \"{}\", token = \"{TOKEN}\" }}\n",
+            records.display()
+        ),
+    )
+    .unwrap();
+    let url = |p: &str| format!("http://{addr}/r/{p}");
+    let big = json!({"blob": "b".repeat(50_000)});
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let child = start_child(&cfg, addr);
+    rt.block_on(async {
+        let c = client();
+        assert_eq!(put(&c, &url("a"), "1").await.status, 201);
+        let mut sub = Sse::open(&c, &url("?subscribe&init=0"), &[]).await;
+        assert_eq!(sub.next().await.event, "init");
+
+        fs.fill("filler");
+        let refused = put(&c, &url("b"), &big.to_string()).await;
+        assert_eq!(refused.status, 503, "{}", refused.text());
+        assert_eq!(put(&c, &url("a"), &big.to_string()).await.status, 503);
+        let patch = send(&c, "PATCH", &url("a"), &[AUTH], &big.to_string()).await;
+        assert_eq!(patch.status, 503);
+        assert_eq!(
+            get(&c, &url("b"), &[]).await.status,
+            404,
+            "the failed create is not read"
+        );
+        let a = get(&c, &url("a"), &[]).await;
+        assert_eq!(
+            (a.status, json_of(&a)),
+            (http::StatusCode::OK, json!(1)),
+            "the failed replace is not read"
+        );
+        let list = json_of(&get(&c, &url(""), &[]).await);
+        assert_eq!(list["records"], json!({"a": 1}), "nor listed");
+
+        // Room again: the next write succeeds, and it is the subscriber's next event (it saw
+        // nothing of the failed ones).
+        std::fs::remove_file(records.join("filler")).unwrap();
+        assert_eq!(put(&c, &url("c"), "3").await.status, 201);
+        let e = sub.next().await;
+        assert_eq!(
+            (e.event.as_str(), e.json()["id"].as_str()),
+            ("set", Some("c"))
+        );
+        assert_eq!(put(&c, &url("b"), &big.to_string()).await.status, 201);
+        assert_eq!(sub.next().await.json()["id"], "b");
+    });
+    drop(child);
+    let _child = start_child(&cfg, addr);
+    rt.block_on(async {
+        let c = client();
+        let list = json_of(&get(&c, &url(""), &[]).await);
+        assert_eq!(
+            list["records"],
+            json!({"a": 1, "b": big, "c": 3}),
+            "after a restart: what was acknowledged, nothing that failed"
+        );
     });
 }
 

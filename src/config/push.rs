@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::units::{Bounded, ByteSize, Dur, HOUR_MS, MIB};
+use super::units::{Bounded, ByteSize, Dur, HOUR_MS, KIB, MIB};
 
 /// A push route: its records, who may write and read them, and the limits of its subscribers.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -35,10 +35,18 @@ pub struct PushConfig {
     /// Changes kept for resuming subscribers (`Last-Event-ID`); an older id gets a `reset`.
     #[serde(default = "PushConfig::default_history")]
     pub history: Bounded<1, 10_000_000>,
+    /// Bytes of the values the history holds at most (the JSON text of each change's values
+    /// before and after); the oldest changes are dropped beyond it.
+    #[serde(default = "PushConfig::default_history_bytes")]
+    pub history_bytes: ByteSize<{ 64 * KIB }>,
     /// Events a subscriber may have waiting; one that falls further behind gets a `reset`
     /// event and is closed (it resumes from the history when it reconnects).
     #[serde(default = "PushConfig::default_queue")]
     pub queue: Bounded<1, 1_000_000>,
+    /// Bytes of events a subscriber may have waiting (per pattern and filter subscribed to);
+    /// one that falls further behind is reset like one past `queue`.
+    #[serde(default = "PushConfig::default_queue_bytes")]
+    pub queue_bytes: ByteSize<{ 64 * KIB }>,
     /// A comment line sent to every SSE subscriber this often, so that proxies in between do
     /// not cut idle streams (and WebSocket pings as often).
     #[serde(default = "PushConfig::default_heartbeat")]
@@ -109,7 +117,9 @@ impl PushConfig {
             read_needs_jwt: false,
             max_record_size: Self::default_max_record(),
             history: Self::default_history(),
+            history_bytes: Self::default_history_bytes(),
             queue: Self::default_queue(),
+            queue_bytes: Self::default_queue_bytes(),
             heartbeat: Self::default_heartbeat(),
             ws_max_message: Self::default_ws_max_message(),
             cors_origins: Vec::new(),
@@ -124,8 +134,16 @@ impl PushConfig {
     fn default_history() -> Bounded<1, 10_000_000> {
         Bounded(100_000)
     }
+    /// With the embedded default's 64 MiB memory cache in mind: a route's history holds
+    /// about as much (each value is held parsed beside its text, about as large again).
+    fn default_history_bytes() -> ByteSize<{ 64 * KIB }> {
+        ByteSize(32 * MIB)
+    }
     fn default_queue() -> Bounded<1, 1_000_000> {
         Bounded(1024)
+    }
+    fn default_queue_bytes() -> ByteSize<{ 64 * KIB }> {
+        ByteSize(16 * MIB)
     }
     fn default_heartbeat() -> Dur<100> {
         Dur(std::time::Duration::from_secs(15))

@@ -5,7 +5,9 @@
 //! events), so a change is evaluated once per distinct filter and pushed into each ring once;
 //! every subscriber of a ring reads the same `Bytes`. A subscriber that falls more than the
 //! ring's size behind finds it has lagged: it gets a `reset` event and is closed, and the others
-//! never wait for it (the ring overwrites; memory stays bounded by the ring).
+//! never wait for it (the ring overwrites; memory stays bounded by the ring). The ring is bounded
+//! in bytes too (`queue_bytes`): when the events some subscriber has not read yet weigh more,
+//! the oldest are emptied, and a subscriber that comes to an emptied one has lagged the same way.
 //!
 //! For a topic, a change is a `set` when the new value passes the filter, and a `remove` when
 //! the record was removed or no longer passes but passed before.
@@ -21,9 +23,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
 
+use arc_swap::ArcSwapOption;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::task::AtomicWaker;
 use tokio::sync::broadcast::{
@@ -64,6 +67,39 @@ pub fn chunk(data: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// An event in a topic's ring: emptied when the events waiting weigh more than the topic's
+/// `queue_bytes`.
+type Slot = ArcSwapOption<Event>;
+
+impl Event {
+    /// The bytes the event holds.
+    fn weight(&self) -> u64 {
+        (self.sse.len() + self.chunk.len() + self.ws_tail.len()) as u64
+    }
+}
+
+/// A topic's events that some subscriber may not have read yet, oldest first, with their
+/// weight, and the sum of their weights. (Weak: the ring drops an event once every subscriber
+/// has read it, or overwrites it.)
+#[derive(Default)]
+struct Held {
+    slots: VecDeque<(Weak<Slot>, u64)>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Forgets the oldest events that the ring no longer holds.
+    fn prune(&mut self) {
+        while let Some((s, w)) = self.slots.front() {
+            if s.strong_count() > 0 {
+                break;
+            }
+            self.bytes -= w;
+            self.slots.pop_front();
+        }
+    }
+}
+
 /// Subscribers an event wakes at once; each woken one wakes the next (see the module's doc).
 const WAKE_AT_ONCE: usize = 64;
 
@@ -74,7 +110,10 @@ const LOOK_PAST: usize = 8;
 pub struct Topic {
     pub pattern: IdPattern,
     pub filter: Filter,
-    tx: broadcast::Sender<Arc<Event>>,
+    tx: broadcast::Sender<Arc<Slot>>,
+    /// The events not read by every subscriber yet, and their bound in bytes.
+    held: Mutex<Held>,
+    queue_bytes: u64,
     /// Events sent into the ring so far.
     sent: AtomicU64,
     /// Subscribers waiting for an event, in the order they caught up.
@@ -103,7 +142,7 @@ struct Turn {
 
 /// A subscriber's end of a topic: its place in the ring and its turn to be woken.
 pub struct Receiver {
-    rx: broadcast::Receiver<Arc<Event>>,
+    rx: broadcast::Receiver<Arc<Slot>>,
     topic: Arc<Topic>,
     turn: Arc<Turn>,
 }
@@ -122,7 +161,7 @@ impl Receiver {
         }
         loop {
             let seen = self.topic.sent.load(Ordering::SeqCst);
-            match self.rx.try_recv() {
+            match self.try_recv() {
                 Ok(e) => return Poll::Ready(Ok(e)),
                 Err(TryRecvError::Lagged(n)) => return Poll::Ready(Err(RecvError::Lagged(n))),
                 Err(TryRecvError::Closed) => return Poll::Ready(Err(RecvError::Closed)),
@@ -156,9 +195,11 @@ impl Receiver {
         self
     }
 
-    /// An event waiting now, without waiting for one.
+    /// An event waiting now, without waiting for one. An emptied one (see the module's doc)
+    /// is a lag.
     pub fn try_recv(&mut self) -> Result<Arc<Event>, TryRecvError> {
-        self.rx.try_recv()
+        let slot = self.rx.try_recv()?;
+        slot.load_full().ok_or(TryRecvError::Lagged(1))
     }
 }
 
@@ -185,7 +226,22 @@ impl Topic {
     }
 
     fn send(&self, ev: Arc<Event>) {
-        let _ = self.tx.send(ev);
+        let weight = ev.weight();
+        let slot = Arc::new(Slot::from(Some(ev)));
+        if self.tx.send(Arc::clone(&slot)).is_ok() {
+            let mut held = self.held.lock().expect("held");
+            held.prune();
+            held.bytes += weight;
+            held.slots.push_back((Arc::downgrade(&slot), weight));
+            // The newest event is kept whatever it weighs.
+            while held.bytes > self.queue_bytes && held.slots.len() > 1 {
+                let (s, w) = held.slots.pop_front().expect("more than one");
+                if let Some(s) = s.upgrade() {
+                    s.store(None);
+                }
+                held.bytes -= w;
+            }
+        }
         self.sent.fetch_add(1, Ordering::SeqCst);
         // Sweeps under way carry the event on to the subscribers they reach: only as many
         // are started as make up WAKE_AT_ONCE.
@@ -246,6 +302,13 @@ impl Topic {
         }
     }
 
+    /// Bytes of events some subscriber has not read yet.
+    pub fn held_bytes(&self) -> u64 {
+        let mut held = self.held.lock().expect("held");
+        held.prune();
+        held.bytes
+    }
+
     /// Whether the record `id`, as `rec`, is one the topic's subscribers see.
     pub fn shows(&self, id: &str, rec: Option<&Record>) -> bool {
         rec.is_some_and(|r| self.pattern.matches(id) && self.filter.eval(id, &r.value))
@@ -271,6 +334,8 @@ pub struct Fanout {
     topics: RwLock<HashMap<String, Arc<Topic>>>,
     /// Events a subscriber may fall behind by (in topics made from now on).
     queue: AtomicUsize,
+    /// Bytes of events a subscriber may fall behind by (in topics made from now on).
+    queue_bytes: AtomicU64,
     heartbeat: Arc<Event>,
 }
 
@@ -279,6 +344,7 @@ impl Fanout {
         Fanout {
             topics: RwLock::default(),
             queue: AtomicUsize::new(queue.max(1)),
+            queue_bytes: AtomicU64::new(u64::MAX),
             heartbeat: Arc::new(Event::new(0, Bytes::from_static(b":\n\n"), Bytes::new())),
         }
     }
@@ -286,6 +352,17 @@ impl Fanout {
     /// The ring size of topics made from now on (a reload).
     pub fn set_queue(&self, queue: usize) {
         self.queue.store(queue.max(1), Ordering::Relaxed);
+    }
+
+    /// The bytes of events a subscriber may fall behind by, in topics made from now on.
+    pub fn set_queue_bytes(&self, bytes: u64) {
+        self.queue_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of events subscribers have not read yet, over every topic.
+    pub fn held_bytes(&self) -> u64 {
+        let topics = self.topics.read().expect("topics");
+        topics.values().map(|t| t.held_bytes()).sum()
     }
 
     /// The topic of `pattern` and `filter`, made if none has them.
@@ -300,6 +377,8 @@ impl Fanout {
                 pattern: pattern.clone(),
                 filter: filter.clone(),
                 tx: broadcast::channel(self.queue.load(Ordering::Relaxed)).0,
+                held: Mutex::default(),
+                queue_bytes: self.queue_bytes.load(Ordering::Relaxed),
                 sent: AtomicU64::new(0),
                 waiting: Mutex::default(),
                 calling: AtomicUsize::new(0),
@@ -419,6 +498,30 @@ mod tests {
         let mut rx = t.subscribe();
         assert!(rx.poll_recv(&mut Context::from_waker(&waker)).is_pending());
         (rx, woken)
+    }
+
+    /// Events a subscriber has not read are held up to the topic's `queue_bytes`: beyond, the
+    /// oldest are emptied (their bytes let go) and the subscriber that reaches one has lagged;
+    /// events every subscriber has read are let go at once.
+    #[test]
+    fn the_ring_is_bounded_in_bytes() {
+        let f = Fanout::new(1024);
+        f.set_queue_bytes(64 * 1024);
+        let t = f.topic(&IdPattern::all(), &Filter::parse("").unwrap());
+        let mut slow = t.subscribe();
+        let mut fast = t.subscribe();
+        let value = vec![b'1'; 10_000];
+        let ev = || Arc::new(render(1, "set", "a", Some(&value)));
+        let weight = ev().weight();
+        for _ in 0..20 {
+            t.send(ev());
+            assert!(fast.try_recv().is_ok());
+            assert!(t.held_bytes() <= 64 * 1024, "{}", t.held_bytes());
+        }
+        assert!(t.held_bytes() + weight > 64 * 1024, "the newest are kept");
+        assert!(matches!(slow.try_recv(), Err(TryRecvError::Lagged(_))));
+        drop(slow);
+        assert_eq!(f.held_bytes(), 0, "read by every subscriber: let go");
     }
 
     /// Every waiting subscriber gets the event, though only WAKE_AT_ONCE are woken by it: each

@@ -8,7 +8,9 @@
 //! `{"snapshot":N,"records":K}` opens a compacted file: K record frames follow, and frames
 //! after them with `seq <= N` are already in it.
 //! A torn or corrupt frame ends the log: recovery truncates it there (the write it held was
-//! never acknowledged, since acknowledgement waits for the `fsync` of its frame).
+//! never acknowledged, since acknowledgement waits for the `fsync` of its frame). A commit that
+//! fails (a full disk) cuts the file back to its last whole frame at once, and the next commit
+//! tries that again first if it failed too, so writing resumes by itself when there is room.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -142,7 +144,13 @@ pub fn recover(path: &Path) -> io::Result<Recovered> {
 pub struct Log {
     file: File,
     path: PathBuf,
+    /// Bytes of whole, committed frames.
     pub len: u64,
+    /// A failed commit may have left bytes past `len` that are not cut off yet.
+    torn: bool,
+    /// A compaction renamed its snapshot over the log but could not open it: nothing can be
+    /// appended any more (the file held is the old one, unlinked).
+    pub broken: bool,
 }
 
 impl Log {
@@ -165,21 +173,77 @@ impl Log {
             file,
             path: path.to_path_buf(),
             len,
+            torn: false,
+            broken: false,
         })
     }
 
-    /// Appends `frames` and makes them durable.
+    /// Appends `frames` and makes them durable; or, failing, cuts the file back to the frames
+    /// committed before (none of `frames` stays).
     pub fn commit(&mut self, frames: &[u8]) -> io::Result<()> {
-        self.file.write_all(frames)?;
-        self.file.sync_data()?;
-        self.len += frames.len() as u64;
+        if self.broken {
+            return Err(io::Error::other("the change log was lost in a compaction"));
+        }
+        if self.torn {
+            self.cut_back()?;
+        }
+        match (self.file.write_all(frames)).and_then(|()| self.file.sync_data()) {
+            Ok(()) => {
+                self.len += frames.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // A partial write leaves a torn frame; a failed sync, frames that may or may not
+                // be on disk. Either way they were not acknowledged: cut them off.
+                self.torn = true;
+                if let Err(cut) = self.cut_back() {
+                    tracing::error!(error = %cut, "push: cutting a failed write off the change log failed; retried at the next write");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Truncates the file to its committed frames (appends go to the end: `O_APPEND`).
+    fn cut_back(&mut self) -> io::Result<()> {
+        self.file.set_len(self.len)?;
+        self.file.sync_all()?;
+        self.torn = false;
         Ok(())
     }
 
     /// Replaces the log with a snapshot: `seq` and the frames of every live record. The new
-    /// file is written and synced beside the old one, then renamed over it.
+    /// file is written and synced beside the old one, then renamed over it. If that fails, the
+    /// new file is removed and the log stays as it was (unless the snapshot could not be
+    /// opened after its rename: then `broken`).
     pub fn compact(&mut self, seq: u64, count: usize, records: &[u8]) -> io::Result<()> {
         let tmp = self.path.with_extension("log.tmp");
+        let res = self.write_snapshot(&tmp, seq, count, records);
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        let len = res?;
+        if let Some(dir) = self.path.parent() {
+            sync_dir(dir);
+        }
+        match Log::open(&self.path.clone(), len) {
+            Ok(log) => *self = log,
+            Err(e) => {
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the snapshot to `tmp`, syncs it and renames it over the log: its length.
+    fn write_snapshot(
+        &self,
+        tmp: &Path,
+        seq: u64,
+        count: usize,
+        records: &[u8],
+    ) -> io::Result<u64> {
         let mut out = Vec::with_capacity(records.len() + 32);
         push_frame(
             &mut out,
@@ -193,16 +257,12 @@ impl Log {
                 .write(true)
                 .truncate(true)
                 .mode(0o600)
-                .open(&tmp)?;
+                .open(tmp)?;
             f.write_all(&out)?;
             f.sync_all()?;
         }
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            sync_dir(dir);
-        }
-        *self = Log::open(&self.path.clone(), out.len() as u64)?;
-        Ok(())
+        std::fs::rename(tmp, &self.path)?;
+        Ok(out.len() as u64)
     }
 }
 
@@ -244,6 +304,61 @@ mod tests {
         bytes[n - 2] ^= 1;
         std::fs::write(&p, &bytes).unwrap();
         assert_eq!(recover(&p).unwrap().changes.len(), 2);
+    }
+
+    /// A commit that fails part way (a full file system: a tmpfs mounted for the test) leaves
+    /// nothing of its frames: the file is cut back to its whole frames at once, and once there
+    /// is room the next commit succeeds without reopening the log.
+    #[test]
+    fn a_failed_commit_is_cut_back_to_its_last_whole_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("small");
+        std::fs::create_dir(&mnt).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mounting a tmpfs for the test failed (needs root)"
+        );
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+        let _unmount = Unmount(mnt.clone());
+        let p = path(&mnt);
+        let mut log = Log::open(&p, 0).unwrap();
+        let mut first = Vec::new();
+        frame(&mut first, 1, "a", 1, Some(b"1"));
+        log.commit(&first).unwrap();
+        // Fill the file system but for 8 KiB, then commit a 20 KB frame: part of it is written.
+        let filler = mnt.join("filler");
+        std::fs::write(&filler, vec![0u8; 56 * 1024]).unwrap();
+        let mut big = Vec::new();
+        let value = format!("\"{}\"", "x".repeat(20_000));
+        frame(&mut big, 2, "b", 2, Some(value.as_bytes()));
+        let e = log.commit(&big).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(28), "ENOSPC: {e}");
+        assert_eq!(log.len, first.len() as u64);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            first.len() as u64,
+            "cut back"
+        );
+        // Room again: the same log takes the write.
+        std::fs::remove_file(&filler).unwrap();
+        log.commit(&big).unwrap();
+        drop(log);
+        let r = recover(&p).unwrap();
+        let seqs: Vec<u64> = r.changes.iter().map(|c| c.seq).collect();
+        assert_eq!((seqs, r.cut), (vec![1, 2], 0));
     }
 
     #[test]

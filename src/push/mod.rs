@@ -689,6 +689,9 @@ pub fn status() -> serde_json::Value {
                 "subscriptions": s.fanout.subscribers(),
                 "topics": s.fanout.topics(),
                 "changes": s.seq(),
+                "history": s.history().0,
+                "history_bytes": s.history().1,
+                "queued_bytes": s.fanout.held_bytes(),
                 "shared": s.replica.get().is_some(),
             })
         })
@@ -732,6 +735,24 @@ pub fn metric_families() -> Vec<crate::metrics::Family> {
             "Changes made to a push route's records (its sequence number).",
             true,
             &|s| s.seq(),
+        ),
+        family(
+            "larder_push_history_changes",
+            "Changes a push route's history holds for resuming subscribers.",
+            false,
+            &|s| s.history().0 as u64,
+        ),
+        family(
+            "larder_push_history_bytes",
+            "Bytes of the values a push route's history holds (bounded by history_bytes).",
+            false,
+            &|s| s.history().1,
+        ),
+        family(
+            "larder_push_queued_bytes",
+            "Bytes of events a push route's subscribers have not read yet (bounded per topic by queue_bytes).",
+            false,
+            &|s| s.fanout.held_bytes(),
         ),
     ]
 }

@@ -2,11 +2,19 @@
 //! every change numbered by one sequence, kept in a bounded history for resuming subscribers,
 //! and written to the durable log ([`super::log`]) before it is acknowledged or published.
 //!
-//! A write takes the state's lock only to check its preconditions, apply the change and queue
-//! its frame; the log's writer thread commits queued frames in groups, then publishes the
-//! changes to the subscribers ([`super::fanout`]) in sequence order and acknowledges them.
-//! Readers may see a change a moment before it is durable (it is never acknowledged to its
-//! writer before); subscribers see it only after.
+//! A write is made (a merge patch applied, the value serialized) outside the state's lock,
+//! which it takes only to check its preconditions, stage the change and queue its frame; the
+//! log's writer thread commits queued frames in groups, then settles the changes (the records
+//! that reads, lists and subscriptions see, and the history), publishes them to the subscribers
+//! ([`super::fanout`]) in sequence order and acknowledges them. Writes see the staged changes
+//! (preconditions, patches and groups apply to the latest value); nothing else sees a change
+//! before it is durable. A commit that fails undoes every change staged and not committed
+//! (the failed group and those queued behind it, which fail too): no trace is left in memory,
+//! with subscribers or in the log (cut back to its last whole frame, [`super::log`]), and the
+//! next write tries the log again.
+//!
+//! The history is bounded by its count of changes (`history`) and by the bytes of the values
+//! it holds (`history_bytes`).
 //!
 //! Groups (`[[...push.group]]`) bound the count of records of an id pattern (the least
 //! recently written is removed) and their lifetime (removed `ttl` after their last write).
@@ -137,7 +145,7 @@ pub enum WriteError {
     /// A member path through a value that is not an object.
     Conflict(String),
     TooLarge(usize),
-    /// The log could not be written; the store refuses writes until restarted.
+    /// The log could not be written (the write left no trace).
     Storage,
 }
 
@@ -184,14 +192,37 @@ impl Group {
 }
 
 struct State {
+    /// The committed records: what reads, lists and subscriptions see.
     records: BTreeMap<Arc<str>, Arc<Record>>,
-    seq: u64,
+    /// Records with changes staged and not yet committed: how many changes, and the value after
+    /// the last (None: removed). Writes see these over `records`.
+    pending: HashMap<Arc<str>, (usize, Option<Arc<Record>>)>,
+    /// The sequence number of the last change staged (failed ones leave gaps: an entity-tag
+    /// a reader never saw is still never given twice).
+    staged: u64,
+    /// The sequence number of the last change committed.
+    committed: u64,
+    /// Committed changes, oldest first, for resuming subscribers.
     history: VecDeque<Arc<Change>>,
     history_max: usize,
+    /// The bytes of the values the history holds ([`Change::weight`]), and their bound.
+    history_bytes: u64,
+    history_bytes_max: u64,
+    /// Counted over the latest values (staged changes included).
     groups: Vec<Group>,
     /// Bytes the live records take in a compacted log (about).
     live_bytes: u64,
+    /// A compaction lost the log: writes are refused until a restart.
     failed: bool,
+}
+
+impl Change {
+    /// What the change holds in the history: its id and the JSON text of its values before
+    /// and after (an upper bound: a value may be held by two changes).
+    pub fn weight(&self) -> u64 {
+        let v = |r: &Option<Arc<Record>>| r.as_ref().map_or(0, |r| r.json.len());
+        (self.id.len() + v(&self.old) + v(&self.new)) as u64
+    }
 }
 
 struct Job {
@@ -263,9 +294,13 @@ impl Store {
         let rec = log::recover(&path)?;
         let mut st = State {
             records: BTreeMap::new(),
-            seq: 0,
+            pending: HashMap::new(),
+            staged: 0,
+            committed: 0,
             history: VecDeque::new(),
             history_max: cfg.history.0 as usize,
+            history_bytes: 0,
+            history_bytes_max: cfg.history_bytes.0,
             groups: Group::all(&cfg.groups),
             live_bytes: 0,
             failed: false,
@@ -281,8 +316,9 @@ impl Store {
                 Arc::new(Record::new(v, json, c.seq, c.t))
             });
             let id: Arc<str> = c.id.into();
-            st.seq = st.seq.max(c.seq);
-            st.apply(&id, c.seq, new);
+            st.staged = st.staged.max(c.seq);
+            let change = st.stage(&id, c.seq, new);
+            st.settle(&change);
         }
         let opened = Opened {
             records: st.records.len(),
@@ -291,6 +327,7 @@ impl Store {
         let log = Log::open(&path, rec.valid_len)?;
         let state = Arc::new(Mutex::new(st));
         let fanout = Arc::new(Fanout::new(cfg.queue.0 as usize));
+        fanout.set_queue_bytes(cfg.queue_bytes.0);
         let (tx, rx) = mpsc::channel();
         let (w_state, w_fanout) = (Arc::clone(&state), Arc::clone(&fanout));
         // Committed changes are published from a task on the server's runtime when there is
@@ -354,33 +391,28 @@ impl Store {
         &self.dir
     }
 
-    /// Applies a push route's settings to its open store (a reload): the history's length
-    /// (shortened at once), the ring of topics made from now on, the largest record, the
-    /// heartbeat, and the groups (their records counted again; those over a new maximum are
-    /// removed now, as changes like any other; a new TTL applies at the next second's expiry).
+    /// Applies a push route's settings to its open store (a reload): the history's length and
+    /// bytes (shortened at once), the ring (events and bytes) of topics made from now on, the
+    /// largest record, the heartbeat, and the groups (their records counted again; those over
+    /// a new maximum are removed now, as changes like any other; a new TTL applies at the next
+    /// second's expiry).
     pub fn configure(&self, cfg: &PushConfig) {
         (self.max_record).store(cfg.max_record_size.0 as usize, Ordering::Relaxed);
         (self.heartbeat_ms).store(cfg.heartbeat.0.as_millis() as u64, Ordering::Relaxed);
         self.fanout.set_queue(cfg.queue.0 as usize);
+        self.fanout.set_queue_bytes(cfg.queue_bytes.0);
         let mut st = self.state.lock().expect("state");
         st.history_max = cfg.history.0 as usize;
-        while st.history.len() > st.history_max {
-            st.history.pop_front();
-        }
-        let mut fresh = Group::all(&cfg.groups);
+        st.history_bytes_max = cfg.history_bytes.0;
+        st.trim_history();
+        let fresh = Group::all(&cfg.groups);
         let same = fresh.len() == st.groups.len()
             && fresh.iter().zip(&st.groups).all(|(a, b)| a.same_limits(b));
         if same || st.failed {
             return;
         }
-        for g in &mut fresh {
-            for (id, r) in &st.records {
-                if g.pattern.matches(id) {
-                    g.order.insert(r.seq, Arc::clone(id));
-                }
-            }
-        }
         st.groups = fresh;
+        st.regroup();
         let changes = st.evict_over_max(None);
         if !changes.is_empty() {
             self.submit(&changes, None);
@@ -409,12 +441,18 @@ impl Store {
     /// The records of `topic` now, and the sequence number they are current at.
     pub fn list(&self, topic: &Topic) -> (Vec<Named>, u64) {
         let st = self.state.lock().expect("state");
-        (st.matching(topic).collect(), st.seq)
+        (st.matching(topic).collect(), st.committed)
     }
 
-    /// The sequence number of the last change.
+    /// The sequence number of the last change committed.
     pub fn seq(&self) -> u64 {
-        self.state.lock().expect("state").seq
+        self.state.lock().expect("state").committed
+    }
+
+    /// The changes the history holds, and the bytes of their values ([`Change::weight`]).
+    pub fn history(&self) -> (usize, u64) {
+        let st = self.state.lock().expect("state");
+        (st.history.len(), st.history_bytes)
     }
 
     pub fn len(&self) -> usize {
@@ -432,80 +470,78 @@ impl Store {
         w: Write,
         cond: &Conditions,
     ) -> Result<Written, WriteError> {
-        let (ack, written) = {
-            let mut st = self.state.lock().expect("state");
-            if st.failed {
-                return Err(WriteError::Storage);
-            }
-            let old = st.records.get(id).cloned();
-            let etag = old.as_ref().map(|r| &r.etag);
-            if let Some(im) = &cond.if_match {
-                if !crate::http::etag::list_matches(im, etag, true) {
-                    return Err(WriteError::PreconditionFailed);
-                }
-            }
-            if let Some(inm) = &cond.if_none_match {
-                if crate::http::etag::list_matches(inm, etag, false) {
-                    return Err(WriteError::PreconditionFailed);
-                }
-            }
-            let value = match w {
-                Write::Delete if old.is_none() => return Err(WriteError::NotFound),
-                Write::Delete => None,
-                Write::Put(v) => Some(v),
-                Write::Patch(p) => {
-                    let Some(old) = &old else {
-                        return Err(WriteError::NotFound);
-                    };
-                    let mut v = old.value.clone();
-                    merge_patch(&mut v, p);
-                    Some(v)
-                }
-                Write::Member(path, m) => {
-                    let Some(old) = &old else {
-                        return Err(WriteError::NotFound);
-                    };
-                    let mut v = old.value.clone();
-                    set_member(&mut v, &path, m)?;
-                    Some(v)
-                }
-            };
-            let t = now_ms();
-            let new = match value {
-                Some(v) => {
-                    let json = serde_json::to_vec(&v).expect("a value serializes");
-                    let max_record = self.max_record.load(Ordering::Relaxed);
-                    if json.len() > max_record {
-                        return Err(WriteError::TooLarge(max_record));
-                    }
-                    st.seq += 1;
-                    Some(Arc::new(Record::new(v, json.into(), st.seq, t)))
-                }
-                None => {
-                    st.seq += 1;
-                    None
-                }
-            };
-            let written = match (&new, &old) {
-                (Some(r), None) => Written::Created(Arc::clone(r)),
-                (Some(r), Some(_)) => Written::Replaced(Arc::clone(r)),
-                (None, _) => Written::Deleted,
-            };
-            let id: Arc<str> = match st.records.get_key_value(id) {
-                Some((k, _)) => Arc::clone(k),
-                None => id.into(),
-            };
-            let seq = st.seq;
-            let mut changes = vec![st.apply(&id, seq, new)];
-            changes.extend(st.evict_over_max(Some(&id)));
-            let (tx, rx) = oneshot::channel();
-            self.submit(&changes, Some(tx));
-            (rx, written)
-        };
+        let (ack, written) = self.stage_write(id, w, cond)?;
         match ack.await {
             Ok(Ok(())) => Ok(written),
             _ => Err(WriteError::Storage),
         }
+    }
+
+    /// Stages `w` and queues its frame: the acknowledgement to wait for, and what it does.
+    /// The new value is made (a patch applied, the value serialized) outside the state's lock,
+    /// from the latest value; if another write changed the record meanwhile, a patch is made
+    /// again from the new value (a PUT or DELETE only checks its preconditions again).
+    fn stage_write(
+        &self,
+        id: &str,
+        w: Write,
+        cond: &Conditions,
+    ) -> Result<(oneshot::Receiver<io::Result<()>>, Written), WriteError> {
+        /// Attempts made outside the lock before a patch is made under it.
+        const TRIES: usize = 8;
+        let max_record = self.max_record.load(Ordering::Relaxed);
+        let mut seen = {
+            let st = self.state.lock().expect("state");
+            if st.failed {
+                return Err(WriteError::Storage);
+            }
+            st.latest(id)
+        };
+        let mut made = None;
+        for attempt in 0..=TRIES {
+            if made.is_none() {
+                check(cond, seen.as_deref(), &w)?;
+                made = Some(make(seen.as_deref(), &w, max_record)?);
+            }
+            let mut st = self.state.lock().expect("state");
+            if st.failed {
+                return Err(WriteError::Storage);
+            }
+            let now = st.latest(id);
+            if !same(&now, &seen) {
+                seen = now;
+                check(cond, seen.as_deref(), &w)?;
+                if matches!(w, Write::Patch(_) | Write::Member(..)) {
+                    if attempt < TRIES {
+                        made = None;
+                        continue;
+                    }
+                    made = Some(make(seen.as_deref(), &w, max_record)?);
+                }
+            }
+            st.staged += 1;
+            let seq = st.staged;
+            let new = match (made.take().expect("made"), w) {
+                (None, _) => None,
+                // A PUT's value is its own: taken, not copied.
+                (Some((None, json)), Write::Put(v)) | (Some((Some(v), json)), _) => {
+                    Some(Arc::new(Record::new(v, json.into(), seq, now_ms())))
+                }
+                (Some((None, _)), _) => unreachable!("only a put's value is not made"),
+            };
+            let written = match (&new, &seen) {
+                (Some(r), None) => Written::Created(Arc::clone(r)),
+                (Some(r), Some(_)) => Written::Replaced(Arc::clone(r)),
+                (None, _) => Written::Deleted,
+            };
+            let id = st.key(id);
+            let mut changes = vec![st.stage(&id, seq, new)];
+            changes.extend(st.evict_over_max(Some(&id)));
+            let (tx, rx) = oneshot::channel();
+            self.submit(&changes, Some(tx));
+            return Ok((rx, written));
+        }
+        unreachable!("the last attempt makes its value under the lock")
     }
 
     /// Removes the records of groups with a `ttl` whose last write is older than it.
@@ -519,7 +555,7 @@ impl Store {
         for g in &st.groups {
             let Some(ttl) = g.ttl else { continue };
             for id in g.order.values() {
-                let Some(r) = st.records.get(id) else {
+                let Some(r) = st.latest(id) else {
                     continue;
                 };
                 if r.t + ttl.as_millis() as u64 > now {
@@ -535,15 +571,16 @@ impl Store {
         expired.dedup();
         let changes: Vec<Arc<Change>> = (expired.iter())
             .map(|id| {
-                st.seq += 1;
-                let seq = st.seq;
-                st.apply(id, seq, None)
+                st.staged += 1;
+                let seq = st.staged;
+                st.stage(id, seq, None)
             })
             .collect();
         self.submit(&changes, None);
     }
 
-    /// Queues `changes` (already applied, under the state's lock) for the log's writer.
+    /// Queues `changes` (staged, under the state's lock: so every change staged and not yet
+    /// committed is with the writer or in its queue) for the log's writer.
     fn submit(&self, changes: &[Arc<Change>], ack: Option<oneshot::Sender<io::Result<()>>>) {
         let mut frames = Vec::new();
         for c in changes {
@@ -571,7 +608,7 @@ impl Store {
     pub fn subscribe(&self, topic: &Arc<Topic>, since: Option<u64>, init: bool) -> Start {
         let st = self.state.lock().expect("state");
         let rx = topic.subscribe();
-        let now = st.seq;
+        let now = st.committed;
         let mut first = Vec::new();
         let covered =
             |l: u64| l == now || (l < now && st.history.front().is_some_and(|c| c.seq <= l + 1));
@@ -637,21 +674,28 @@ impl State {
         .map(|(id, r)| (Arc::clone(id), Arc::clone(r)))
     }
 
-    /// Sets (or with None removes) the record `id` as change `seq`, keeping groups and the
-    /// history current.
-    fn apply(&mut self, id: &Arc<str>, seq: u64, new: Option<Arc<Record>>) -> Arc<Change> {
-        let old = match &new {
-            Some(r) => self.records.insert(Arc::clone(id), Arc::clone(r)),
-            None => self.records.remove(id),
-        };
-        if let Some(o) = &old {
-            self.live_bytes = self
-                .live_bytes
-                .saturating_sub((o.json.len() + id.len() + 48) as u64);
+    /// The latest value of `id`: staged, or else committed.
+    fn latest(&self, id: &str) -> Option<Arc<Record>> {
+        match self.pending.get(id) {
+            Some((_, r)) => r.clone(),
+            None => self.records.get(id).cloned(),
         }
-        if let Some(n) = &new {
-            self.live_bytes += (n.json.len() + id.len() + 48) as u64;
-        }
+    }
+
+    /// `id` as the store holds it already (one allocation per id), or a new one.
+    fn key(&self, id: &str) -> Arc<str> {
+        (self.pending.get_key_value(id).map(|(k, _)| k))
+            .or_else(|| self.records.get_key_value(id).map(|(k, _)| k))
+            .map_or_else(|| id.into(), Arc::clone)
+    }
+
+    /// Stages the change `seq` of `id` to `new` (None: removed) over its latest value, keeping
+    /// the groups current; [`State::settle`] makes it seen once it is committed.
+    fn stage(&mut self, id: &Arc<str>, seq: u64, new: Option<Arc<Record>>) -> Arc<Change> {
+        let old = self.latest(id);
+        let p = self.pending.entry(Arc::clone(id)).or_insert((0, None));
+        p.0 += 1;
+        p.1 = new.clone();
         for g in &mut self.groups {
             if !g.pattern.matches(id) {
                 continue;
@@ -663,17 +707,74 @@ impl State {
                 g.order.insert(n.seq, Arc::clone(id));
             }
         }
-        let change = Arc::new(Change {
+        Arc::new(Change {
             seq,
             id: Arc::clone(id),
             old,
             new,
-        });
-        if self.history.len() >= self.history_max {
-            self.history.pop_front();
+        })
+    }
+
+    /// Makes a committed change seen: in the records and the history.
+    fn settle(&mut self, c: &Arc<Change>) {
+        let id = &c.id;
+        let old = match &c.new {
+            Some(r) => self.records.insert(Arc::clone(id), Arc::clone(r)),
+            None => self.records.remove(id),
+        };
+        if let Some(o) = &old {
+            self.live_bytes = self
+                .live_bytes
+                .saturating_sub((o.json.len() + id.len() + 48) as u64);
         }
-        self.history.push_back(Arc::clone(&change));
-        change
+        if let Some(n) = &c.new {
+            self.live_bytes += (n.json.len() + id.len() + 48) as u64;
+        }
+        if let Some(p) = self.pending.get_mut(id) {
+            p.0 -= 1;
+            if p.0 == 0 {
+                self.pending.remove(id);
+            }
+        }
+        self.committed = c.seq;
+        self.history_bytes += c.weight();
+        self.history.push_back(Arc::clone(c));
+        self.trim_history();
+    }
+
+    /// Drops the oldest changes of the history while it holds more than its bounds.
+    fn trim_history(&mut self) {
+        while self.history.len() > self.history_max || self.history_bytes > self.history_bytes_max {
+            let Some(c) = self.history.pop_front() else {
+                break;
+            };
+            self.history_bytes -= c.weight();
+        }
+    }
+
+    /// Undoes every change staged and not committed (their commit failed).
+    fn unstage(&mut self) {
+        self.pending.clear();
+        self.regroup();
+    }
+
+    /// Counts the groups' records again from the latest values.
+    fn regroup(&mut self) {
+        let mut ids: Vec<Arc<str>> = self.records.keys().cloned().collect();
+        ids.extend(self.pending.keys().cloned());
+        let mut groups = std::mem::take(&mut self.groups);
+        for g in &mut groups {
+            g.order.clear();
+            for id in &ids {
+                if !g.pattern.matches(id) {
+                    continue;
+                }
+                if let Some(r) = self.latest(id) {
+                    g.order.insert(r.seq, Arc::clone(id));
+                }
+            }
+        }
+        self.groups = groups;
     }
 
     /// Removes the oldest records of the groups (of `id`, or all) that hold more than their
@@ -692,17 +793,15 @@ impl State {
                     .first_key_value()
                     .map(|(k, v)| (*k, Arc::clone(v)))
                     .expect("over max, so not empty");
-                self.seq += 1;
-                let seq = self.seq;
-                out.push(self.apply(&oldest, seq, None));
+                self.staged += 1;
+                let seq = self.staged;
+                out.push(self.stage(&oldest, seq, None));
             }
         }
         out
     }
 }
 
-/// The log's writer: commits queued changes in groups, then publishes and acknowledges them;
-/// compacts the log when it has grown past twice the live records.
 /// Where the writer publishes committed changes.
 enum Publish {
     /// On the runtime, through this task.
@@ -711,6 +810,9 @@ enum Publish {
     Here,
 }
 
+/// The log's writer: commits queued changes in groups, then settles, publishes and
+/// acknowledges them (or, when a commit fails, undoes and fails them and every change queued
+/// behind); compacts the log when it has grown past twice the live records.
 fn writer(
     rx: mpsc::Receiver<Job>,
     mut log: Log,
@@ -719,6 +821,7 @@ fn writer(
     publish: Publish,
 ) {
     const COMPACT_MIN: u64 = 8 << 20;
+    let mut retry_compact_at = 0;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < 4096 {
@@ -734,9 +837,22 @@ fn writer(
         };
         let res = log.commit(&frames);
         if let Err(e) = &res {
-            tracing::error!(error = %e, "push: the change log could not be written; writes are refused until restart");
-            state.lock().expect("state").failed = true;
+            // Every change staged and not committed is in `jobs` or queued behind them (they
+            // are queued under the state's lock, held here): all of them fail, and are undone.
+            let mut st = state.lock().expect("state");
+            while let Ok(j) = rx.try_recv() {
+                jobs.push(j);
+            }
+            st.unstage();
+            drop(st);
+            tracing::error!(error = %e, writes = jobs.len(), "push: the change log could not be written; the writes failed and were undone");
         } else {
+            {
+                let mut st = state.lock().expect("state");
+                for c in jobs.iter().flat_map(|j| &j.changes) {
+                    st.settle(c);
+                }
+            }
             match &publish {
                 Publish::Task(tx) => {
                     let all: Vec<Arc<Change>> = jobs
@@ -768,13 +884,15 @@ fn writer(
             continue;
         }
         let live = state.lock().expect("state").live_bytes;
-        if log.len > COMPACT_MIN.max(2 * live) {
+        if log.len > COMPACT_MIN.max(2 * live).max(retry_compact_at) {
             let (seq, records) = {
                 let st = state.lock().expect("state");
                 let records: Vec<(Arc<str>, Arc<Record>)> = (st.records.iter())
                     .map(|(k, v)| (Arc::clone(k), Arc::clone(v)))
                     .collect();
-                (st.seq, records)
+                // The committed records, as of the last committed change: changes staged
+                // after it are appended after the snapshot.
+                (st.committed, records)
             };
             let mut frames = Vec::with_capacity(live as usize);
             for (id, r) in &records {
@@ -782,12 +900,77 @@ fn writer(
             }
             match log.compact(seq, records.len(), &frames) {
                 Ok(()) => tracing::debug!(bytes = log.len, "push: change log compacted"),
-                Err(e) => {
-                    tracing::error!(error = %e, "push: compacting the change log failed");
+                Err(e) if log.broken => {
+                    tracing::error!(error = %e, "push: the compacted change log could not be opened; writes are refused until restart");
                     state.lock().expect("state").failed = true;
+                }
+                Err(e) => {
+                    // The log is as it was; tried again once it has grown by COMPACT_MIN.
+                    tracing::error!(error = %e, "push: compacting the change log failed");
+                    retry_compact_at = log.len + COMPACT_MIN;
                 }
             }
         }
+    }
+}
+
+/// Whether `w` may be written over `old` under `cond` (its preconditions, and a record to
+/// change or delete).
+fn check(cond: &Conditions, old: Option<&Record>, w: &Write) -> Result<(), WriteError> {
+    let etag = old.map(|r| &r.etag);
+    if let Some(im) = &cond.if_match {
+        if !crate::http::etag::list_matches(im, etag, true) {
+            return Err(WriteError::PreconditionFailed);
+        }
+    }
+    if let Some(inm) = &cond.if_none_match {
+        if crate::http::etag::list_matches(inm, etag, false) {
+            return Err(WriteError::PreconditionFailed);
+        }
+    }
+    match w {
+        Write::Put(_) => Ok(()),
+        _ if old.is_none() => Err(WriteError::NotFound),
+        _ => Ok(()),
+    }
+}
+
+/// The value `w` makes of `old` and its JSON text (None: a removal). A PUT's value is not
+/// copied (None beside its text): the write takes it.
+type Made = Option<(Option<Value>, Vec<u8>)>;
+
+fn make(old: Option<&Record>, w: &Write, max_record: usize) -> Result<Made, WriteError> {
+    let value = match (w, old) {
+        (Write::Delete, _) => return Ok(None),
+        (Write::Put(_), _) => None,
+        (_, None) => return Err(WriteError::NotFound),
+        (Write::Patch(p), Some(old)) => {
+            let mut v = old.value.clone();
+            merge_patch(&mut v, p.clone());
+            Some(v)
+        }
+        (Write::Member(path, m), Some(old)) => {
+            let mut v = old.value.clone();
+            set_member(&mut v, path, m.clone())?;
+            Some(v)
+        }
+    };
+    let json = match (&value, w) {
+        (Some(v), _) | (None, Write::Put(v)) => serde_json::to_vec(v).expect("a value serializes"),
+        (None, _) => unreachable!("made above"),
+    };
+    if json.len() > max_record {
+        return Err(WriteError::TooLarge(max_record));
+    }
+    Ok(Some((value, json)))
+}
+
+/// Whether two reads found the same version of a record.
+fn same(a: &Option<Arc<Record>>, b: &Option<Arc<Record>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }
 
@@ -866,6 +1049,142 @@ mod tests {
             merge_patch(&mut t, p);
             assert_eq!(t, want);
         }
+    }
+
+    fn store_in(dir: &Path, f: impl FnOnce(&mut PushConfig)) -> Arc<Store> {
+        let mut cfg = PushConfig::new_dir(dir.to_path_buf(), None);
+        f(&mut cfg);
+        Store::open(&cfg).unwrap().0
+    }
+
+    /// Many large records written over a few ids: the history keeps its bytes under
+    /// `history_bytes` (dropping its oldest changes), and counts them exactly.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_history_is_bounded_in_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let bound = 256 * 1024;
+        let store = store_in(dir.path(), |c| {
+            c.history_bytes = crate::config::ByteSize(bound);
+        });
+        let blob = "x".repeat(20_000);
+        let none = Conditions::default();
+        for i in 0..300 {
+            let v = json!({"i": i, "blob": blob});
+            let id = format!("k/{}", i % 10);
+            assert!(store.write(&id, Write::Put(v), &none).await.is_ok());
+        }
+        let (changes, bytes) = store.history();
+        assert!(bytes <= bound, "{bytes} bytes held, bound {bound}");
+        assert!(changes >= 5, "the newest changes are kept: {changes}");
+        let st = store.state.lock().unwrap();
+        assert_eq!(bytes, st.history.iter().map(|c| c.weight()).sum::<u64>());
+        assert_eq!(st.history.back().unwrap().seq, 300);
+    }
+
+    /// Patches made outside the lock from many tasks at once: none is lost (a patch made from
+    /// a value another write replaced meanwhile is made again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_patches_of_one_record_are_all_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), |_| {});
+        let none = Conditions::default();
+        store
+            .write("r", Write::Put(json!({})), &none)
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let none = Conditions::default();
+                    for i in 0..25 {
+                        let p = json!({ format!("t{t}i{i}"): i });
+                        let w = store.write("r", Write::Patch(p), &none);
+                        assert!(w.await.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let r = store.get("r").unwrap();
+        assert_eq!(r.value.as_object().unwrap().len(), 8 * 25);
+        assert_eq!(r.seq, 1 + 8 * 25);
+    }
+
+    /// With the log on a full file system (a tmpfs mounted for the test), concurrent writes
+    /// all fail, those queued behind the first failed commit included, and leave nothing in
+    /// memory; once there is room, the next write succeeds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_that_fail_to_commit_leave_nothing_and_writing_resumes() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("small");
+        std::fs::create_dir(&mnt).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mounting a tmpfs for the test failed (needs root)"
+        );
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+        let _unmount = Unmount(mnt.clone());
+        let store = store_in(&mnt, |_| {});
+        let none = Conditions::default();
+        store.write("a", Write::Put(json!(1)), &none).await.unwrap();
+        let filler = mnt.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write(&[0u8; 4096]).is_ok_and(|n| n > 0) {}
+        // Every frame larger than the room left in the log's last page.
+        let big = json!("z".repeat(30_000));
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let (store, big) = (Arc::clone(&store), big.clone());
+                tokio::spawn(async move {
+                    let none = Conditions::default();
+                    let w = if i % 2 == 0 {
+                        Write::Put(big)
+                    } else {
+                        Write::Patch(json!({ "p": big }))
+                    };
+                    let id = if i % 4 == 1 {
+                        "a".to_string()
+                    } else {
+                        format!("n/{i}")
+                    };
+                    store.write(&id, w, &none).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert!(
+                matches!(r, Err(WriteError::Storage) | Err(WriteError::NotFound)),
+                "{:?}",
+                r.as_ref().err()
+            );
+        }
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.get("a").unwrap().value, json!(1));
+        assert_eq!((store.seq(), store.history().0), (1, 1));
+        assert!(store.state.lock().unwrap().pending.is_empty());
+        drop(f);
+        std::fs::remove_file(&filler).unwrap();
+        let w = store.write("b", Write::Put(big.clone()), &none).await;
+        assert!(matches!(w, Ok(Written::Created(_))));
+        assert_eq!(store.get("b").unwrap().value, big);
     }
 
     #[test]
