@@ -245,7 +245,7 @@ impl Cache {
         };
         match tiers.read_shared(key, request).await {
             tiers::SharedRead::Found(entry) => {
-                return Below::Found(self.promote(key, entry, true), Tier::Shared)
+                return Below::Found(self.promote(key, *entry, true), Tier::Shared)
             }
             // No lease either: a miss waits for an unavailable tier once at most.
             tiers::SharedRead::Unavailable => return Below::Miss,

@@ -69,7 +69,7 @@ pub enum Below {
 
 /// What reading the shared tier gave.
 pub(super) enum SharedRead {
-    Found(Entry),
+    Found(Box<Entry>),
     /// No record that answers the request (none, or one not whole, purged, or refused).
     Absent,
     /// The tier did not answer (not connected, or the read failed): a miss asks it nothing
@@ -292,7 +292,7 @@ impl Tiers {
             Err(Unavailable) => SharedRead::Unavailable,
             Ok(None) => SharedRead::Absent,
             Ok(Some(record)) => match self.usable(key, record, request) {
-                Some(entry) => SharedRead::Found(entry),
+                Some(entry) => SharedRead::Found(Box::new(entry)),
                 None => SharedRead::Absent,
             },
         }
