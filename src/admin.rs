@@ -397,16 +397,23 @@ impl StatusSource {
                 "bytes": c.weight(),
                 "capacity": c.capacity(),
                 "fills_in_flight": c.fills_in_flight(),
-                "tiers": c.tier_counts().iter().map(|t| serde_json::json!({
-                    "tier": t.tier.as_str(),
-                    "hits": t.hits,
-                    "misses": t.misses,
-                    "writes": t.writes,
-                    "errors": t.errors,
-                    "lease_waits": t.lease_waits,
-                    "purges_sent": t.purges_sent,
-                    "purges_received": t.purges_received,
-                })).collect::<Vec<_>>(),
+                "tiers": c.tier_counts().iter().map(|t| {
+                    let mut v = serde_json::json!({
+                        "tier": t.tier.as_str(),
+                        "hits": t.hits,
+                        "misses": t.misses,
+                        "writes": t.writes,
+                        "errors": t.errors,
+                        "lease_waits": t.lease_waits,
+                        "purges_sent": t.purges_sent,
+                        "purges_received": t.purges_received,
+                    });
+                    if let Some(connected) = t.connected {
+                        v["connected"] = connected.into();
+                        v["refused"] = t.refused.into();
+                    }
+                    v
+                }).collect::<Vec<_>>(),
             },
         });
         if let (Some(m), Some(o)) = (&self.metrics, v.as_object_mut()) {
@@ -563,7 +570,7 @@ fn normalize_url_prefix(prefix: &str) -> String {
 
 /// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
 /// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`,
-/// and every field of `[tracing.headers]`.
+/// `shared_key` (the fleet key of `[cache.shared]`), and every field of `[tracing.headers]`.
 pub fn redact(text: &str) -> String {
     let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
         return String::new();
@@ -572,6 +579,7 @@ pub fn redact(text: &str) -> String {
         ["token", "password", "secret"]
             .iter()
             .any(|s| k == *s || k.ends_with(&format!("_{s}")))
+            || k == "shared_key"
     }
     fn walk(t: &mut dyn toml_edit::TableLike) {
         for (k, item) in t.iter_mut() {

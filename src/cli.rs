@@ -48,6 +48,11 @@ pub struct Cli {
     /// redis+cluster://host:port,host:port,... for a cluster). With --upstream.
     #[arg(long, value_name = "URL", requires = "upstream")]
     pub shared: Option<String>,
+    /// The fleet key of --shared (at least 16 bytes, the same on every node): nodes sign what
+    /// they write to Redis and refuse what is not signed with it (`shared_key` in a file keeps
+    /// it out of the process list).
+    #[arg(long, value_name = "KEY", requires = "shared")]
+    pub shared_key: Option<String>,
     /// Address to listen on with --upstream, --root, --images or --push.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -173,7 +178,8 @@ impl Cli {
             cfg.cache.disk = Some(config::DiskConfig::at(dir.clone()));
         }
         if let Some(url) = &self.shared {
-            let shared = config::SharedConfig::at(url.clone());
+            let mut shared = config::SharedConfig::at(url.clone());
+            shared.shared_key = self.shared_key.clone();
             shared.check().map_err(|message| config::Error::Semantic {
                 origin: "--shared".into(),
                 message,

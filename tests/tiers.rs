@@ -978,3 +978,187 @@ async fn a_node_that_was_down_applies_the_purges_it_missed_to_its_disk() {
     }
     assert_eq!(origin.hits(), hits + 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_before_redis_connects_when_it_comes_and_pays_nothing_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port for Redis, free until it is started there again.
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let origin = origin(600, Duration::ZERO).await;
+    let node = Node::start(dir.path(), "a", origin.addr, &shared_toml(&redis.url()));
+    let c = client();
+
+    // Not connected: misses are served, and the tier is not even tried (no command waits out
+    // its timeout, none is counted as failed).
+    for p in ["/early/1", "/early/2", "/early/3"] {
+        let g = node.get(&c, p).await;
+        assert_body(&g, p);
+        assert_eq!(g.cache(), "MISS");
+    }
+    let shared = node.tier(&c, "shared").await;
+    assert_eq!(shared["connected"], false, "{shared}");
+    assert_eq!(shared["errors"], 0, "no command was tried: {shared}");
+    assert_eq!(shared["writes"], 0, "{shared}");
+
+    // Redis comes: the node connects by itself, and its next fill is written there.
+    redis.restart();
+    let connected = eventually(Duration::from_secs(15), async || {
+        node.tier(&c, "shared").await["connected"] == true
+    })
+    .await;
+    assert!(connected, "the node connected once Redis came");
+    let g = node.get(&c, "/late").await;
+    assert_body(&g, "/late");
+    let written = eventually(Duration::from_secs(5), async || {
+        !redis.cli(&["keys", "larder:e:*late"]).trim().is_empty()
+    })
+    .await;
+    assert!(
+        written,
+        "the fill after the connection was written to Redis"
+    );
+    let metrics = get(&c, &format!("http://{}/metrics", node.admin), &[AUTH])
+        .await
+        .text();
+    assert!(
+        metrics.contains("larder_cache_shared_connected{tier=\"shared\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A client of the test's own to `url` (binary-safe reads and writes of stored values).
+async fn redis_client(url: &str) -> fred::clients::Client {
+    use fred::prelude::*;
+    let client = Builder::from_config(Config::from_url(url).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    client
+}
+
+/// The value stored under `key`.
+async fn redis_get(r: &fred::clients::Client, key: &str) -> Vec<u8> {
+    use fred::prelude::*;
+    let v: Option<bytes::Bytes> = r.get(key).await.unwrap();
+    v.unwrap_or_else(|| panic!("nothing stored under {key}"))
+        .to_vec()
+}
+
+/// Stores `value` under `key`, keeping the key's TTL (an alteration, not a new record).
+async fn redis_set_keep_ttl(r: &fred::clients::Client, key: &str, value: Vec<u8>) {
+    use fred::prelude::*;
+    let _: () = r
+        .set(key, value, Some(Expiration::KEEPTTL), None, false)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_bytes_altered_in_redis_are_a_miss_and_a_fresh_fetch() {
+    use fred::prelude::*;
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let origin = origin(600, Duration::ZERO).await;
+    let shared = shared_toml(&redis.url());
+    let a = Node::start(dir.path(), "a", origin.addr, &shared);
+    let b = Node::start(dir.path(), "b", origin.addr, &shared);
+    let c = client();
+    let r = redis_client(&redis.url()).await;
+
+    // A fills the URL, and its complete record (every encoding) lands in Redis.
+    let p = "/altered";
+    assert_body(&a.get(&c, p).await, p);
+    wait_for_encoding_with(&c, &a.url(p), "br").await;
+    let key = format!("larder:e:http://www.fleet.test{p}");
+    let body = body_of(p);
+    let complete = eventually(Duration::from_secs(5), async || {
+        let v = redis_get(&r, &key).await;
+        larder::cache::Entry::decode(v.into())
+            .is_ok_and(|e| e.variant(larder::compress::Encoding::Br).is_some())
+    })
+    .await;
+    assert!(complete);
+
+    // Bytes inside the identity body flipped (every length and value still valid); the TTL
+    // kept.
+    let mut value = redis_get(&r, &key).await;
+    let at = (value.windows(body.len()))
+        .position(|w| w == body.as_bytes())
+        .expect("the identity body is in the record");
+    value[at + 10] ^= 0x20;
+    value[at + body.len() / 2] ^= 0x20;
+    let ttl_before: i64 = r.pttl(&key).await.unwrap();
+    redis_set_keep_ttl(&r, &key, value).await;
+    let ttl_after: i64 = r.pttl(&key).await.unwrap();
+    assert!(ttl_after > 0 && ttl_after <= ttl_before);
+
+    // B never serves the altered bytes, in any encoding: a miss, fetched fresh.
+    let hits = origin.hits();
+    let g = b.get(&c, p).await;
+    assert_body(&g, p);
+    assert_eq!(g.cache(), "MISS", "the altered record was not served");
+    assert_eq!(origin.hits(), hits + 1, "fetched from the origin");
+    for enc in ["identity", "gzip", "br"] {
+        let g = get(&c, &b.url(p), &[HOST, ("accept-encoding", enc)]).await;
+        assert_body(&g, p);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_fleet_key_nodes_refuse_what_is_not_signed_with_it() {
+    use fred::prelude::*;
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let origin = origin(600, Duration::ZERO).await;
+    let plain = shared_toml(&redis.url());
+    let keyed = format!("{plain}shared_key = \"fleet-key-0123456789abcdef\"\n");
+    let n = Node::start(dir.path(), "n", origin.addr, &plain);
+    let k1 = Node::start(dir.path(), "k1", origin.addr, &keyed);
+    let k2 = Node::start(dir.path(), "k2", origin.addr, &keyed);
+    let c = client();
+    let r = redis_client(&redis.url()).await;
+    let key = |p: &str| format!("larder:e:http://www.fleet.test{p}");
+
+    // Written by a node without the key: refused by the nodes with it (fetched fresh).
+    assert_body(&n.get(&c, "/unsigned").await, "/unsigned");
+    let stored = eventually(Duration::from_secs(5), async || {
+        let v: Option<bytes::Bytes> = r.get(key("/unsigned")).await.unwrap();
+        v.is_some()
+    })
+    .await;
+    assert!(stored);
+    let g = k1.get(&c, "/unsigned").await;
+    assert_body(&g, "/unsigned");
+    assert_eq!(g.cache(), "MISS", "an unsigned record is refused");
+    assert_eq!(origin.hits(), 2);
+    assert!(k1.tier(&c, "shared").await["refused"].as_u64().unwrap() >= 1);
+
+    // Written with the key (K1's fill replaced it): served by K2 without the origin.
+    let signed = eventually(Duration::from_secs(5), async || {
+        redis_get(&r, &key("/unsigned")).await.starts_with(b"LDS1")
+    })
+    .await;
+    assert!(signed, "K1's signed record replaced the unsigned one");
+    let g = k2.get(&c, "/unsigned").await;
+    assert_body(&g, "/unsigned");
+    assert_eq!(
+        g.cache(),
+        "HIT",
+        "a record signed with the fleet key is served"
+    );
+    assert_eq!(origin.hits(), 2);
+
+    // A signed record copied under another URL's key (one never fetched): refused.
+    let copy = redis_get(&r, &key("/unsigned")).await;
+    let _: () = r
+        .set(key("/never"), copy, Some(Expiration::EX(600)), None, false)
+        .await
+        .unwrap();
+    let refused = k2.tier(&c, "shared").await["refused"].as_u64().unwrap();
+    let g = k2.get(&c, "/never").await;
+    assert_eq!(g.cache(), "MISS", "a record is bound to its key");
+    assert_body(&g, "/never");
+    assert_eq!(origin.hits(), 3);
+    assert!(k2.tier(&c, "shared").await["refused"].as_u64().unwrap() > refused);
+}

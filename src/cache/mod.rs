@@ -260,11 +260,14 @@ impl Cache {
         let Some(tiers) = &self.tiers else {
             return Below::Miss;
         };
-        if let Some(entry) = tiers.read_shared(key, request).await {
-            return Below::Found(self.promote(key, entry, true), Tier::Shared);
-        }
-        if !lease {
-            return Below::Miss;
+        match tiers.read_shared(key, request).await {
+            tiers::SharedRead::Found(entry) => {
+                return Below::Found(self.promote(key, *entry, true), Tier::Shared)
+            }
+            // No lease either: a miss waits for an unavailable tier once at most.
+            tiers::SharedRead::Unavailable => return Below::Miss,
+            tiers::SharedRead::Absent if !lease => return Below::Miss,
+            tiers::SharedRead::Absent => {}
         }
         match tiers.lease(key, request).await {
             tiers::Leased::Held(lease) => Below::Leased(lease),
@@ -537,7 +540,22 @@ impl Cache {
                 |c| c.lease_waits,
                 true,
             ),
+            crate::metrics::Family {
+                name: "larder_cache_shared_connected",
+                help: "Whether the shared tier's client is connected (1) or connecting (0).",
+                counter: false,
+                samples: (counts.iter())
+                    .filter_map(|c| c.connected)
+                    .map(|on| (vec![("tier", "shared".to_string())], on as u64))
+                    .collect(),
+            },
             family("larder_cache_purges_sent", "Purges sent to the other nodes.", |c| c.purges_sent, true),
+            family(
+                "larder_cache_tier_refused",
+                "Values read from the shared tier refused for their signature (shared_key).",
+                |c| c.refused,
+                true,
+            ),
             family(
                 "larder_cache_purges_received",
                 "Purges other nodes made, applied here.",

@@ -10,15 +10,18 @@
 //! decode, so it never disagrees with the code reading it.
 //!
 //! Records come back from outside the process (a file, the network), so decoding trusts nothing:
-//! every length is checked against what is left, every value validated, and any failure is an
-//! error, never a panic. A record of another [`ENTRY_VERSION`] is an error too: to a tier, a
-//! miss.
+//! a CRC-32 over everything after it is checked first (bytes changed inside a body, where no
+//! length or value check would see them, are caught), every length is checked against what is
+//! left, every value validated, and any failure is an error, never a panic. A record of another
+//! [`ENTRY_VERSION`] is an error too: to a tier, a miss. The checksum catches corruption, not
+//! forgery: a shared tier's records are signed on top of it (`shared.rs`, `shared_key`).
 //!
 //! Layout (integers big-endian; `dur` is u64 seconds and u32 nanoseconds; `str` is a u32 length
 //! and that many bytes):
 //!
 //! ```text
-//! u8 version | u16 status | u8 flags (auth_ok, negotiated, always_revalidate, must_revalidate)
+//! u8 version | u32 crc32 (of everything after it)
+//! u16 status | u8 flags (auth_ok, negotiated, always_revalidate, must_revalidate)
 //! dur lifetime | dur initial_age | dur received (since the Unix epoch)
 //! dur stale_while_revalidate | dur stale_if_error
 //! u32 n, n × (str name, str value)                       stored header fields
@@ -39,8 +42,11 @@ use super::vary::Selection;
 use crate::compress::Encoding;
 
 /// Version of the entry encoding: bumped whenever a record's layout or the meaning of a stored
-/// field changes. Records of another version are not read.
-pub const ENTRY_VERSION: u8 = 1;
+/// field changes. Records of another version are not read. 2: the CRC-32 after the version.
+pub const ENTRY_VERSION: u8 = 2;
+
+/// Version and CRC-32.
+const HEAD: usize = 1 + 4;
 
 const AUTH_OK: u8 = 1;
 const NEGOTIATED: u8 = 2;
@@ -55,6 +61,8 @@ pub enum DecodeError {
     UnknownVersion(u8),
     #[error("entry record ends early")]
     Truncated,
+    #[error("entry record fails its checksum")]
+    Checksum,
     #[error("entry record is corrupt: {0}")]
     Corrupt(&'static str),
 }
@@ -68,7 +76,7 @@ impl Entry {
     /// The entry as one record of the current [`ENTRY_VERSION`].
     pub fn encode(&self) -> Result<Bytes, TooLarge> {
         let bodies = self.bodies();
-        let size = 64
+        let size = 68
             + self
                 .headers
                 .iter()
@@ -78,6 +86,7 @@ impl Entry {
             + bodies.iter().map(|(_, b)| 5 + b.len()).sum::<usize>();
         let mut out = BytesMut::with_capacity(size);
         out.put_u8(ENTRY_VERSION);
+        out.put_u32(0); // the CRC-32, once the rest is written
         out.put_u16(self.status.as_u16());
         let f = &self.freshness;
         let flags = [
@@ -130,17 +139,22 @@ impl Entry {
             out.put_u8(*encoding as u8);
             put_str(&mut out, body, "body")?;
         }
+        set_checksum(&mut out);
         Ok(out.freeze())
     }
 
     /// Reads back a record written by [`Entry::encode`]. The bodies are slices of `record`
-    /// (no copy). Any record that is not exactly one valid entry of [`ENTRY_VERSION`] is an
-    /// error.
+    /// (no copy). Any record that is not exactly one valid entry of [`ENTRY_VERSION`] with
+    /// its checksum right is an error.
     pub fn decode(record: Bytes) -> Result<Entry, DecodeError> {
         let mut r = Reader(record);
         let version = r.u8()?;
         if version != ENTRY_VERSION {
             return Err(DecodeError::UnknownVersion(version));
+        }
+        let crc = r.u32()?;
+        if crc32fast::hash(&r.0) != crc {
+            return Err(DecodeError::Checksum);
         }
         let status = StatusCode::from_u16(r.u16()?).map_err(|_| corrupt("status"))?;
         let flags = r.u8()?;
@@ -214,6 +228,15 @@ impl Entry {
         entry.tags = tags.into();
         entry.selection = selection;
         Ok(entry)
+    }
+}
+
+/// Sets the CRC-32 of record bytes to what they hold (a CRC is no secret), so that fuzzing and
+/// tests reach the checks behind it; bytes shorter than the head are left as they are.
+pub fn set_checksum(bytes: &mut [u8]) {
+    if bytes.len() >= HEAD {
+        let crc = crc32fast::hash(&bytes[HEAD..]);
+        bytes[1..HEAD].copy_from_slice(&crc.to_be_bytes());
     }
 }
 
@@ -388,6 +411,12 @@ mod tests {
         }
     }
 
+    /// `bytes` with its CRC-32 made right again (to reach the checks behind it).
+    fn resealed(mut bytes: Vec<u8>) -> Bytes {
+        set_checksum(&mut bytes);
+        bytes.into()
+    }
+
     #[test]
     fn unknown_version_and_trailing_bytes_are_errors() {
         let record = sample().encode().unwrap();
@@ -397,23 +426,54 @@ mod tests {
             Entry::decode(other.into()).unwrap_err(),
             DecodeError::UnknownVersion(ENTRY_VERSION + 1)
         );
+        // A record of the version before the checksum is a miss, not served.
+        let mut old = record.to_vec();
+        old[0] = 1;
+        assert_eq!(
+            Entry::decode(old.into()).unwrap_err(),
+            DecodeError::UnknownVersion(1)
+        );
         let mut longer = record.to_vec();
         longer.push(0);
+        assert_eq!(
+            Entry::decode(longer.clone().into()).unwrap_err(),
+            DecodeError::Checksum
+        );
         assert!(matches!(
-            Entry::decode(longer.into()),
+            Entry::decode(resealed(longer)),
             Err(DecodeError::Corrupt(_))
         ));
     }
 
     #[test]
+    fn a_changed_body_byte_fails_the_checksum() {
+        let record = sample().encode().unwrap();
+        let body = b"hello, hello, hello";
+        let at = (record.windows(body.len()))
+            .position(|w| w == body)
+            .expect("the body is in the record");
+        for i in [at, at + body.len() - 1] {
+            let mut bad = record.to_vec();
+            bad[i] ^= 0x20; // one letter's case: lengths and values all still valid
+            assert_eq!(
+                Entry::decode(bad.clone().into()).unwrap_err(),
+                DecodeError::Checksum
+            );
+            // Only the checksum tells: resealed, the altered record reads.
+            assert!(Entry::decode(resealed(bad)).is_ok());
+        }
+    }
+
+    #[test]
     fn corrupt_records_never_panic() {
         let record = sample().encode().unwrap();
-        // Every byte in turn set to values that break lengths, flags, names and encodings.
-        for i in 0..record.len() {
+        // Every byte in turn set to values that break lengths, flags, names and encodings (the
+        // checksum made right, so that the checks behind it are reached).
+        for i in HEAD..record.len() {
             for b in [0x00, 0x01, 0x04, 0x7f, 0x80, 0xff] {
                 let mut bad = record.to_vec();
                 bad[i] = b;
-                if let Ok(e) = Entry::decode(bad.into()) {
+                if let Ok(e) = Entry::decode(resealed(bad)) {
                     // Whatever decodes is a whole entry: it encodes again, and serves.
                     assert!(e.encode().is_ok());
                     assert!(!e.by_size().is_empty());
@@ -422,13 +482,13 @@ mod tests {
         }
         // Counts far beyond the record, in each count position.
         assert_eq!(
-            Entry::decode(Bytes::from_static(b"\x01")).unwrap_err(),
+            Entry::decode(Bytes::from_static(b"\x02")).unwrap_err(),
             DecodeError::Truncated
         );
-        let mut huge = record[..1 + 2 + 1 + 5 * 12].to_vec();
+        let mut huge = record[..HEAD + 2 + 1 + 5 * 12].to_vec();
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(
-            Entry::decode(huge.into()).unwrap_err(),
+            Entry::decode(resealed(huge)).unwrap_err(),
             DecodeError::Truncated
         );
     }

@@ -16,9 +16,22 @@
 //! - `ns:purges`: a stream of purges (capped), which every node follows to apply each to its
 //!   memory and disk, and reads from where it stopped after a disconnection.
 //!
-//! Every command is bounded by `timeout`: when Redis is down or slow, a command fails, is
-//! counted and logged (once per ten seconds), and larder goes on as if there were no shared
-//! tier.
+//! The client connects in the background, and again after a disconnection, with backoff (100 ms
+//! doubling to 2 s): a node started before Redis connects when Redis comes. While it is not
+//! connected no command is sent (a miss pays nothing for the tier) and nothing is counted as an
+//! error. Once connected, every command is bounded by `timeout`: when Redis is down or slow, a
+//! command fails, is counted and logged (once per ten seconds, naming the server), and larder goes
+//! on as if there were no shared tier.
+//!
+//! What is read back is checked, since anything with access to Redis can write there: an entry
+//! record carries its CRC-32 ([`super::record`]), an image original is checked against its MD5
+//! name (`images/storage.rs`); with a fleet key (`shared_key`) every entry record and blob is
+//! written as `b"LDS1" | HMAC-SHA256 | value`, the MAC over the namespace, the kind, the key it
+//! is stored under and the value (so a record copied to another key fails), and anything
+//! unsigned or signed otherwise is refused (counted in `refused`): write access to Redis is not
+//! write access to every node's responses. Not covered, with or without the key: leases, tag
+//! indexes and the purge stream (a forged entry costs origin fetches, not a response), and the
+//! replicated logs of push records (docs/scaling.md).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +43,8 @@ use fred::prelude::*;
 use fred::types::scan::Scanner;
 use futures_util::StreamExt;
 
+use aws_lc_rs::{constant_time, hmac};
+
 use super::bans::Ban;
 use super::key::CacheKey;
 use super::tiers::Stats;
@@ -38,6 +53,18 @@ use crate::config::SharedConfig;
 
 /// Purges kept in the stream for nodes that were away.
 const STREAM_CAP: i64 = 10_000;
+
+/// What a value signed with the fleet key starts with, before its MAC.
+const SIGNED: &[u8; 4] = b"LDS1";
+/// The MAC's length (HMAC-SHA256).
+const MAC: usize = 32;
+
+/// What a signed value is: an entry record or a blob (part of what the MAC covers).
+#[derive(Clone, Copy)]
+enum Kind {
+    Entry,
+    Blob,
+}
 
 /// The shared store.
 pub(super) struct Shared {
@@ -48,8 +75,16 @@ pub(super) struct Shared {
     node: String,
     leases: AtomicU64,
     last_warning: std::sync::Mutex<Option<Instant>>,
+    /// The fleet key: every value written is signed with it, every value read must be.
+    signer: Option<hmac::Key>,
+    /// The server's URL as logs show it (no password).
+    shown_url: String,
     pub(super) stats: Stats,
 }
+
+/// The shared tier did not answer (not connected, or the command failed or timed out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Unavailable;
 
 /// Why the shared tier could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -88,10 +123,16 @@ impl Drop for Lease {
 
 impl Shared {
     /// A client for the configured server or cluster, connecting (and reconnecting) in the
-    /// background: an unreachable server at start is not an error, only a tier that misses.
+    /// background with backoff: an unreachable server at start is not an error, only a tier
+    /// that misses until it comes.
     pub(super) fn connect(cfg: &SharedConfig) -> Result<Shared, OpenError> {
         let url = cfg.client_url();
-        let config = Config::from_url(&url).map_err(|e| OpenError(format!("{url}: {e}")))?;
+        let shown_url = without_password(&url);
+        let mut config =
+            Config::from_url(&url).map_err(|e| OpenError(format!("{shown_url}: {e}")))?;
+        // The first connection is retried like any later one (by default a failed first
+        // attempt ends the client's connection task, and it never connects).
+        config.fail_fast = false;
         let cluster = config.server.is_clustered();
         let timeout = cfg.timeout.0;
         let client = Builder::from_config(config)
@@ -107,32 +148,94 @@ impl Shared {
             .with_performance_config(|p| {
                 p.default_command_timeout = timeout;
             })
-            .set_policy(ReconnectPolicy::new_constant(0, 250))
+            // Attempts for ever, 100 ms apart doubling to 2 s.
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2000, 2))
             .build()
             .map_err(|e| OpenError(e.to_string()))?;
-        client.connect();
+        let signer =
+            (cfg.shared_key.as_deref()).map(|k| hmac::Key::new(hmac::HMAC_SHA256, k.as_bytes()));
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_nanos();
-        Ok(Shared {
+        let shared = Shared {
             client,
             cfg: cfg.clone(),
             cluster,
             node: format!("{:x}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
             leases: AtomicU64::new(0),
             last_warning: std::sync::Mutex::new(None),
+            signer,
+            shown_url,
             stats: Stats::default(),
-        })
+        };
+        shared.watch(&shared.client, "commands");
+        shared.client.connect();
+        Ok(shared)
+    }
+
+    /// Logs `client`'s connection errors (at most one per ten seconds) and its connections.
+    fn watch(&self, client: &Client, connection: &'static str) {
+        let url = self.shown_url.clone();
+        let mut errors = client.error_rx();
+        let mut connects = client.reconnect_rx();
+        tokio::spawn(async move {
+            let mut last: Option<Instant> = None;
+            loop {
+                tokio::select! {
+                    e = errors.recv() => match e {
+                        Ok((error, _)) => {
+                            if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                                last = Some(Instant::now());
+                                tracing::warn!(
+                                    server = %url,
+                                    connection,
+                                    error = %error,
+                                    "shared tier not connected; serving from memory, disk and \
+                                     origin, connecting again in the background"
+                                );
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(_) => return,
+                    },
+                    c = connects.recv() => match c {
+                        Ok(_) => {
+                            last = None;
+                            tracing::info!(server = %url, connection, "shared tier connected");
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(_) => return,
+                    },
+                }
+            }
+        });
     }
 
     /// Waits (at most `within`) for the first connection, so that the first requests after a
-    /// start find the shared tier; whether it came.
+    /// start find the shared tier; whether it came. A failed attempt ends the wait (the client
+    /// goes on trying in the background).
     pub(super) async fn connected(&self, within: Duration) -> bool {
-        matches!(
-            tokio::time::timeout(within, self.client.wait_for_connect()).await,
-            Ok(Ok(()))
-        )
+        let mut errors = self.client.error_rx();
+        let failed = async {
+            while let Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) = errors.recv().await
+            {
+            }
+        };
+        tokio::select! {
+            c = tokio::time::timeout(within, self.client.wait_for_connect()) => matches!(c, Ok(Ok(()))),
+            () = failed => self.client.is_connected(),
+        }
+    }
+
+    /// Whether the client is connected now (commands are sent only then).
+    pub(super) fn is_connected(&self) -> bool {
+        self.client.is_connected()
+    }
+
+    /// The server's URL as logs show it.
+    pub(super) fn shown_url(&self) -> &str {
+        &self.shown_url
     }
 
     fn key(&self, kind: &str, rest: &str) -> String {
@@ -140,8 +243,11 @@ impl Shared {
     }
 
     /// Runs one command within the timeout; a failure is counted, logged now and then, and
-    /// `None`.
+    /// `None`. Not connected, the command is not sent (nothing waits, nothing is counted): `None`.
     async fn run<T>(&self, what: &str, command: impl Future<Output = FredResult<T>>) -> Option<T> {
+        if !self.client.is_connected() {
+            return None;
+        }
         match tokio::time::timeout(self.cfg.timeout.0, command).await {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
@@ -161,6 +267,7 @@ impl Shared {
         if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
             *last = Some(Instant::now());
             tracing::warn!(
+                server = %self.shown_url,
                 command = what,
                 error = why,
                 "shared tier unavailable; serving from memory, disk and origin"
@@ -168,12 +275,13 @@ impl Shared {
         }
     }
 
-    /// The record stored under `key`, if any.
-    pub(super) async fn read(&self, key: &CacheKey) -> Option<Bytes> {
+    /// The record stored under `key`: `Ok(None)` when there is none (or none that passes its
+    /// signature), `Err` when the tier is unavailable (not connected, or the command failed).
+    pub(super) async fn read(&self, key: &CacheKey) -> Result<Option<Bytes>, Unavailable> {
         let found = self.read_quiet(key).await;
         let counter = match found {
-            Some(_) => &self.stats.hits,
-            None => &self.stats.misses,
+            Ok(Some(_)) => &self.stats.hits,
+            _ => &self.stats.misses,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         found
@@ -190,6 +298,7 @@ impl Shared {
         if record.len() as u64 > self.cfg.max_object_size.0 {
             return;
         }
+        let record = self.seal(Kind::Entry, key.as_str(), record);
         let k = self.key("e", key.as_str());
         let ms = ttl.as_millis().clamp(1, i64::MAX as u128) as i64;
         let set =
@@ -241,7 +350,7 @@ impl Shared {
                     // The node that held the lease may have written its record and let the
                     // lease go between this node's read and its SET: look once more, so that
                     // a record written is never fetched again (the lease is let go at once).
-                    if let Some(record) = self.read_quiet(key).await {
+                    if let Ok(Some(record)) = self.read_quiet(key).await {
                         self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
                         return Leasing::Filled(record);
                     }
@@ -256,7 +365,7 @@ impl Shared {
                 }
                 tokio::time::sleep(Duration::from_millis(if waited { 20 } else { 5 })).await;
                 waited = true;
-                if let Some(record) = self.read_quiet(key).await {
+                if let Ok(Some(record)) = self.read_quiet(key).await {
                     self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
                     return Leasing::Filled(record);
                 }
@@ -272,9 +381,74 @@ impl Shared {
     }
 
     /// A read, not counted (waiting on a lease, each poll is not a miss).
-    async fn read_quiet(&self, key: &CacheKey) -> Option<Bytes> {
+    async fn read_quiet(&self, key: &CacheKey) -> Result<Option<Bytes>, Unavailable> {
         let k = self.key("e", key.as_str());
-        self.run("GET", self.client.get(k)).await.flatten()
+        let value: Option<Bytes> = self
+            .run("GET", self.client.get(k))
+            .await
+            .ok_or(Unavailable)?;
+        Ok(value.and_then(|v| self.open(Kind::Entry, key.as_str(), v)))
+    }
+
+    /// `value` as it is written under `name`: signed when there is a fleet key.
+    fn seal(&self, kind: Kind, name: &str, value: Bytes) -> Bytes {
+        let Some(signer) = &self.signer else {
+            return value;
+        };
+        let mac = self.mac(signer, kind, name, &value);
+        let mut out = Vec::with_capacity(SIGNED.len() + MAC + value.len());
+        out.extend_from_slice(SIGNED);
+        out.extend_from_slice(mac.as_ref());
+        out.extend_from_slice(&value);
+        out.into()
+    }
+
+    /// The value `stored` under `name` holds, if it is signed with the fleet key for `name`
+    /// (or, without a fleet key, as it is: the record's own checksum is checked on decoding).
+    /// Refused, it is counted and logged (now and then), and `None`.
+    fn open(&self, kind: Kind, name: &str, stored: Bytes) -> Option<Bytes> {
+        let Some(signer) = &self.signer else {
+            return Some(stored);
+        };
+        let head = SIGNED.len() + MAC;
+        let signed = stored.len() >= head && stored[..SIGNED.len()] == SIGNED[..];
+        if signed {
+            let mac = self.mac(signer, kind, name, &stored[head..]);
+            if constant_time::verify_slices_are_equal(mac.as_ref(), &stored[SIGNED.len()..head])
+                .is_ok()
+            {
+                return Some(stored.slice(head..));
+            }
+        }
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last_warning.lock().expect("not poisoned");
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                server = %self.shown_url,
+                key = name,
+                why = if signed { "signed with another key, or altered" } else { "not signed" },
+                "shared tier value refused (shared_key)"
+            );
+        }
+        None
+    }
+
+    /// HMAC-SHA256 of a value and where it is stored: the namespace, its kind and its name,
+    /// each length-prefixed, then the value.
+    fn mac(&self, signer: &hmac::Key, kind: Kind, name: &str, value: &[u8]) -> hmac::Tag {
+        let mut ctx = hmac::Context::with_key(signer);
+        let ns = self.cfg.namespace.as_bytes();
+        ctx.update(&(ns.len() as u64).to_be_bytes());
+        ctx.update(ns);
+        ctx.update(match kind {
+            Kind::Entry => b"e",
+            Kind::Blob => b"b",
+        });
+        ctx.update(&(name.len() as u64).to_be_bytes());
+        ctx.update(name.as_bytes());
+        ctx.update(value);
+        ctx.sign()
     }
 
     async fn release(&self, key: &str, token: &str) {
@@ -287,12 +461,15 @@ impl Shared {
     /// A blob stored by [`Shared::put_blob`] (an image original), if any.
     pub(super) async fn get_blob(&self, name: &str) -> Option<Bytes> {
         let k = self.key("b", name);
-        self.run("GET", self.client.get(k)).await.flatten()
+        let stored: Bytes = self.run("GET", self.client.get(k)).await.flatten()?;
+        self.open(Kind::Blob, name, stored)
     }
 
-    /// Stores a blob that does not expire; whether the server took it.
+    /// Stores a blob that does not expire (signed with the fleet key, if any); whether the
+    /// server took it.
     pub(super) async fn put_blob(&self, name: &str, data: Bytes) -> bool {
         let k = self.key("b", name);
+        let data = self.seal(Kind::Blob, name, data);
         let set = self.client.set::<(), _, _>(k, data, None, None, false);
         self.run("SET", set).await.is_some()
     }
@@ -435,6 +612,7 @@ impl Shared {
     ) {
         let me = Arc::clone(self);
         let reader = self.client.clone_new();
+        self.watch(&reader, "stream");
         reader.connect();
         // Blocks up to a second on the server: beyond the commands' timeout.
         let reader = reader.with_options(&Options {
@@ -444,6 +622,12 @@ impl Shared {
         tokio::spawn(async move {
             let mut last = from;
             while !tx.is_closed() {
+                if !reader.is_connected() {
+                    // Connecting in the background: wait for it, sending nothing.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), reader.wait_for_connect())
+                        .await;
+                    continue;
+                }
                 type Records = Vec<(String, Vec<(String, String)>)>;
                 let read = reader.xread::<Value, _, _>(
                     Some(1000),
@@ -593,6 +777,23 @@ impl SharedLog {
     }
 }
 
+/// `url` with the password in it (`scheme://user:password@host`) replaced by `***`, for logs.
+fn without_password(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
+        return url.to_string();
+    };
+    match url[start..at].find(':').map(|i| start + i) {
+        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => format!("{}***{}", &url[..start], &url[at..]),
+    }
+}
+
 /// `s` with Redis glob characters escaped.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -607,6 +808,19 @@ fn glob_escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn passwords_are_not_shown() {
+        let shown = super::without_password;
+        assert_eq!(shown("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(shown("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(shown("redis://:pw@h:1"), "redis://:***@h:1");
+        assert_eq!(shown("redis://tok@h:1"), "redis://***@h:1");
+        assert_eq!(
+            shown("redis-cluster://u:p@w@a:1?node=b:2"),
+            "redis-cluster://u:***@a:1?node=b:2"
+        );
+    }
+
     #[test]
     fn globs_are_escaped() {
         assert_eq!(

@@ -20,7 +20,7 @@ use super::bans::{Ban, Bans};
 use super::disk::Disk;
 use super::entry::Entry;
 use super::key::CacheKey;
-use super::shared::{Leasing, Shared};
+use super::shared::{Leasing, Shared, Unavailable};
 use super::Purge;
 use crate::clock::Clock;
 use crate::config::{CacheConfig, DiskWrite};
@@ -68,6 +68,16 @@ pub enum Below {
     Miss,
 }
 
+/// What reading the shared tier gave.
+pub(super) enum SharedRead {
+    Found(Box<Entry>),
+    /// No record that answers the request (none, or one not whole, purged, or refused).
+    Absent,
+    /// The tier did not answer (not connected, or the read failed): a miss asks it nothing
+    /// more, so that it waits at most one `timeout` for it.
+    Unavailable,
+}
+
 /// What asking for a lease gave.
 pub(super) enum Leased {
     Held(Lease),
@@ -90,6 +100,10 @@ pub struct TierCounts {
     /// Purges sent to and received from the other nodes (shared).
     pub purges_sent: u64,
     pub purges_received: u64,
+    /// Values refused for their signature (shared, with `shared_key`).
+    pub refused: u64,
+    /// Whether the client is connected now (shared).
+    pub connected: Option<bool>,
 }
 
 /// What a tier did, counted as it happens (read by [`Tiers::counts`]).
@@ -102,6 +116,7 @@ pub(super) struct Stats {
     pub lease_waits: AtomicU64,
     pub purges_sent: AtomicU64,
     pub purges_received: AtomicU64,
+    pub refused: AtomicU64,
 }
 
 impl Stats {
@@ -116,6 +131,8 @@ impl Stats {
             lease_waits: get(&self.lease_waits),
             purges_sent: get(&self.purges_sent),
             purges_received: get(&self.purges_received),
+            refused: get(&self.refused),
+            connected: None,
         }
     }
 }
@@ -202,7 +219,9 @@ impl Tiers {
                 // A Redis that is down delays the start by this much at most.
                 if !shared.connected(Duration::from_secs(2)).await {
                     tracing::warn!(
-                        "shared tier not reachable at start; serving without it until it is"
+                        server = shared.shown_url(),
+                        "shared tier not reachable at start; serving without it until it is \
+                         (connecting in the background)"
                     );
                 }
                 Some(shared)
@@ -253,7 +272,10 @@ impl Tiers {
     /// What each tier did since start.
     pub(super) fn counts(&self) -> Vec<TierCounts> {
         let disk = self.disk.as_ref().map(|d| d.stats.snapshot(Tier::Disk));
-        let shared = self.shared.as_ref().map(|s| s.stats.snapshot(Tier::Shared));
+        let shared = self.shared.as_ref().map(|s| TierCounts {
+            connected: Some(s.is_connected()),
+            ..s.stats.snapshot(Tier::Shared)
+        });
         disk.into_iter().chain(shared).collect()
     }
 
@@ -269,9 +291,18 @@ impl Tiers {
     }
 
     /// The shared tier's record of `key`, if it answers `request`.
-    pub(super) async fn read_shared(&self, key: &CacheKey, request: &HeaderMap) -> Option<Entry> {
-        let record = self.shared.as_ref()?.read(key).await?;
-        self.usable(key, record, request)
+    pub(super) async fn read_shared(&self, key: &CacheKey, request: &HeaderMap) -> SharedRead {
+        let Some(shared) = &self.shared else {
+            return SharedRead::Unavailable;
+        };
+        match shared.read(key).await {
+            Err(Unavailable) => SharedRead::Unavailable,
+            Ok(None) => SharedRead::Absent,
+            Ok(Some(record)) => match self.usable(key, record, request) {
+                Some(entry) => SharedRead::Found(Box::new(entry)),
+                None => SharedRead::Absent,
+            },
+        }
     }
 
     /// Takes the shared tier's lease of `key`, or the record of the node that held it.

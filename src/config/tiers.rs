@@ -72,7 +72,15 @@ pub struct SharedConfig {
     /// Largest response written to the shared tier (all its encodings together).
     #[serde(default = "SharedConfig::default_max_object")]
     pub max_object_size: ByteSize<1, { 512 * MIB }>,
+    /// The fleet key (at least 16 bytes, the same on every node): every node signs what it
+    /// writes with it (HMAC-SHA256) and refuses what is not signed with it, so that write
+    /// access to Redis is not write access to every node's responses.
+    #[serde(default)]
+    pub shared_key: Option<String>,
 }
+
+/// The shortest fleet key taken.
+pub const MIN_SHARED_KEY: usize = 16;
 
 impl SharedConfig {
     fn default_timeout() -> Dur<1, 60_000> {
@@ -100,11 +108,21 @@ impl SharedConfig {
             lease: Self::default_lease(),
             namespace: Self::default_namespace(),
             max_object_size: Self::default_max_object(),
+            shared_key: None,
         }
     }
 
     /// Why the settings name no server, or a server in a form the client cannot use.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(key) = &self.shared_key {
+            if key.len() < MIN_SHARED_KEY {
+                return Err(format!(
+                    "`shared_key` is {} bytes: it needs at least {MIN_SHARED_KEY} \
+                     (for example `openssl rand -hex 32`)",
+                    key.len()
+                ));
+            }
+        }
         match (&self.url, self.nodes.is_empty()) {
             (None, true) => Err("set `url` (redis://host:port) or `nodes`".into()),
             (Some(_), false) => Err("set `url` or `nodes`, not both".into()),
@@ -190,5 +208,10 @@ mod tests {
         assert_eq!(s.client_url(), "redis-cluster://a:1?node=b:2&node=c:3");
         s.nodes.push("d".into());
         assert!(s.check().is_err());
+        s.nodes.pop();
+        s.shared_key = Some("short".into());
+        assert!(s.check().unwrap_err().contains("at least 16"));
+        s.shared_key = Some("0123456789abcdef".into());
+        assert!(s.check().is_ok());
     }
 }
