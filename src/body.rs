@@ -5,6 +5,10 @@
 //! A cache hit is the common case, so the enum keeps it unboxed: `Full` holds one shared `Bytes`
 //! (a refcount bump of the stored body, never a copy). Anything streamed (a proxied response not
 //! being stored, a large file) goes through the boxed `Stream` variant.
+//!
+//! A response body also carries its response's [`Outcome`] (cache result, stored coding and
+//! bytes saved, why it was not stored): set by the handler that builds the response, read by the
+//! server when the response completes, for the metrics and the access log.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,11 +18,18 @@ use http_body::{Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
+use crate::metrics::Outcome;
+
 /// Error type carried by streamed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A response (or upstream request) body.
-pub enum Body {
+/// A response (or upstream request) body, and what its handler noted of the response.
+pub struct Body {
+    kind: Kind,
+    outcome: Outcome,
+}
+
+enum Kind {
     /// No body at all (HEAD, 304, 204).
     Empty,
     /// One chunk of shared bytes, sent once.
@@ -28,19 +39,34 @@ pub enum Body {
 }
 
 impl Body {
+    #[inline]
+    fn of(kind: Kind) -> Self {
+        Body {
+            kind,
+            outcome: Outcome::default(),
+        }
+    }
+
     /// An empty body.
+    #[inline]
     pub fn empty() -> Self {
-        Body::Empty
+        Body::of(Kind::Empty)
     }
 
     /// A body of one shared buffer.
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let bytes = bytes.into();
         if bytes.is_empty() {
-            Body::Empty
+            Body::empty()
         } else {
-            Body::Full(Some(bytes))
+            Body::of(Kind::Full(Some(bytes)))
         }
+    }
+
+    /// A stored body: one shared buffer sent as it is (an empty one too).
+    #[inline]
+    pub fn stored(bytes: Bytes) -> Self {
+        Body::of(Kind::Full(Some(bytes)))
     }
 
     /// A streamed body from any `http_body::Body`.
@@ -49,7 +75,19 @@ impl Body {
         B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        Body::Stream(body.map_err(Into::into).boxed())
+        Body::of(Kind::Stream(body.map_err(Into::into).boxed()))
+    }
+
+    /// What the handler noted of the response this body belongs to.
+    #[inline]
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Notes of the response this body belongs to (the handler building it).
+    #[inline]
+    pub fn outcome_mut(&mut self) -> &mut Outcome {
+        &mut self.outcome
     }
 }
 
@@ -62,28 +100,28 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Body::Empty => Poll::Ready(None),
-            Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Stream(s) => Pin::new(s).poll_frame(cx),
+        match &mut self.get_mut().kind {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Stream(s) => Pin::new(s).poll_frame(cx),
         }
     }
 
     #[inline]
     fn is_end_stream(&self) -> bool {
-        match self {
-            Body::Empty => true,
-            Body::Full(b) => b.is_none(),
-            Body::Stream(s) => s.is_end_stream(),
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Full(b) => b.is_none(),
+            Kind::Stream(s) => s.is_end_stream(),
         }
     }
 
     #[inline]
     fn size_hint(&self) -> SizeHint {
-        match self {
-            Body::Empty => SizeHint::with_exact(0),
-            Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Stream(s) => s.size_hint(),
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Stream(s) => s.size_hint(),
         }
     }
 }

@@ -230,7 +230,7 @@ pub async fn start(config: Config) -> Result<Handle, Error> {
         cache: Arc::clone(&cache),
         pools: Arc::clone(&pools),
         metrics: metrics.clone(),
-        access_log: access_log.as_ref().map(|l| l.id()),
+        access_log: access_log.clone(),
         spans: spans.clone(),
         http01: Arc::clone(&http01),
     };
