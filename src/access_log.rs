@@ -388,7 +388,6 @@ mod tests {
     fn a_full_queue_drops_and_counts() {
         let (tx, rx) = sync_channel(2);
         let log = AccessLog {
-            id: 0,
             tx,
             dropped: AtomicU64::new(0),
             reopen: Arc::default(),
