@@ -136,8 +136,10 @@ async fn the_reason_a_response_was_not_stored_is_logged() {
 }
 
 /// A response is logged with its own outcome, not with what ran on its thread meanwhile: on
-/// one thread (larder, its origin and the clients share the test's), a push write waiting for its body while a stale-while-revalidate refresh
-/// completes (storing the refreshed response as EXPIRED) is logged with no cache result.
+/// one thread (larder, its origin and the clients share the test's), a push write waiting for
+/// its body while a stale-while-revalidate refresh completes (storing the refreshed response as
+/// EXPIRED) is logged with no cache result. Before the outcome travelled with the response
+/// (thread-local notes) the write was logged EXPIRED.
 #[tokio::test(flavor = "current_thread")]
 async fn a_background_refresh_does_not_lend_its_outcome_to_another_response() {
     let dir = tempfile::tempdir().unwrap();
