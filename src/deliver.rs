@@ -155,7 +155,7 @@ fn respond(
             true => crate::metrics::OTHER_CODING,
             false => enc as usize,
         };
-        let mut body = Body::stored(variant.body.clone());
+        let mut body = Body::full(variant.body.clone());
         body.outcome_mut().set_delivered(coding, saved as u64);
         body
     };

@@ -102,48 +102,60 @@ thread_local! {
 /// saved, and why a response fetched for the cache was not stored. It travels in the
 /// response's own body ([`crate::body::Body::outcome`]), set by whoever builds the response,
 /// so a response is counted with its own outcome whatever else ran on its thread meanwhile
-/// (a background refresh's response, dropped, takes its outcome with it). `Copy`, 24 bytes:
-/// no allocation, no extension map.
+/// (a background refresh's response, dropped, takes its outcome with it). `Copy`, one `u64`
+/// (the body it rides in is no bigger for it: see [`crate::body`]): no allocation, no
+/// extension map.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// The cache result (bits 0-7), the coding of a stored body plus one (bits 8-15; 0: none)
-    /// and the bytes that coding saved (bits 16-63).
+    /// The cache result (bits 0-3, an index into [`CACHE`]), the coding of a stored body plus
+    /// one (bits 4-7; 0: none), why the response was not stored plus one (bits 8-15; 0: it
+    /// was, or was not fetched for the cache) and the bytes the coding saved (bits 16-63).
     packed: u64,
-    /// Why the response was not stored (a [`crate::cache::policy::NoStoreReason`]'s text).
-    no_store: Option<&'static str>,
 }
+
+/// Bits of [`Outcome`]'s fields.
+const CACHE_BITS: u64 = 0xf;
+const CODING_SHIFT: u32 = 4;
+const REASON_SHIFT: u32 = 8;
+const SAVED_SHIFT: u32 = 16;
+const SAVED_MAX: u64 = (1 << (64 - SAVED_SHIFT)) - 1;
+const _: () = assert!(CACHE.len() <= 16 && ENCODINGS.len() < 16);
 
 impl Outcome {
     /// Notes the cache result.
     #[inline]
     pub fn set_cache(&mut self, r: CacheResult) {
-        self.packed = (self.packed & !0xff) | r as u64;
+        self.packed = (self.packed & !CACHE_BITS) | r as u64;
     }
 
     /// Notes that the body is a stored one in coding `encoding` (an index into [`ENCODINGS`])
-    /// that is `saved` bytes smaller than the identity body.
+    /// that is `saved` bytes smaller than the identity body (at most 2^48 - 1 counted).
     #[inline]
     pub fn set_delivered(&mut self, encoding: usize, saved: u64) {
-        let saved = saved.min((1 << 48) - 1);
-        self.packed = (self.packed & 0xff) | ((encoding as u64 + 1) << 8) | (saved << 16);
+        debug_assert!(encoding < ENCODINGS.len());
+        let coding = (encoding as u64 + 1) & 0xf;
+        let kept = self.packed & (CACHE_BITS | (0xff << REASON_SHIFT));
+        self.packed = kept | (coding << CODING_SHIFT) | (saved.min(SAVED_MAX) << SAVED_SHIFT);
     }
 
-    /// Notes why the response, fetched for the cache, was not stored.
+    /// Notes why the response, fetched for the cache, was not stored: the reason's code
+    /// (`crate::cache::policy::NoStoreReason::code`; below 255).
     #[inline]
-    pub fn set_not_stored(&mut self, reason: &'static str) {
-        self.no_store = Some(reason);
+    pub fn set_not_stored(&mut self, reason: u8) {
+        let code = (reason as u64 + 1) & 0xff;
+        self.packed = (self.packed & !(0xff << REASON_SHIFT)) | (code << REASON_SHIFT);
     }
 
     /// The cache result: an index into [`CACHE`].
     #[inline]
     pub fn cache(&self) -> usize {
-        (self.packed & 0xff) as usize
+        (self.packed & CACHE_BITS) as usize
     }
 
     /// The coding of a stored body sent (an index into [`ENCODINGS`]), when the body is one.
     #[inline]
     pub fn encoding(&self) -> Option<usize> {
-        ((self.packed >> 8) & 0xff)
+        ((self.packed >> CODING_SHIFT) & 0xf)
             .checked_sub(1)
             .map(|e| e as usize)
     }
@@ -151,13 +163,14 @@ impl Outcome {
     /// The bytes the stored body's coding saved.
     #[inline]
     pub fn saved(&self) -> u64 {
-        self.packed >> 16
+        self.packed >> SAVED_SHIFT
     }
 
-    /// Why the response was not stored, when a fill said so.
+    /// Why the response was not stored, when a fill said so: the reason's code
+    /// (`crate::cache::policy::NoStoreReason::from_code` names it).
     #[inline]
-    pub fn no_store(&self) -> Option<&'static str> {
-        self.no_store
+    pub fn no_store(&self) -> Option<u8> {
+        (((self.packed >> REASON_SHIFT) & 0xff) as u8).checked_sub(1)
     }
 }
 
@@ -762,21 +775,37 @@ mod tests {
         );
         let mut o = Outcome::default();
         o.set_cache(CacheResult::Stale);
-        o.set_not_stored("no-store");
+        o.set_not_stored(2);
         o.set_delivered(2, 123_456_789);
         o.set_cache(CacheResult::Hit);
         assert_eq!(o.cache(), CacheResult::Hit as usize);
         assert_eq!(o.encoding(), Some(2));
         assert_eq!(o.saved(), 123_456_789);
-        assert_eq!(o.no_store(), Some("no-store"));
+        assert_eq!(o.no_store(), Some(2));
         o.set_delivered(0, u64::MAX);
         assert_eq!(
             (o.encoding(), o.saved()),
             (Some(0), (1 << 48) - 1),
             "clamped"
         );
-        assert_eq!(o.cache(), CacheResult::Hit as usize, "kept");
-        assert_eq!(std::mem::size_of::<Outcome>(), 24);
+        assert_eq!(
+            (o.cache(), o.no_store()),
+            (CacheResult::Hit as usize, Some(2)),
+            "kept"
+        );
+        o.set_not_stored(0);
+        o.set_cache(CacheResult::Bypass);
+        assert_eq!(
+            (o.cache(), o.encoding(), o.saved(), o.no_store()),
+            (
+                CacheResult::Bypass as usize,
+                Some(0),
+                (1 << 48) - 1,
+                Some(0)
+            ),
+            "each field its own bits"
+        );
+        assert_eq!(std::mem::size_of::<Outcome>(), 8);
         let v = |s: &'static str| http::HeaderValue::from_static(s);
         assert_eq!(encoding_class(None), 0);
         assert_eq!(encoding_class(Some(&v("br"))), 2);

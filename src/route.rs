@@ -268,7 +268,9 @@ impl Observed {
         if let Some((log, mut e)) = self.logged {
             e.status = status;
             e.cache = cache;
-            e.no_store = outcome.no_store();
+            e.no_store = (outcome.no_store())
+                .and_then(crate::cache::policy::NoStoreReason::from_code)
+                .map(crate::cache::policy::NoStoreReason::as_str);
             e.duration = std::time::Duration::from_nanos(nanos);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());

@@ -427,7 +427,7 @@ impl<'p> Fill<'p> {
             }
         }
         if !answers_anyone {
-            (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::VaryStar.as_str());
+            (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::VaryStar.code());
         }
         drop(guard);
         resp
@@ -461,9 +461,7 @@ impl<'p> Fill<'p> {
             ..
         } = self.req;
         let with_reason = move |mut resp: Response<Body>| {
-            resp.body_mut()
-                .outcome_mut()
-                .set_not_stored(reason.as_str());
+            resp.body_mut().outcome_mut().set_not_stored(reason.code());
             resp
         };
         if wants_part(&client, &rparts) {
@@ -484,7 +482,7 @@ impl<'p> Fill<'p> {
         let me = &self.proxy.0;
         me.strip_private_fields(&mut rparts.headers);
         let mut resp = Response::from_parts(rparts, Body::full(body));
-        (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::Undecodable.as_str());
+        (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::Undecodable.code());
         me.tag(resp, self.req.status)
     }
 
@@ -717,12 +715,13 @@ mod tests {
             let resp = proxy.fill(request(path)).await;
             assert_eq!(resp.status(), StatusCode::OK, "{path}");
             let noted = resp.body().outcome().no_store();
-            assert_eq!(noted, reason.map(NoStoreReason::as_str), "{path}");
+            assert_eq!(noted, reason.map(NoStoreReason::code), "{path}");
         }
         let mut request_no_store = request("/fresh-too");
         request_no_store.request_no_store = true;
         let resp = proxy.fill(request_no_store).await;
-        assert_eq!(resp.body().outcome().no_store(), Some("no-store"));
+        let noted = resp.body().outcome().no_store();
+        assert_eq!(noted, Some(NoStoreReason::NoStore.code()));
         assert_eq!(cache.len(), 1, "only /fresh is stored");
     }
 
