@@ -74,9 +74,9 @@ impl Entry {
     }
 }
 
-/// A server's access log.
+/// A server's access log. The server's start owns it and hands it to the routers it builds,
+/// and a completed request that is logged holds it until its line is queued: no registry.
 pub struct AccessLog {
-    id: u64,
     tx: SyncSender<Entry>,
     /// Lines dropped because the writer fell behind.
     dropped: AtomicU64,
@@ -88,42 +88,6 @@ pub struct AccessLog {
 thread_local! {
     /// Sampling credit of this thread: a request is logged each time it reaches 1.
     static CREDIT: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
-    /// This thread's handle on each server's log (tests run many servers in one process): a
-    /// request logs through it without touching a shared reference count.
-    static SENDERS: std::cell::RefCell<Vec<Arc<AccessLog>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Every server's log, for a thread meeting a server for the first time.
-static LOGS: std::sync::Mutex<Vec<std::sync::Weak<AccessLog>>> = std::sync::Mutex::new(Vec::new());
-
-/// Runs `f` with the log `id` (None if it is gone).
-fn with_log<R>(id: u64, f: impl FnOnce(&AccessLog) -> R) -> Option<R> {
-    SENDERS.with(|s| {
-        let mut s = s.borrow_mut();
-        if let Some(l) = s.iter().find(|l| l.id == id) {
-            return Some(f(l));
-        }
-        let mut all = LOGS.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|w| w.strong_count() > 0);
-        let l = all
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .find(|l| l.id == id)?;
-        s.retain(|l| Arc::strong_count(l) > 1);
-        s.push(l);
-        s.last().map(|l| f(l))
-    })
-}
-
-/// Whether a request is to be logged by log `id` (sampling).
-#[inline]
-pub fn wants(id: u64) -> bool {
-    with_log(id, |l| l.wants()).unwrap_or(false)
-}
-
-/// Queues `e`'s line in log `id`.
-pub fn log(id: u64, e: Entry) {
-    with_log(id, |l| l.log(e));
 }
 
 impl AccessLog {
@@ -138,21 +102,12 @@ impl AccessLog {
             .name("larder-access-log".into())
             .spawn(move || write_lines(rx, out, format, flag))
             .map_err(|e| format!("access log writer: {e}"))?;
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let log = Arc::new(AccessLog {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        Ok(Arc::new(AccessLog {
             tx,
             dropped: AtomicU64::new(0),
             reopen,
             sample: cfg.sample.0,
-        });
-        (LOGS.lock().unwrap_or_else(|e| e.into_inner())).push(Arc::downgrade(&log));
-        Ok(log)
-    }
-
-    /// The id requests are logged under ([`log`]).
-    pub fn id(&self) -> u64 {
-        self.id
+        }))
     }
 
     /// Whether this request is to be logged (sampling).
@@ -433,7 +388,6 @@ mod tests {
     fn a_full_queue_drops_and_counts() {
         let (tx, rx) = sync_channel(2);
         let log = AccessLog {
-            id: 0,
             tx,
             dropped: AtomicU64::new(0),
             reopen: Arc::default(),

@@ -2,6 +2,8 @@
 //! negotiate the encoding, answer conditionals ([`crate::http::conditional`]) and ranges, clone
 //! the prepared header block, add Age and the cache-status header, hand out the shared body
 //! (ranges are zero-copy slices of it). Nothing here parses stored headers or touches body bytes.
+//! The response's body carries its outcome for the metrics and the access log: the cache
+//! result stamped, the coding sent and the bytes it saved ([`crate::metrics::Outcome`]).
 
 use std::time::SystemTime;
 
@@ -12,6 +14,7 @@ use crate::body::Body;
 use crate::cache::Entry;
 use crate::compress::{AcceptEncoding, Encoding};
 use crate::http::conditional::{self, Preconditions};
+use crate::metrics::CacheResult;
 use crate::range::{self, Decision};
 
 /// What the cache-status header says about a response.
@@ -26,17 +29,21 @@ pub enum CacheStatus {
 }
 
 impl CacheStatus {
-    /// The field value; also notes the result for the metrics of the response being made.
-    pub fn header_value(self) -> HeaderValue {
-        use crate::metrics::{note_cache, CacheResult};
-        note_cache(match self {
+    /// The result the metrics and the access log count the response under.
+    #[inline]
+    pub fn result(self) -> CacheResult {
+        match self {
             CacheStatus::Hit => CacheResult::Hit,
             CacheStatus::Miss => CacheResult::Miss,
             CacheStatus::Bypass => CacheResult::Bypass,
             CacheStatus::Expired => CacheResult::Expired,
             CacheStatus::Revalidated => CacheResult::Revalidated,
             CacheStatus::Stale => CacheResult::Stale,
-        });
+        }
+    }
+
+    /// The field value.
+    pub fn header_value(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             CacheStatus::Hit => "HIT",
             CacheStatus::Miss => "MISS",
@@ -102,11 +109,16 @@ fn respond(
             set(h, name, status.header_value());
         }
     };
+    let result = stamp.map_or(CacheResult::None, |(status, _, _)| status.result());
+    let noted = |mut r: Response<Body>| {
+        r.body_mut().outcome_mut().set_cache(result);
+        r
+    };
 
     let decided = conditional::evaluate(&fields.pre, method, &variant.head, entry.last_modified);
     if let Some(mut r) = decided.response(&variant.head) {
         mark(r.headers_mut());
-        return r;
+        return noted(r);
     }
 
     // Range requests are answered from the complete stored body (RFC 9110 §14).
@@ -122,23 +134,23 @@ fn respond(
             Decision::Unsatisfiable => {
                 let mut r = range::unsatisfiable(len);
                 mark(r.headers_mut());
-                return r;
+                return noted(r);
             }
             Decision::Partial(ranges) => {
                 let mut head = variant.head.clone();
                 mark(&mut head);
-                return range::partial(
+                return noted(range::partial(
                     &ranges,
                     len,
                     head,
                     range::Source::Bytes(variant.body.clone()),
                     false,
-                );
+                ));
             }
         }
     }
 
-    let body = if *method == Method::HEAD {
+    let mut body = if *method == Method::HEAD {
         Body::empty()
     } else {
         let sent = variant.body.len();
@@ -150,9 +162,11 @@ fn respond(
             true => crate::metrics::OTHER_CODING,
             false => enc as usize,
         };
-        crate::metrics::note_delivered(coding, saved as u64);
-        Body::Full(Some(variant.body.clone()))
+        let mut body = Body::full(variant.body.clone());
+        body.outcome_mut().set_delivered(coding, saved as u64);
+        body
     };
+    body.outcome_mut().set_cache(result);
     let mut resp = Response::new(body);
     *resp.status_mut() = entry.status;
     let headers = resp.headers_mut();

@@ -64,8 +64,9 @@
 //!
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
-//!    [`body`]; [`memory`] (the count of freed memory the trim service reads); [`metrics`];
-//!    [`upgrade`]; [`socket`] (writes to TCP sockets with `send`/`sendmsg`); [`clock`].
+//!    [`metrics`]; [`body`] (metrics: a response's body carries its outcome); [`memory`] (the
+//!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
+//!    sockets with `send`/`sendmsg`); [`clock`].
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).

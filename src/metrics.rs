@@ -18,9 +18,11 @@
 //! Bytes: the body bytes of each response by route and coding (a body of known length is
 //! counted when its head is ready; a streamed one chunk by chunk as it is sent), and the bytes a
 //! stored compressed variant saved: the identity body's length less the variant's, noted by the
-//! delivery that chose it ([`note_delivered`]).
+//! delivery that chose it. What a handler knows of its response (cache result, stored coding,
+//! bytes saved, why it was not stored) travels with the response ([`Outcome`], in its body),
+//! not through thread-locals.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -77,7 +79,7 @@ pub fn clock() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
-/// The cache result of a response, as the handler that made it noted it ([`note_cache`]).
+/// The cache result of a response, as the handler that made it noted it ([`Outcome`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum CacheResult {
@@ -91,70 +93,84 @@ pub enum CacheResult {
 }
 
 thread_local! {
-    /// What the handler of the response this thread made last noted of it, taken when it
-    /// completes (a response is made and completes in the same poll of its task): the cache
-    /// result (bits 0-7), the coding of a stored body it chose plus one (bits 8-15; 0: none
-    /// noted) and the bytes that coding saved (bits 16-63).
-    static NOTED: Cell<u64> = const { Cell::new(0) };
-    /// Why the response this thread made last was not stored, when a fill said so (the
-    /// access log's `no_store` field): noted and taken like [`NOTED`].
-    static NOT_STORED: Cell<Option<&'static str>> = const { Cell::new(None) };
     /// This thread's shards, one per server running in the process (tests run many).
     static SHARDS: RefCell<Vec<(u64, Arc<Shard>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Notes the cache result of the response being made on this thread.
-#[inline]
-pub fn note_cache(r: CacheResult) {
-    NOTED.with(|n| n.set((n.get() & !0xff) | r as u64));
+/// What the handler that made a response knows of it and the server counts and logs when it
+/// completes: the cache result, the coding of a stored body it chose and the bytes that coding
+/// saved, and why a response fetched for the cache was not stored. It travels in the
+/// response's own body ([`crate::body::Body::outcome`]), set by whoever builds the response,
+/// so a response is counted with its own outcome whatever else ran on its thread meanwhile
+/// (a background refresh's response, dropped, takes its outcome with it). `Copy`, one `u64`
+/// (the body it rides in is no bigger for it: see [`crate::body`]): no allocation, no
+/// extension map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The cache result (bits 0-3, an index into [`CACHE`]), the coding of a stored body plus
+    /// one (bits 4-7; 0: none), why the response was not stored plus one (bits 8-15; 0: it
+    /// was, or was not fetched for the cache) and the bytes the coding saved (bits 16-63).
+    packed: u64,
 }
 
-/// Notes that the response being made on this thread sends a stored body in coding
-/// `encoding` (an index into [`ENCODINGS`]) that is `saved` bytes smaller than the identity
-/// body.
-#[inline]
-pub fn note_delivered(encoding: usize, saved: u64) {
-    let saved = saved.min((1 << 48) - 1);
-    NOTED.with(|n| n.set((n.get() & 0xff) | ((encoding as u64 + 1) << 8) | (saved << 16)));
-}
+/// Bits of [`Outcome`]'s fields.
+const CACHE_BITS: u64 = 0xf;
+const CODING_SHIFT: u32 = 4;
+const REASON_SHIFT: u32 = 8;
+const SAVED_SHIFT: u32 = 16;
+const SAVED_MAX: u64 = (1 << (64 - SAVED_SHIFT)) - 1;
+const _: () = assert!(CACHE.len() <= 16 && ENCODINGS.len() < 16);
 
-/// Notes why the response being made on this thread, fetched for the cache, was not stored
-/// (a [`crate::cache::policy::NoStoreReason`]'s text). A thread-local note, not an extension
-/// of the response: an extension map is an allocation per uncacheable response.
-#[inline]
-pub fn note_not_stored(reason: &'static str) {
-    NOT_STORED.with(|n| n.set(Some(reason)));
-}
+impl Outcome {
+    /// Notes the cache result.
+    #[inline]
+    pub fn set_cache(&mut self, r: CacheResult) {
+        self.packed = (self.packed & !CACHE_BITS) | r as u64;
+    }
 
-/// Forgets what was noted (a request starts).
-#[inline]
-pub fn clear_notes() {
-    NOTED.with(|n| n.set(0));
-    NOT_STORED.with(|n| n.set(None));
-}
+    /// Notes that the body is a stored one in coding `encoding` (an index into [`ENCODINGS`])
+    /// that is `saved` bytes smaller than the identity body (at most 2^48 - 1 counted).
+    #[inline]
+    pub fn set_delivered(&mut self, encoding: usize, saved: u64) {
+        debug_assert!(encoding < ENCODINGS.len());
+        let coding = (encoding as u64 + 1) & 0xf;
+        let kept = self.packed & (CACHE_BITS | (0xff << REASON_SHIFT));
+        self.packed = kept | (coding << CODING_SHIFT) | (saved.min(SAVED_MAX) << SAVED_SHIFT);
+    }
 
-/// What the handler of the response just made noted ([`note_cache`], [`note_delivered`],
-/// [`note_not_stored`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Notes {
-    /// An index into [`CACHE`].
-    pub cache: usize,
-    /// An index into [`ENCODINGS`], when the body is a stored one.
-    pub encoding: Option<usize>,
-    pub saved: u64,
-    /// Why a response fetched for the cache was not stored ([`note_not_stored`]).
-    pub no_store: Option<&'static str>,
-}
+    /// Notes why the response, fetched for the cache, was not stored: the reason's code
+    /// (`crate::cache::policy::NoStoreReason::code`; below 255).
+    #[inline]
+    pub fn set_not_stored(&mut self, reason: u8) {
+        let code = (reason as u64 + 1) & 0xff;
+        self.packed = (self.packed & !(0xff << REASON_SHIFT)) | (code << REASON_SHIFT);
+    }
 
-/// Takes what was noted of the response just made, and forgets it.
-#[inline]
-pub fn take_notes() -> Notes {
-    let n = NOTED.with(|n| n.replace(0));
-    Notes {
-        cache: (n & 0xff) as usize,
-        encoding: ((n >> 8) & 0xff).checked_sub(1).map(|e| e as usize),
-        saved: n >> 16,
-        no_store: NOT_STORED.with(|n| n.take()),
+    /// The cache result: an index into [`CACHE`].
+    #[inline]
+    pub fn cache(&self) -> usize {
+        (self.packed & CACHE_BITS) as usize
+    }
+
+    /// The coding of a stored body sent (an index into [`ENCODINGS`]), when the body is one.
+    #[inline]
+    pub fn encoding(&self) -> Option<usize> {
+        ((self.packed >> CODING_SHIFT) & 0xf)
+            .checked_sub(1)
+            .map(|e| e as usize)
+    }
+
+    /// The bytes the stored body's coding saved.
+    #[inline]
+    pub fn saved(&self) -> u64 {
+        self.packed >> SAVED_SHIFT
+    }
+
+    /// Why the response was not stored, when a fill said so: the reason's code
+    /// (`crate::cache::policy::NoStoreReason::from_code` names it).
+    #[inline]
+    pub fn no_store(&self) -> Option<u8> {
+        (((self.packed >> REASON_SHIFT) & 0xff) as u8).checked_sub(1)
     }
 }
 
@@ -258,7 +274,11 @@ pub struct Metrics {
     registry: Registry,
 }
 
-/// Every server's metrics, for a thread meeting a server for the first time.
+/// Every server's metrics (weakly), for a thread meeting a server for the first time: a
+/// request may complete on another worker thread than the one it started on (work-stealing,
+/// HTTP/2 streams), and that thread makes its shard from here rather than the request holding a
+/// counted reference to the metrics (a shared read-modify-write per request). It holds no
+/// request's outcome, only where each server's counters are.
 static SERVERS: Mutex<Vec<(u64, Weak<Metrics>)>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -536,7 +556,7 @@ pub struct Sent {
 }
 
 /// Counts one completed request of server `server` on `route` (this thread's shard): its
-/// method class, status, cache result ([`Notes::cache`]), duration (`nanos`, from
+/// method class, status, cache result ([`Outcome::cache`]), duration (`nanos`, from
 /// [`clock`] readings) and bytes.
 #[inline]
 pub fn record(
@@ -705,13 +725,12 @@ mod tests {
             bytes,
             saved,
         };
-        note_cache(CacheResult::Hit);
-        record(id, r, 0, 200, take_notes().cache, t0, sent(1, 100, 900));
+        let hit = CacheResult::Hit as usize;
+        record(id, r, 0, 200, hit, t0, sent(1, 100, 900));
         std::thread::scope(|s| {
             s.spawn(|| {
-                note_cache(CacheResult::Hit);
-                record(id, r, 0, 200, take_notes().cache, t0, sent(1, 50, 450));
-                record(id, r, 3, 404, take_notes().cache, t0, sent(0, 7, 0));
+                record(id, r, 0, 200, hit, t0, sent(1, 50, 450));
+                record(id, r, 3, 404, 0, t0, sent(0, 7, 0));
                 add_sent(id, r, 4, 5);
             });
         });
@@ -748,35 +767,45 @@ mod tests {
     }
 
     #[test]
-    fn notes_pack_cache_result_coding_and_saving() {
-        clear_notes();
+    fn an_outcome_packs_cache_result_coding_saving_and_reason() {
+        let none = Outcome::default();
         assert_eq!(
-            take_notes(),
-            Notes {
-                cache: 0,
-                encoding: None,
-                saved: 0,
-                no_store: None,
-            }
+            (none.cache(), none.encoding(), none.saved(), none.no_store()),
+            (0, None, 0, None)
         );
-        note_cache(CacheResult::Stale);
-        note_not_stored("no-store");
-        note_delivered(2, 123_456_789);
-        note_cache(CacheResult::Hit);
+        let mut o = Outcome::default();
+        o.set_cache(CacheResult::Stale);
+        o.set_not_stored(2);
+        o.set_delivered(2, 123_456_789);
+        o.set_cache(CacheResult::Hit);
+        assert_eq!(o.cache(), CacheResult::Hit as usize);
+        assert_eq!(o.encoding(), Some(2));
+        assert_eq!(o.saved(), 123_456_789);
+        assert_eq!(o.no_store(), Some(2));
+        o.set_delivered(0, u64::MAX);
         assert_eq!(
-            take_notes(),
-            Notes {
-                cache: CacheResult::Hit as usize,
-                encoding: Some(2),
-                saved: 123_456_789,
-                no_store: Some("no-store"),
-            }
+            (o.encoding(), o.saved()),
+            (Some(0), (1 << 48) - 1),
+            "clamped"
         );
-        let again = take_notes();
-        assert_eq!((again.encoding, again.no_store), (None, None), "taken once");
-        note_not_stored("private");
-        clear_notes();
-        assert_eq!(take_notes().no_store, None, "cleared when a request starts");
+        assert_eq!(
+            (o.cache(), o.no_store()),
+            (CacheResult::Hit as usize, Some(2)),
+            "kept"
+        );
+        o.set_not_stored(0);
+        o.set_cache(CacheResult::Bypass);
+        assert_eq!(
+            (o.cache(), o.encoding(), o.saved(), o.no_store()),
+            (
+                CacheResult::Bypass as usize,
+                Some(0),
+                (1 << 48) - 1,
+                Some(0)
+            ),
+            "each field its own bits"
+        );
+        assert_eq!(std::mem::size_of::<Outcome>(), 8);
         let v = |s: &'static str| http::HeaderValue::from_static(s);
         assert_eq!(encoding_class(None), 0);
         assert_eq!(encoding_class(Some(&v("br"))), 2);

@@ -186,8 +186,8 @@ pub struct Router {
     http01: Option<Arc<crate::tls::acme::Http01>>,
     /// The server's metrics id, when requests are counted.
     counted: Option<u64>,
-    /// The server's access log id, when requests are logged.
-    logged: Option<u64>,
+    /// The server's access log, when requests are logged.
+    logged: Option<Arc<crate::access_log::AccessLog>>,
     /// The server's span exporter, when requests are traced.
     traced: Option<Arc<crate::otel::Spans>>,
 }
@@ -199,8 +199,12 @@ pub struct Observed {
     started: u64,
     /// Metrics id and method class.
     counted: Option<(u64, usize)>,
-    /// Access log id and the request's part of the line.
-    logged: Option<(u64, Box<crate::access_log::Entry>)>,
+    /// The access log and the request's part of the line (a logged request holds the log: its
+    /// line is allocated anyway, and the thread that completes it need not find the log).
+    logged: Option<(
+        Arc<crate::access_log::AccessLog>,
+        Box<crate::access_log::Entry>,
+    )>,
     /// The request's span, when it is traced.
     traced: Option<Box<crate::otel::Traced>>,
     route: u32,
@@ -227,11 +231,12 @@ impl Observed {
         }
     }
 
-    /// Counts and logs the request now that `response` is ready. A streamed body of unknown
-    /// length is wrapped to count its bytes as they go.
+    /// Counts and logs the request now that `response` is ready, with the outcome its handler
+    /// noted in it ([`crate::metrics::Outcome`]). A streamed body of unknown length is wrapped
+    /// to count its bytes as they go.
     pub fn finish(self, response: &mut Response<Body>) {
-        let notes = crate::metrics::take_notes();
-        let cache = notes.cache;
+        let outcome = response.body().outcome();
+        let cache = outcome.cache();
         let status = response.status().as_u16();
         let known = http_body::Body::size_hint(response.body()).exact();
         let nanos = crate::metrics::clock().saturating_sub(self.started);
@@ -240,7 +245,7 @@ impl Observed {
             t.finish(status, cache, known);
         }
         if let Some((server, method)) = self.counted {
-            let encoding = notes.encoding.unwrap_or_else(|| {
+            let encoding = outcome.encoding().unwrap_or_else(|| {
                 crate::metrics::encoding_class(response.headers().get(header::CONTENT_ENCODING))
             });
             let bytes = match known {
@@ -256,18 +261,20 @@ impl Observed {
             let sent = crate::metrics::Sent {
                 encoding,
                 bytes,
-                saved: notes.saved,
+                saved: outcome.saved(),
             };
             crate::metrics::record(server, self.route, method, status, cache, nanos, sent);
         }
         if let Some((log, mut e)) = self.logged {
             e.status = status;
             e.cache = cache;
-            e.no_store = notes.no_store;
+            e.no_store = (outcome.no_store())
+                .and_then(crate::cache::policy::NoStoreReason::from_code)
+                .map(crate::cache::policy::NoStoreReason::as_str);
             e.duration = std::time::Duration::from_nanos(nanos);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
-            crate::access_log::log(log, *e);
+            log.log(*e);
         }
     }
 }
@@ -406,7 +413,7 @@ impl Router {
     pub fn observe_into(
         &mut self,
         metrics: Option<&crate::metrics::Metrics>,
-        log: Option<u64>,
+        log: Option<&Arc<crate::access_log::AccessLog>>,
         spans: Option<&Arc<crate::otel::Spans>>,
         listener: &str,
     ) {
@@ -424,7 +431,7 @@ impl Router {
             r.label = label;
         }
         self.counted = metrics.map(|m| m.id());
-        self.logged = log;
+        self.logged = log.cloned();
         self.traced = spans.cloned();
     }
 
@@ -434,19 +441,16 @@ impl Router {
         if self.counted.is_none() && self.logged.is_none() && self.traced.is_none() {
             return None;
         }
-        crate::metrics::clear_notes();
-        let logged = (self.logged)
-            .filter(|id| crate::access_log::wants(*id))
-            .map(|id| {
-                let e = crate::access_log::Entry::request(
-                    peer,
-                    req.method(),
-                    req.uri(),
-                    req.version(),
-                    req.headers(),
-                );
-                (id, Box::new(e))
-            });
+        let logged = (self.logged.as_ref()).filter(|log| log.wants()).map(|log| {
+            let e = crate::access_log::Entry::request(
+                peer,
+                req.method(),
+                req.uri(),
+                req.version(),
+                req.headers(),
+            );
+            (Arc::clone(log), Box::new(e))
+        });
         let traced = (self.traced.as_ref()).and_then(|spans| spans.begin(req, peer));
         Some(Observed {
             traced,

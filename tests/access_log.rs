@@ -135,6 +135,81 @@ async fn the_reason_a_response_was_not_stored_is_logged() {
     }
 }
 
+/// A response is logged with its own outcome, not with what ran on its thread meanwhile: on
+/// one thread (larder, its origin and the clients share the test's), a push write waiting for
+/// its body while a stale-while-revalidate refresh completes (storing the refreshed response as
+/// EXPIRED) is logged with no cache result. Before the outcome travelled with the response
+/// (thread-local notes) the write was logged EXPIRED.
+#[tokio::test(flavor = "current_thread")]
+async fn a_background_refresh_does_not_lend_its_outcome_to_another_response() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(|_, n| match n {
+        0 => Reply::ok("old")
+            .header("content-type", "application/octet-stream")
+            .header("cache-control", "max-age=0, stale-while-revalidate=60"),
+        _ => Reply::ok("refreshed, and longer")
+            .header("content-type", "application/octet-stream")
+            .header("cache-control", "max-age=60"),
+    })
+    .await;
+    let log = dir.path().join("outcome.log");
+    let larder = Larder::start(&format!(
+        r#"
+[server]
+workers = 1
+
+[access_log]
+path = {:?}
+format = "{{method}} {{uri}} {{status}} {{cache}} {{no_store}}"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/p/"
+  proxy = {{ upstream = "{}" }}
+  [[listener.route]]
+  path = "/"
+  push = {{ dir = {:?}, token = "s3cret" }}
+"#,
+        log.display().to_string(),
+        origin.url(),
+        dir.path().join("push").display().to_string(),
+    ))
+    .await;
+    let c = client();
+    assert_eq!(get(&c, &larder.url("/p/x"), &[]).await.cache(), "MISS");
+    let stored = larder.cache_bytes();
+    // The write's head is in (the 100 Continue says its handler reads the body); its body
+    // waits.
+    let mut write = Raw::connect(larder.addr).await;
+    write
+        .write(
+            "PUT /cars/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+             Expect: 100-continue\r\nContent-Length: 7\r\n\r\n",
+        )
+        .await;
+    assert_eq!(write.response().await.status, 100);
+    // Answered stale; the refresh runs in the background on the same thread.
+    assert_eq!(get(&c, &larder.url("/p/x"), &[]).await.cache(), "STALE");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while larder.cache_bytes() == stored {
+        assert!(Instant::now() < deadline, "the refresh stored nothing");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    write.write("{\"a\":1}").await;
+    let written = write.response().await;
+    assert!((200..300).contains(&written.status), "{}", written.head);
+    let got = lines(&log, 3).await;
+    assert_eq!(
+        got,
+        [
+            "GET /p/x 200 MISS -",
+            "GET /p/x 200 STALE -",
+            format!("PUT /cars/1 {} none -", written.status).as_str(),
+        ]
+    );
+}
+
 /// With metrics on (an admin listener), route ids are the metrics' own, numbered across
 /// listeners: a request on the second listener is still logged with its own route.
 #[tokio::test(flavor = "multi_thread")]

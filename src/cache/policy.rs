@@ -268,8 +268,10 @@ fn parse_field_names(s: &str) -> Vec<HeaderName> {
         .collect()
 }
 
-/// Why a response is not stored. Turned into text only for logs and headers.
+/// Why a response is not stored. Turned into text only for logs and headers; a response
+/// carries it as its [`code`](NoStoreReason::code) (in [`crate::metrics::Outcome`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum NoStoreReason {
     /// The request method is not GET or HEAD.
     Method,
@@ -302,6 +304,36 @@ pub enum NoStoreReason {
 }
 
 impl NoStoreReason {
+    /// Every reason, in code order.
+    const ALL: [NoStoreReason; 14] = [
+        NoStoreReason::Method,
+        NoStoreReason::Status,
+        NoStoreReason::NoStore,
+        NoStoreReason::Private,
+        NoStoreReason::Authorization,
+        NoStoreReason::SetCookie,
+        NoStoreReason::NoFreshness,
+        NoStoreReason::VaryStar,
+        NoStoreReason::Vary,
+        NoStoreReason::TooLarge,
+        NoStoreReason::Disabled,
+        NoStoreReason::Partial,
+        NoStoreReason::NotUnderstood,
+        NoStoreReason::Undecodable,
+    ];
+
+    /// The reason as one byte, as a response's outcome carries it.
+    #[inline]
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The reason of [`code`](NoStoreReason::code) `c`.
+    #[inline]
+    pub fn from_code(c: u8) -> Option<NoStoreReason> {
+        Self::ALL.get(c as usize).copied()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             NoStoreReason::Method => "method",
@@ -699,6 +731,22 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::CACHE_CONTROL, HeaderValue::from_str(s).unwrap());
         CacheControl::from_headers(&h, &header::CACHE_CONTROL)
+    }
+
+    #[test]
+    fn a_no_store_reason_survives_its_code() {
+        for r in NoStoreReason::ALL {
+            assert_eq!(
+                NoStoreReason::from_code(r.code()),
+                Some(r),
+                "{}",
+                r.as_str()
+            );
+        }
+        assert_eq!(
+            NoStoreReason::from_code(NoStoreReason::ALL.len() as u8),
+            None
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!    stored entry ([`Fill::refresh`], both ways); a server error may be answered stale;
 //! 3. **admit**: storability (the policy), the size bound, buffering, decoding once; what is
 //!    not admitted is answered without being stored, its [`NoStoreReason`] noted for the
-//!    access log's `no_store` field ([`crate::metrics::note_not_stored`]). When the client
+//!    access log's `no_store` field, in the response's outcome ([`crate::metrics::Outcome`]).
+//!    When the client
 //!    asked for a range of it, it is dropped for the client's own request;
 //! 4. **store and respond**: the entry built, stored, its compressed variants started, the
 //!    client answered.
@@ -425,7 +426,7 @@ impl<'p> Fill<'p> {
             }
         }
         if !answers_anyone {
-            crate::metrics::note_not_stored(NoStoreReason::VaryStar.as_str());
+            (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::VaryStar.code());
         }
         drop(guard);
         resp
@@ -458,8 +459,8 @@ impl<'p> Fill<'p> {
             status,
             ..
         } = self.req;
-        let with_reason = move |resp: Response<Body>| {
-            crate::metrics::note_not_stored(reason.as_str());
+        let with_reason = move |mut resp: Response<Body>| {
+            resp.body_mut().outcome_mut().set_not_stored(reason.code());
             resp
         };
         if wants_part(&client, &rparts) {
@@ -479,8 +480,8 @@ impl<'p> Fill<'p> {
     fn pass_as_sent(self, mut rparts: response::Parts, body: Bytes) -> Response<Body> {
         let me = &self.proxy.0;
         me.strip_private_fields(&mut rparts.headers);
-        let resp = Response::from_parts(rparts, Body::full(body));
-        crate::metrics::note_not_stored(NoStoreReason::Undecodable.as_str());
+        let mut resp = Response::from_parts(rparts, Body::full(body));
+        (resp.body_mut().outcome_mut()).set_not_stored(NoStoreReason::Undecodable.code());
         me.tag(resp, self.req.status)
     }
 
@@ -686,8 +687,8 @@ mod tests {
         }
     }
 
-    /// Why a response was not stored is noted with it, for the access log; a stored response
-    /// notes none.
+    /// Why a response was not stored travels with it (its outcome), for the access log; a
+    /// stored response carries none.
     #[tokio::test]
     async fn the_reason_a_response_was_not_stored_is_carried() {
         let origin = origin().await;
@@ -710,16 +711,16 @@ mod tests {
             ("/chunked", Some(NoStoreReason::TooLarge)),
             ("/fresh", None),
         ] {
-            crate::metrics::clear_notes();
             let resp = proxy.fill(request(path)).await;
             assert_eq!(resp.status(), StatusCode::OK, "{path}");
-            let noted = crate::metrics::take_notes().no_store;
-            assert_eq!(noted, reason.map(NoStoreReason::as_str), "{path}");
+            let noted = resp.body().outcome().no_store();
+            assert_eq!(noted, reason.map(NoStoreReason::code), "{path}");
         }
         let mut request_no_store = request("/fresh-too");
         request_no_store.request_no_store = true;
-        proxy.fill(request_no_store).await;
-        assert_eq!(crate::metrics::take_notes().no_store, Some("no-store"));
+        let resp = proxy.fill(request_no_store).await;
+        let noted = resp.body().outcome().no_store();
+        assert_eq!(noted, Some(NoStoreReason::NoStore.code()));
         assert_eq!(cache.len(), 1, "only /fresh is stored");
     }
 

@@ -654,9 +654,12 @@ impl Inner {
         }
     }
 
+    /// Stamps the cache-status header on a response not delivered from the store, and notes
+    /// the result in its outcome.
     fn tag(&self, mut r: Response<Body>, status: CacheStatus) -> Response<Body> {
         r.headers_mut()
             .insert(self.status_header.clone(), status.header_value());
+        r.body_mut().outcome_mut().set_cache(status.result());
         r
     }
 

@@ -30,8 +30,8 @@ pub(super) struct RouterParts {
     pub cache: Arc<Cache>,
     pub pools: Arc<RwLock<Pools>>,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
-    /// The access log's id, when there is one.
-    pub access_log: Option<u64>,
+    /// The access log, when there is one.
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
     /// The span exporter, when requests are traced.
     pub spans: Option<Arc<crate::otel::Spans>>,
     pub http01: Arc<tls::acme::Http01>,
@@ -51,7 +51,7 @@ impl RouterParts {
         if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
             router.observe_into(
                 self.metrics.as_deref(),
-                self.access_log,
+                self.access_log.as_ref(),
                 self.spans.as_ref(),
                 &bound.to_string(),
             );

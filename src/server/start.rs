@@ -308,7 +308,7 @@ impl Shared {
             cache: Arc::clone(&self.cache),
             pools: Arc::clone(&self.pools),
             metrics: self.metrics.clone(),
-            access_log: self.access_log.as_ref().map(|l| l.id()),
+            access_log: self.access_log.clone(),
             spans: self.spans.clone(),
             http01: Arc::clone(&self.http01),
         }
