@@ -39,7 +39,7 @@ use http::header::HeaderMap;
 
 pub use coalesce::{FillOutcome, Inflight, Join};
 pub use entry::Entry;
-pub use key::{CacheKey, FillKey};
+pub use key::{cache_key, CacheKey, FillKey};
 pub use pending::Pending;
 pub use shared::{SharedLog, Snapshot, StreamEntry};
 pub use tiers::{Below, Lease, Tier, TierCounts};
