@@ -96,6 +96,7 @@ pub mod interim;
 pub mod memory;
 pub mod metrics;
 pub mod otel;
+pub mod phases;
 pub mod proxy;
 pub mod push;
 pub mod range;

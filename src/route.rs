@@ -1,4 +1,6 @@
-//! Routing: which handler serves a request, by host and path prefix.
+//! Routing: which handler serves a request, by host and path prefix; and where a route's
+//! phases run around its handler ([`crate::phases`]: ① request and ④ deliver in
+//! [`Router::dispatch_route`], ⑤ log in [`Observed::finish`]).
 //!
 //! Order (documented in docs/config.md): routes with an exact host first, then wildcard hosts
 //! (`*.example.com`, longest suffix first), then routes for any host; within each group the
@@ -17,10 +19,13 @@ use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use crate::admin::Access;
 use crate::body::Body;
 use crate::cache::Cache;
-use crate::config::{AdminConfig, HandlerConfig, HostPattern, ListenerConfig, UpstreamRef};
+use crate::config::{
+    AdminConfig, HandlerConfig, HostPattern, ListenerConfig, RouteConfig, UpstreamRef,
+};
 use crate::http::text_response;
 use crate::images::Images;
 use crate::interim::Sink;
+use crate::phases::{Phases, Step};
 use crate::proxy::Proxy;
 use crate::respond::{RedirectHttps, Respond};
 use crate::static_files::StaticFiles;
@@ -57,13 +62,15 @@ impl Future for Serving {
 
 impl Handler {
     /// Builds a route's handler from its configuration; `admin` is who may run admin
-    /// operations (PURGE, image uploads and deletes), the same for every route.
+    /// operations (PURGE, image uploads and deletes), the same for every route. A proxy gets
+    /// the route's `phases` for its upstream exchanges (② and ③).
     fn build(
         cfg: &HandlerConfig,
         prefix: &str,
         cache: &Arc<Cache>,
         admin: &AdminConfig,
         pools: &Pools,
+        phases: Option<Arc<Phases>>,
     ) -> Handler {
         match cfg {
             HandlerConfig::Proxy(p) => {
@@ -84,6 +91,7 @@ impl Handler {
                     pool,
                     Arc::clone(cache),
                     Access::purge(admin),
+                    phases,
                 )))
             }
             HandlerConfig::Static(s) => Handler::Static(Arc::new(StaticFiles::new(
@@ -166,6 +174,8 @@ struct Route {
     host: HostPattern,
     prefix: String,
     handler: Handler,
+    /// The route's steps at each phase; None (most routes) costs one check per request.
+    phases: Option<Arc<Phases>>,
     /// Fields added to every response: `Strict-Transport-Security` (TLS listeners only),
     /// `Alt-Svc` (listeners that also serve HTTP/3). Usually none.
     extra: Vec<(HeaderName, HeaderValue)>,
@@ -181,6 +191,8 @@ pub struct Router {
     routes: Vec<Route>,
     /// Some route names a host: requests' hosts must be looked up.
     by_host: bool,
+    /// Some route has phases: every request is observed, for ⑤ log.
+    phased: bool,
     /// ACME HTTP-01 answers, served before routing (plain listeners, when an ACME listener
     /// validates by HTTP-01).
     http01: Option<Arc<crate::tls::acme::Http01>>,
@@ -207,6 +219,8 @@ pub struct Observed {
     )>,
     /// The request's span, when it is traced.
     traced: Option<Box<crate::otel::Traced>>,
+    /// The route's phases, for ⑤ log (routes that have some).
+    phases: Option<Arc<Phases>>,
     route: u32,
 }
 
@@ -215,13 +229,14 @@ impl Observed {
     #[inline]
     pub fn routed(&mut self, route: u32, router: &Router) {
         self.route = route;
-        if self.logged.is_some() || self.traced.is_some() {
+        if self.logged.is_some() || self.traced.is_some() || router.phased {
             self.label(router);
         }
     }
 
     fn label(&mut self, router: &Router) {
         if let Some(r) = router.routes.iter().find(|r| r.metric == self.route) {
+            self.phases.clone_from(&r.phases);
             if let Some((_, e)) = &mut self.logged {
                 e.route.clone_from(&r.label);
             }
@@ -235,6 +250,9 @@ impl Observed {
     /// noted in it ([`crate::metrics::Outcome`]). A streamed body of unknown length is wrapped
     /// to count its bytes as they go.
     pub fn finish(self, response: &mut Response<Body>) {
+        if let Some(p) = &self.phases {
+            p.log(response);
+        }
         let outcome = response.body().outcome();
         let cache = outcome.cache();
         let status = response.status().as_u16();
@@ -353,20 +371,43 @@ impl Router {
         cache: &Arc<Cache>,
         pools: &Pools,
     ) -> Router {
+        // No rules yet: no route has steps (the next rules compile theirs here).
+        Router::with_steps(listener, admin, cache, pools, |_| Vec::new())
+    }
+
+    /// [`Router::new`], each route given the `steps` compiled for it, in the order they run.
+    pub fn with_steps(
+        listener: &ListenerConfig,
+        admin: &AdminConfig,
+        cache: &Arc<Cache>,
+        pools: &Pools,
+        steps: impl Fn(&RouteConfig) -> Vec<Arc<dyn Step>>,
+    ) -> Router {
         let mut routes: Vec<Route> = listener
             .routes
             .iter()
-            .map(|r| Route {
-                host: r.host.clone().unwrap_or(HostPattern::Any),
-                prefix: r.path.0.clone(),
-                handler: Handler::build(&r.handler, &r.path.0, cache, admin, pools),
-                extra: (r.hsts.as_ref())
-                    .filter(|_| listener.tls.is_some())
-                    .map(|v| (header::STRICT_TRANSPORT_SECURITY, v.0.clone()))
-                    .into_iter()
-                    .collect(),
-                metric: 0,
-                label: String::new(),
+            .map(|r| {
+                let phases = Phases::of(steps(r));
+                Route {
+                    host: r.host.clone().unwrap_or(HostPattern::Any),
+                    prefix: r.path.0.clone(),
+                    handler: Handler::build(
+                        &r.handler,
+                        &r.path.0,
+                        cache,
+                        admin,
+                        pools,
+                        phases.clone(),
+                    ),
+                    phases,
+                    extra: (r.hsts.as_ref())
+                        .filter(|_| listener.tls.is_some())
+                        .map(|v| (header::STRICT_TRANSPORT_SECURITY, v.0.clone()))
+                        .into_iter()
+                        .collect(),
+                    metric: 0,
+                    label: String::new(),
+                }
             })
             .collect();
         // Stable sort keeps configuration order among equals.
@@ -378,10 +419,17 @@ impl Router {
             };
             (host_rank, usize::MAX - r.prefix.len())
         });
+        // Until metrics number them (`observe_into`): their positions, so that a request's
+        // route is found again at its completion (⑤ log).
+        for (i, r) in routes.iter_mut().enumerate() {
+            r.metric = i as u32;
+        }
         let by_host = routes.iter().any(|r| !matches!(r.host, HostPattern::Any));
+        let phased = routes.iter().any(|r| r.phases.is_some());
         Router {
             routes,
             by_host,
+            phased,
             http01: None,
             counted: None,
             logged: None,
@@ -396,11 +444,13 @@ impl Router {
                 host: HostPattern::Any,
                 prefix: "/".into(),
                 handler: Handler::Admin(Arc::new(admin)),
+                phases: None,
                 extra: Vec::new(),
                 metric: 0,
                 label: String::new(),
             }],
             by_host: false,
+            phased: false,
             http01: None,
             counted: None,
             logged: None,
@@ -438,7 +488,8 @@ impl Router {
     /// At a request's start: what its completion will count and log (None: neither is on).
     #[inline]
     pub fn observe<B>(&self, req: &mut Request<B>, peer: SocketAddr) -> Option<Observed> {
-        if self.counted.is_none() && self.logged.is_none() && self.traced.is_none() {
+        if self.counted.is_none() && self.logged.is_none() && self.traced.is_none() && !self.phased
+        {
             return None;
         }
         let logged = (self.logged.as_ref()).filter(|log| log.wants()).map(|log| {
@@ -457,6 +508,7 @@ impl Router {
             started: crate::metrics::clock(),
             counted: (self.counted).map(|id| (id, crate::metrics::method_class(req.method()))),
             logged,
+            phases: None,
             route: UNROUTED,
         })
     }
@@ -544,19 +596,28 @@ impl Router {
         match self.route(host, req.uri().path()) {
             Some(Route {
                 handler,
+                phases: None,
                 extra,
                 metric,
                 ..
             }) if extra.is_empty() => (handler.serve(req, peer, sink), *metric),
             Some(Route {
                 handler,
+                phases,
                 extra,
                 metric,
                 ..
-            }) => (
-                with_fields(handler.serve(req, peer, sink), extra.clone()),
-                *metric,
-            ),
+            }) => {
+                let serving = match phases {
+                    Some(phases) => phased(phases, handler, req, peer, sink),
+                    None => handler.serve(req, peer, sink),
+                };
+                let serving = match extra.is_empty() {
+                    true => serving,
+                    false => with_fields(serving, extra.clone()),
+                };
+                (serving, *metric)
+            }
             None => (
                 Serving::Ready(Some(text_response(
                     StatusCode::NOT_FOUND,
@@ -570,6 +631,36 @@ impl Router {
 
 /// The metrics route id of a request no route serves (not counted).
 pub const UNROUTED: u32 = u32::MAX;
+
+/// A request on a route with phases: ① before the handler (an answer there is the
+/// response), ④ on the response.
+fn phased(
+    phases: &Arc<Phases>,
+    handler: &Handler,
+    mut req: Request<RequestBody>,
+    peer: SocketAddr,
+    sink: Option<Sink>,
+) -> Serving {
+    let serving = match phases.request(&mut req) {
+        Some(answer) => Serving::Ready(Some(answer)),
+        None => handler.serve(req, peer, sink),
+    };
+    match serving {
+        Serving::Ready(Some(mut r)) => {
+            phases.deliver(&mut r);
+            Serving::Ready(Some(r))
+        }
+        Serving::Ready(None) => Serving::Ready(None),
+        Serving::Pending(f) => {
+            let phases = Arc::clone(phases);
+            Serving::Pending(Box::pin(async move {
+                let mut r = f.await;
+                phases.deliver(&mut r);
+                r
+            }))
+        }
+    }
+}
 
 /// `serving`'s response with the `fields` added.
 fn with_fields(serving: Serving, fields: Vec<(HeaderName, HeaderValue)>) -> Serving {

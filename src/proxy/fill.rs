@@ -11,6 +11,9 @@
 //! 4. **store and respond**: the entry built, stored, its compressed variants started, the
 //!    client answered.
 //!
+//! The route's phases ([`crate::phases`]) run around the exchange: ② on the request just before
+//! it goes upstream (phase 1), ③ on the response head as it arrives, before phase 2.
+//!
 //! The fill guard is completed with the stored entry, failed with the upstream's error (waiters
 //! answer it too), or dropped when nothing is stored (waiters fetch for themselves).
 
@@ -106,6 +109,9 @@ impl Proxy {
         };
         let (mut rparts, rbody) = resp.into_parts();
         fields::strip_hop_by_hop(&mut rparts.headers);
+        if let Some(p) = &fill.proxy.0.phases {
+            p.upstream_response(&mut rparts);
+        }
         if let Some(old) = fill.req.stale.clone() {
             match fill.revalidate(&old, rparts, &ctx) {
                 ControlFlow::Break(answer) => return answer,
@@ -142,24 +148,29 @@ impl<'p> Fill<'p> {
         let conditional = req.client.headers.keys().any(|k| CONDITIONALS.contains(k));
         // The client's head is lent as it is when the fill changes nothing in it (a GET without
         // conditionals, nothing stored to validate: every plain miss); else a copy is edited.
+        let phases = me.phases.as_deref();
         let edited =
-            (conditional || req.stale.is_some() || req.client.method != method).then(|| {
-                let mut parts = super::clone_parts(&req.client);
-                for h in CONDITIONALS.iter().filter(|_| conditional) {
-                    parts.headers.remove(h);
-                }
-                if let Some(e) = &req.stale {
-                    // §4.3.1: validate with the stored validators.
-                    if let Some(tag) = &e.etag {
-                        parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
+            (conditional || req.stale.is_some() || req.client.method != method || phases.is_some())
+                .then(|| {
+                    let mut parts = super::clone_parts(&req.client);
+                    for h in CONDITIONALS.iter().filter(|_| conditional) {
+                        parts.headers.remove(h);
                     }
-                    if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
-                        parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+                    if let Some(e) = &req.stale {
+                        // §4.3.1: validate with the stored validators.
+                        if let Some(tag) = &e.etag {
+                            parts.headers.insert(header::IF_NONE_MATCH, tag.clone());
+                        }
+                        if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
+                            parts.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+                        }
                     }
-                }
-                parts.method = method;
-                parts
-            });
+                    parts.method = method;
+                    if let Some(p) = phases {
+                        p.upstream_request(&mut parts);
+                    }
+                    parts
+                });
         let request_time = me.cache.clock().now();
         let resp = (me.pool)
             .send(

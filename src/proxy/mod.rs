@@ -42,6 +42,7 @@ use crate::cache::policy::RequestDirectives;
 use crate::cache::Cache;
 use crate::config::{ProxyConfig, RequestCacheControl};
 use crate::deliver::CacheStatus;
+use crate::phases::Phases;
 use crate::upstream::Pool;
 pub use journey::Slow;
 // Shared by the fill (`fill.rs`) with the files that define them.
@@ -59,13 +60,23 @@ struct Inner {
     pool: Arc<Pool>,
     cache: Arc<Cache>,
     status_header: HeaderName,
+    /// The route's phases, for ② and ③ around each upstream exchange ([`crate::phases`]; ①,
+    /// ④ and ⑤ are the router's). None: the route has no steps.
+    phases: Option<Arc<Phases>>,
 }
 
 impl Proxy {
-    pub fn new(cfg: ProxyConfig, pool: Arc<Pool>, cache: Arc<Cache>, access: Access) -> Proxy {
+    pub fn new(
+        cfg: ProxyConfig,
+        pool: Arc<Pool>,
+        cache: Arc<Cache>,
+        access: Access,
+        phases: Option<Arc<Phases>>,
+    ) -> Proxy {
         Proxy(Arc::new(Inner {
             pool,
             access,
+            phases,
             status_header: cache.config().status_header.0.clone(),
             cfg,
             cache,
@@ -79,7 +90,7 @@ impl Proxy {
             panic!("an inline upstream")
         };
         let pool = Pool::new("test", &cfg.inline_pool(backends)).expect("a pool");
-        Proxy::new(cfg, pool, cache, Default::default())
+        Proxy::new(cfg, pool, cache, Default::default(), None)
     }
 
     /// The backends' URLs, for logs.

@@ -72,8 +72,11 @@ impl Proxy {
         status: CacheStatus,
     ) -> impl Future<Output = Response<Body>> + '_ {
         let me = &self.0;
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
+        if let Some(p) = &me.phases {
+            p.upstream_request(&mut parts);
+        }
         // A WebSocket (or other) upgrade, on HTTP/1.1 (whose connections have a sink): the
         // client's connection, claimed now, is handed over once larder's 101 is written, and
         // joined to the backend's.
@@ -116,6 +119,9 @@ impl Proxy {
                     }
                     let (mut rparts, rbody) = resp.into_parts();
                     fields::strip_hop_by_hop(&mut rparts.headers);
+                    if let Some(p) = &me.phases {
+                        p.upstream_response(&mut rparts);
+                    }
                     me.pass_on(rparts, Body::stream(rbody), &asked, status)
                 }
                 Err(e) => me.tag(e.response(), status),
