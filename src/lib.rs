@@ -12,9 +12,22 @@
 //!   forwarded to HTTP/1.1 clients, through the server's IO wrapper) and [`memory`] (returning
 //!   freed memory) sit low, since handlers use them too.
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
-//! - [`route`]: pick the handler by host and path prefix.
-//! - [`proxy`]: the caching proxy's journey: lookup → coalesce → fill (`proxy/fill.rs`, in
-//!   phases: fetch → revalidate → admit → store and respond) → deliver.
+//! - [`route`]: pick the handler by host and path prefix, and run the route's [`phases`]
+//!   around it, the same for every handler:
+//!
+//!   ```text
+//!   route ─▶ ① request ─▶ handler ──────────────────────────────────▶ ④ deliver ─▶ ⑤ log
+//!            (may answer)   proxy miss / pass: ② upstream request ─▶ origin ─▶ ③ upstream response
+//!   ```
+//!
+//!   ① and ④ in [`route`] (`phased`), ⑤ where the access log line is written
+//!   ([`route::Observed::finish`]), ② and ③ in the proxy's fill and pass. A route without
+//!   steps holds `None`: one `Option` checked per request, not a branch per kind of rule.
+//! - [`proxy`]: the caching proxy's journey (`proxy/journey.rs`): lookup → coalesce → fill
+//!   (`proxy/fill.rs`, in steps: fetch → revalidate → admit → store and respond) → deliver;
+//!   beside it what the cache does not serve (`proxy/pass.rs`: pass, forward, tunnel) and the
+//!   adaptation of responses not delivered from the store (`proxy/adapt.rs`: range cut,
+//!   recode, compression on the fly).
 //! - [`upstream`]: the fetch: a route's pool of backends, one chosen by its balance among
 //!   those healthy (active checks, passive ejection), retried elsewhere when an idempotent
 //!   request failed before any answer; the exchange with it (larder's own HTTP/1.1
@@ -22,8 +35,8 @@
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
 //!   tier and the tiers below it ([`cache::tiers`]: a disk tier kept across restarts, a tier in
 //!   Redis shared by every node, with leases and the fleet's purge stream), immutable entries
-//!   ([`cache::entry`]) and their versioned record ([`cache::record`]), keys
-//!   ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
+//!   ([`cache::entry`]) and their versioned record ([`cache::record`]), keys and a request's
+//!   key ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
 //!   ([`cache::policy`]).
 //! - [`deliver`]: a stored entry to a response; the hot path of a hit.
 //! - [`range`]: Range / If-Range and 206 bodies (single or multipart), from memory or a file.
@@ -67,17 +80,17 @@
 //!    [`metrics`]; [`body`] (metrics: a response's body carries its outcome); [`memory`] (the
 //!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
 //!    sockets with `send`/`sendmsg`); [`clock`].
-//! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
+//! 2. [`http`] (body); [`phases`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http, metrics, clock); [`upstream`] (body, config, http,
+//! 3. [`cache`] (compress, config, http, inbound, metrics, clock); [`upstream`] (body, config, http,
 //!    interim, metrics, socket, upgrade).
 //! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
-//! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],
+//! 5. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`],
 //!    [`push`] (the lines above).
-//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
-//!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
+//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
+//!    tls, upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
 //!    socket, clock), [`cli`] (config, tls).
 
 pub mod access_log;

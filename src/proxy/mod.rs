@@ -1,5 +1,10 @@
-//! The caching reverse proxy handler: the request's journey through the cache, and how a
-//! response that does not come from the store is adapted to the client (`pass_on`).
+//! The caching reverse proxy handler: the route ([`Proxy`]: its pool, the shared cache, who
+//! may purge, its phases) and, a file per concern, the request's journey through the cache
+//! (`journey.rs`: the fresh hit, lookup, coalescing, delivery), the fill (`fill.rs`), what the
+//! cache does not serve (`pass.rs`: pass, forward, tunnel) and how a response that does not come
+//! from the store is adapted to the client (`adapt.rs`, `pass_on`: range cut, recode,
+//! compression on the fly). The route's phases ② and ③ ([`crate::phases`]) run in `fill.rs`
+//! and `pass.rs`, around each upstream exchange.
 //!
 //! ```text
 //! request ─▶ GET/HEAD? ──no──▶ pass (stream both ways); a 2xx/3xx invalidates  x-cache: BYPASS
