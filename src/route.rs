@@ -771,6 +771,25 @@ addr = "127.0.0.1:1"
         }
     }
 
+    /// Without rules a route holds no phases and the router observes nothing for them: a hit
+    /// pays one `Option` check, not a step per kind of rule.
+    #[test]
+    fn routes_without_steps_hold_no_phases() {
+        let cfg = Config::parse(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nrespond = { body = \"x\" }\n",
+            "t",
+        )
+        .unwrap();
+        let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
+        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache, &Pools::default());
+        assert!(r.routes.iter().all(|r| r.phases.is_none()));
+        assert!(!r.phased);
+        let mut req = Request::new(());
+        assert!(r
+            .observe(&mut req, "127.0.0.1:1".parse().unwrap())
+            .is_none());
+    }
+
     #[test]
     fn ports_are_stripped() {
         assert_eq!(strip_port("example.com:8080"), "example.com");
