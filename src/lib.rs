@@ -508,6 +508,15 @@ mod layout {
         }
     }
 
+    /// Each folder's graph and its files' edges to what their top names, read once for the
+    /// tests here.
+    #[allow(clippy::type_complexity)]
+    fn graphs() -> &'static (BTreeMap<Module, Graph>, BTreeMap<Module, Graph>) {
+        static GRAPHS: std::sync::OnceLock<(BTreeMap<Module, Graph>, BTreeMap<Module, Graph>)> =
+            std::sync::OnceLock::new();
+        GRAPHS.get_or_init(|| Layout { files: read() }.graphs())
+    }
+
     /// The strongly connected parts of more than one node (Tarjan), each sorted.
     fn circles(g: &Graph) -> Vec<Vec<String>> {
         struct State<'a> {
@@ -589,8 +598,7 @@ mod layout {
 
     #[test]
     fn no_module_imports_one_that_imports_it_back() {
-        let layout = Layout { files: read() };
-        let (graphs, _) = layout.graphs();
+        let (graphs, _) = graphs();
         // The graph is read: a sample of what it must hold.
         let images = &graphs[&vec!["images".to_string()]];
         assert!(images["transform"].contains_key("codec"), "{images:?}");
@@ -599,7 +607,7 @@ mod layout {
         let mut known: BTreeSet<(String, Vec<String>)> = (KNOWN_CIRCLES.iter())
             .map(|(f, p, _)| (f.to_string(), p.iter().map(|s| s.to_string()).collect()))
             .collect();
-        for (folder, g) in &graphs {
+        for (folder, g) in graphs {
             let name = folder_name(folder);
             for part in circles(g) {
                 if !known.remove(&(name.clone(), part.clone())) {
@@ -623,8 +631,7 @@ mod layout {
     /// (`super::units::Dur`), never what mod.rs defines or brings in (`super::Dur`).
     #[test]
     fn config_imports_nothing_of_larders_and_its_files_not_mod_rs() {
-        let layout = Layout { files: read() };
-        let (graphs, via_top) = layout.graphs();
+        let (graphs, via_top) = graphs();
         let (root, config): (Module, Module) = (vec![], vec!["config".to_string()]);
         assert!(
             !graphs[&root].contains_key("config"),
