@@ -73,10 +73,11 @@
 //! # Who imports whom
 //!
 //! Bottom up; each line imports only from lines above it, so no module imports one that imports
-//! it back:
+//! it back (the `layout` test below checks it, and the same inside every folder: no file imports
+//! one that imports it back; a folder's mod.rs may import its files):
 //!
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
-//!    build their runtime objects from it). It imports nothing of larder's (a test in it checks).
+//!    build their runtime objects from it). It imports nothing of larder's (the layout test checks).
 //!    [`metrics`]; [`body`] (metrics: a response's body carries its outcome); [`memory`] (the
 //!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
 //!    sockets with `send`/`sendmsg`); [`clock`].
@@ -125,90 +126,537 @@ pub mod upstream;
 
 #[cfg(test)]
 mod layout {
-    //! The module graph stays a ladder: no top-level module imports one that imports it back.
+    //! The imports form no circle: between the top-level modules, nor between the files of any
+    //! folder (src/ read by `syn`, the items under `#[cfg(test)]` left out).
+    //!
+    //! An import is a path that names a module of larder: from `crate::`, `super::`, `self::`
+    //! or a child module's name, in a `use`, in code or a type, or in a macro's tokens. It is an
+    //! edge of the folder where the two files part: `super::codec::Raster` in images/avif.rs is
+    //! avif → codec in src/images/, `crate::http::Etag` in cache/disk.rs is cache → http in src/.
+    //!
+    //! A folder's top (its mod.rs; lib.rs for src/) may import its files: that closes no circle.
+    //! A file may use what its top defines (`super::ImageError`): an edge to the top, which leads
+    //! nowhere. What the top only brings in with a `use` (`use codec::Limits;`, then
+    //! `super::Limits` in a file) counts as importing the file it comes from, so no circle hides
+    //! behind a re-export. Not followed: a module named through a `use` alias elsewhere
+    //! (`use crate::images; images::avif::decode`).
 
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::{BTreeMap, BTreeSet, VecDeque};
     use std::path::Path;
 
-    /// Top-level modules each top-level module names (`crate::x`), outside its tests.
-    fn graph() -> BTreeMap<String, BTreeSet<String>> {
-        fn walk(dir: &Path, top: Option<&str>, g: &mut BTreeMap<String, BTreeSet<String>>) {
-            for e in std::fs::read_dir(dir).unwrap() {
-                let path = e.unwrap().path();
-                let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-                let module = top.map_or(name.clone(), str::to_string);
-                if path.is_dir() {
-                    walk(&path, Some(&module), g);
-                    continue;
+    use syn::visit::{self, Visit};
+
+    /// Circles known today, each being removed by an item of issue #40: (folder, its files in the
+    /// circle, the item). The test fails when one of them changes or is gone: then remove it.
+    const KNOWN_CIRCLES: &[(&str, &[&str], &str)] = &[
+        (
+            "src/cache/",
+            &["disk", "shared", "tiers"],
+            "issue #40 item 2: the tiers behind one trait, the fleet's module",
+        ),
+        // Not in the issue's list (pending.rs names the Entry that cache/mod.rs re-exports; the
+        // entry holds its Pending, the Pending a Weak of the latest entry): cache's part of item
+        // 6, with the work on cache/ of item 2.
+        (
+            "src/cache/",
+            &["entry", "pending"],
+            "issue #40 item 6 (cache's part): entry.rs and pending.rs",
+        ),
+        (
+            "src/push/",
+            &["fanout", "replicate", "store"],
+            "issue #40 item 4: push observers, the record in a leaf file",
+        ),
+    ];
+
+    /// A module's path from the crate root: [] is lib.rs, ["images"] images/mod.rs,
+    /// ["images", "codec"] images/codec.rs.
+    type Module = Vec<String>;
+
+    /// One folder's edges: from → to → where one of them is written.
+    type Graph = BTreeMap<String, BTreeMap<String, String>>;
+
+    /// A file: where it is, the paths it writes and the names its `use` items bring in.
+    struct Source {
+        file: String,
+        paths: Paths,
+    }
+
+    /// The paths of a file that may name a module of larder, each with the module it is written
+    /// in (the file's, or an inline module's inside it).
+    #[derive(Default)]
+    struct Paths {
+        scope: Module,
+        found: Vec<(Module, Vec<String>)>,
+        /// (scope, name, path): what a `use` brings in under a name.
+        uses: Vec<(Module, String, Vec<String>)>,
+    }
+
+    /// `#[cfg(test)]` or `#[cfg(all(test, ...))]`.
+    fn is_test(attrs: &[syn::Attribute]) -> bool {
+        attrs.iter().any(|a| {
+            a.path().is_ident("cfg")
+                && a.meta.require_list().is_ok_and(|l| {
+                    let t = l.tokens.to_string();
+                    t == "test"
+                        || (t.starts_with("all")
+                            && t.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                                .any(|w| w == "test"))
+                })
+        })
+    }
+
+    /// The paths a `use` tree names, each with the name it brings in (none for a glob).
+    fn flatten(
+        tree: &syn::UseTree,
+        prefix: &[String],
+        out: &mut Vec<(Vec<String>, Option<String>)>,
+    ) {
+        let with = |i: &syn::Ident| [prefix, &[i.to_string()]].concat();
+        match tree {
+            syn::UseTree::Path(p) => flatten(&p.tree, &with(&p.ident), out),
+            syn::UseTree::Name(n) if n.ident == "self" => {
+                out.push((prefix.to_vec(), prefix.last().cloned()))
+            }
+            syn::UseTree::Name(n) => out.push((with(&n.ident), Some(n.ident.to_string()))),
+            syn::UseTree::Rename(r) if r.ident == "self" => {
+                out.push((prefix.to_vec(), Some(r.rename.to_string())))
+            }
+            syn::UseTree::Rename(r) => out.push((with(&r.ident), Some(r.rename.to_string()))),
+            syn::UseTree::Glob(_) => out.push((prefix.to_vec(), None)),
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| flatten(t, prefix, out)),
+        }
+    }
+
+    /// The `a::b::c` paths in a macro's tokens, which syn leaves unparsed.
+    fn scan(mut at: syn::buffer::Cursor, scope: &Module, found: &mut Vec<(Module, Vec<String>)>) {
+        while !at.eof() {
+            if let Some((inside, _, _, next)) = at.any_group() {
+                scan(inside, scope, found);
+                at = next;
+            } else if let Some((ident, mut next)) = at.ident() {
+                let mut segs = vec![ident.to_string()];
+                while let Some((_, b)) = next.punct().filter(|(p, _)| p.as_char() == ':') {
+                    let Some((_, c)) = b.punct().filter(|(p, _)| p.as_char() == ':') else {
+                        break;
+                    };
+                    let Some((ident, d)) = c.ident() else { break };
+                    segs.push(ident.to_string());
+                    next = d;
                 }
-                if path.extension().is_none_or(|x| x != "rs") || name == "lib" || name == "main" {
-                    continue;
+                if segs.len() > 1 {
+                    found.push((scope.clone(), segs));
                 }
-                let text = std::fs::read_to_string(&path).unwrap();
-                let code: String = text
-                    .split("#[cfg(test)]")
-                    .next()
-                    .unwrap_or("")
-                    .lines()
-                    .filter(|l| !l.trim_start().starts_with("//"))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                let uses = g.entry(module.clone()).or_default();
-                for (i, _) in code.match_indices("crate::") {
-                    let rest = &code[i + "crate::".len()..];
-                    let end = rest
-                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                        .unwrap_or(rest.len());
-                    let target = &rest[..end];
-                    if !target.is_empty() && target != module {
-                        uses.insert(target.to_string());
-                    }
+                at = next;
+            } else {
+                match at.token_tree() {
+                    Some((_, next)) => at = next,
+                    None => break,
                 }
             }
         }
-        let mut g = BTreeMap::new();
-        walk(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            None,
-            &mut g,
-        );
-        g
+    }
+
+    impl<'ast> Visit<'ast> for Paths {
+        fn visit_item(&mut self, i: &'ast syn::Item) {
+            use syn::Item::*;
+            let attrs: &[syn::Attribute] = match i {
+                Const(i) => &i.attrs,
+                Enum(i) => &i.attrs,
+                ExternCrate(i) => &i.attrs,
+                Fn(i) => &i.attrs,
+                ForeignMod(i) => &i.attrs,
+                Impl(i) => &i.attrs,
+                Macro(i) => &i.attrs,
+                Mod(i) => &i.attrs,
+                Static(i) => &i.attrs,
+                Struct(i) => &i.attrs,
+                Trait(i) => &i.attrs,
+                TraitAlias(i) => &i.attrs,
+                Type(i) => &i.attrs,
+                Union(i) => &i.attrs,
+                Use(i) => &i.attrs,
+                _ => &[],
+            };
+            if !is_test(attrs) {
+                visit::visit_item(self, i);
+            }
+        }
+
+        fn visit_impl_item(&mut self, i: &'ast syn::ImplItem) {
+            let attrs: &[syn::Attribute] = match i {
+                syn::ImplItem::Const(i) => &i.attrs,
+                syn::ImplItem::Fn(i) => &i.attrs,
+                syn::ImplItem::Type(i) => &i.attrs,
+                syn::ImplItem::Macro(i) => &i.attrs,
+                _ => &[],
+            };
+            if !is_test(attrs) {
+                visit::visit_impl_item(self, i);
+            }
+        }
+
+        fn visit_trait_item(&mut self, i: &'ast syn::TraitItem) {
+            let attrs: &[syn::Attribute] = match i {
+                syn::TraitItem::Const(i) => &i.attrs,
+                syn::TraitItem::Fn(i) => &i.attrs,
+                syn::TraitItem::Type(i) => &i.attrs,
+                syn::TraitItem::Macro(i) => &i.attrs,
+                _ => &[],
+            };
+            if !is_test(attrs) {
+                visit::visit_trait_item(self, i);
+            }
+        }
+
+        fn visit_stmt(&mut self, s: &'ast syn::Stmt) {
+            let attrs: &[syn::Attribute] = match s {
+                syn::Stmt::Local(l) => &l.attrs,
+                syn::Stmt::Macro(m) => &m.attrs,
+                _ => &[],
+            };
+            if !is_test(attrs) {
+                visit::visit_stmt(self, s);
+            }
+        }
+
+        fn visit_field(&mut self, f: &'ast syn::Field) {
+            if !is_test(&f.attrs) {
+                visit::visit_field(self, f);
+            }
+        }
+
+        fn visit_variant(&mut self, v: &'ast syn::Variant) {
+            if !is_test(&v.attrs) {
+                visit::visit_variant(self, v);
+            }
+        }
+
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            self.scope.push(m.ident.to_string());
+            visit::visit_item_mod(self, m);
+            self.scope.pop();
+        }
+
+        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+            if u.leading_colon.is_some() {
+                return;
+            }
+            let mut out = Vec::new();
+            flatten(&u.tree, &[], &mut out);
+            for (segs, name) in out {
+                if let Some(name) = name {
+                    self.uses.push((self.scope.clone(), name, segs.clone()));
+                }
+                self.found.push((self.scope.clone(), segs));
+            }
+        }
+
+        fn visit_path(&mut self, p: &'ast syn::Path) {
+            if p.leading_colon.is_none() && p.segments.len() > 1 {
+                let segs = p.segments.iter().map(|s| s.ident.to_string()).collect();
+                self.found.push((self.scope.clone(), segs));
+            }
+            visit::visit_path(self, p);
+        }
+
+        fn visit_macro(&mut self, m: &'ast syn::Macro) {
+            let tokens = syn::buffer::TokenBuffer::new2(m.tokens.clone());
+            scan(tokens.begin(), &self.scope, &mut self.found);
+            visit::visit_macro(self, m);
+        }
+    }
+
+    /// Every module of src/ that is a file (main.rs, the binary's crate, left out).
+    fn read() -> BTreeMap<Module, Source> {
+        fn walk(src: &Path, dir: &Path, module: &[String], out: &mut BTreeMap<Module, Source>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let path = e.unwrap().path();
+                let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+                let mut m = module.to_vec();
+                if path.is_dir() {
+                    m.push(stem);
+                    walk(src, &path, &m, out);
+                    continue;
+                }
+                let top = stem == "mod" || (module.is_empty() && stem == "lib");
+                if path.extension().is_none_or(|x| x != "rs")
+                    || (module.is_empty() && stem == "main")
+                {
+                    continue;
+                }
+                if !top {
+                    m.push(stem);
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let ast =
+                    syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let mut paths = Paths {
+                    scope: m.clone(),
+                    ..Paths::default()
+                };
+                paths.visit_file(&ast);
+                let file = path.strip_prefix(src).unwrap().display().to_string();
+                out.insert(m, Source { file, paths });
+            }
+        }
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut out = BTreeMap::new();
+        walk(&src, &src, &[], &mut out);
+        out
+    }
+
+    struct Layout {
+        files: BTreeMap<Module, Source>,
+    }
+
+    /// How a folder is shown: src/, src/images/.
+    fn folder_name(m: &[String]) -> String {
+        m.iter().fold("src/".to_string(), |s, p| format!("{s}{p}/"))
+    }
+
+    fn top_name(folder: &[String]) -> &'static str {
+        if folder.is_empty() {
+            "lib.rs"
+        } else {
+            "mod.rs"
+        }
+    }
+
+    impl Layout {
+        /// The path `segs`, written in module `scope`, from the crate root; none if it does not
+        /// start in larder.
+        fn absolute(&self, scope: &[String], segs: &[String]) -> Option<Vec<String>> {
+            let (mut at, mut rest) = match segs.first()?.as_str() {
+                "crate" => (Vec::new(), &segs[1..]),
+                "self" | "super" => (scope.to_vec(), segs),
+                child => {
+                    let m = [scope, &[child.to_string()]].concat();
+                    if !self.files.contains_key(&m) {
+                        return None;
+                    }
+                    (scope.to_vec(), segs)
+                }
+            };
+            while let Some(s) = rest.first() {
+                match s.as_str() {
+                    "self" => {}
+                    "super" => {
+                        at.pop()?;
+                    }
+                    _ => break,
+                }
+                rest = &rest[1..];
+            }
+            at.extend(rest.iter().cloned());
+            Some(at)
+        }
+
+        fn is_top(&self, m: &[String]) -> bool {
+            (self.files.keys()).any(|k| k.len() == m.len() + 1 && k.starts_with(m))
+        }
+
+        /// The file that defines what `path` names, following the names a folder's top brings
+        /// in with `use`; and the top, if the path named an item of one (defined or brought in).
+        fn locate(&self, path: &[String], hops: usize) -> (Module, Option<Module>) {
+            let k = (0..=path.len())
+                .rev()
+                .find(|&k| self.files.contains_key(&path[..k]))
+                .expect("lib.rs");
+            let module = path[..k].to_vec();
+            if k == path.len() || !self.is_top(&module) {
+                return (module, None);
+            }
+            let brought = (self.files[&module].paths.uses.iter())
+                .find(|(scope, name, _)| *scope == module && *name == path[k])
+                .and_then(|(_, _, segs)| self.absolute(&module, segs));
+            match brought {
+                Some(to) if hops < 8 => {
+                    let to = [&to[..], &path[k + 1..]].concat();
+                    (self.locate(&to, hops + 1).0, Some(module))
+                }
+                _ => (module.clone(), Some(module)),
+            }
+        }
+
+        /// Each folder's graph, and the edges of its files to what their top names.
+        fn graphs(&self) -> (BTreeMap<Module, Graph>, BTreeMap<Module, Graph>) {
+            let mut graphs: BTreeMap<Module, Graph> = BTreeMap::new();
+            let mut via_top: BTreeMap<Module, Graph> = BTreeMap::new();
+            for (from_module, source) in &self.files {
+                for (scope, segs) in &source.paths.found {
+                    let Some(path) = self.absolute(scope, segs) else {
+                        continue;
+                    };
+                    let (to_module, top) = self.locate(&path, 0);
+                    if to_module == *from_module {
+                        continue;
+                    }
+                    let k = (from_module.iter().zip(&to_module))
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    let folder = from_module[..k].to_vec();
+                    let node = |m: &Module| {
+                        m.get(k)
+                            .map_or(top_name(&folder).to_string(), |s| s.clone())
+                    };
+                    let (from, to) = (node(from_module), node(&to_module));
+                    if k == from_module.len() {
+                        continue; // a top imports its files
+                    }
+                    let example = format!("{}: {}", source.file, segs.join("::"));
+                    if top.as_ref() == Some(&folder) {
+                        (via_top.entry(folder.clone()).or_default())
+                            .entry(from.clone())
+                            .or_default()
+                            .insert(segs.join("::"), example.clone());
+                    }
+                    (graphs.entry(folder).or_default())
+                        .entry(from)
+                        .or_default()
+                        .entry(to)
+                        .or_insert(example);
+                }
+            }
+            (graphs, via_top)
+        }
+    }
+
+    /// Each folder's graph and its files' edges to what their top names, read once for the
+    /// tests here.
+    #[allow(clippy::type_complexity)]
+    fn graphs() -> &'static (BTreeMap<Module, Graph>, BTreeMap<Module, Graph>) {
+        static GRAPHS: std::sync::OnceLock<(BTreeMap<Module, Graph>, BTreeMap<Module, Graph>)> =
+            std::sync::OnceLock::new();
+        GRAPHS.get_or_init(|| Layout { files: read() }.graphs())
+    }
+
+    /// The strongly connected parts of more than one node (Tarjan), each sorted.
+    fn circles(g: &Graph) -> Vec<Vec<String>> {
+        struct State<'a> {
+            g: &'a Graph,
+            index: BTreeMap<&'a str, usize>,
+            low: BTreeMap<&'a str, usize>,
+            stack: Vec<&'a str>,
+            out: Vec<Vec<String>>,
+        }
+        fn connect<'a>(v: &'a str, s: &mut State<'a>) {
+            let n = s.index.len();
+            s.index.insert(v, n);
+            s.low.insert(v, n);
+            s.stack.push(v);
+            for w in s.g.get(v).into_iter().flat_map(|e| e.keys()) {
+                if !s.index.contains_key(w.as_str()) {
+                    connect(w, s);
+                    s.low.insert(v, s.low[v].min(s.low[w.as_str()]));
+                } else if s.stack.contains(&w.as_str()) {
+                    s.low.insert(v, s.low[v].min(s.index[w.as_str()]));
+                }
+            }
+            if s.low[v] == s.index[v] {
+                let i = s.stack.iter().position(|x| *x == v).unwrap();
+                let mut part: Vec<String> = s.stack.drain(i..).map(str::to_string).collect();
+                if part.len() > 1 {
+                    part.sort();
+                    s.out.push(part);
+                }
+            }
+        }
+        let mut s = State {
+            g,
+            index: BTreeMap::new(),
+            low: BTreeMap::new(),
+            stack: Vec::new(),
+            out: Vec::new(),
+        };
+        for v in g.keys() {
+            if !s.index.contains_key(v.as_str()) {
+                connect(v, &mut s);
+            }
+        }
+        s.out
+    }
+
+    /// One circle through `part`, from its first node back to it, each step with where it is
+    /// written.
+    fn show(g: &Graph, part: &[String]) -> String {
+        let start = &part[0];
+        let mut came: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = VecDeque::from([start.as_str()]);
+        let mut last = None;
+        'search: while let Some(v) = queue.pop_front() {
+            for w in g[v].keys().filter(|w| part.contains(w)) {
+                if w == start {
+                    last = Some(v);
+                    break 'search;
+                }
+                if !came.contains_key(w.as_str()) {
+                    came.insert(w, v);
+                    queue.push_back(w);
+                }
+            }
+        }
+        let mut path = vec![start.as_str()];
+        let mut v = last.expect("a circle");
+        while v != start {
+            path.push(v);
+            v = came[v];
+        }
+        path.push(start);
+        path.reverse();
+        let steps: Vec<String> = (path.windows(2))
+            .map(|w| format!("\n    {} -> {} ({})", w[0], w[1], g[w[0]][w[1]]))
+            .collect();
+        format!("{}{}", path.join(" -> "), steps.concat())
     }
 
     #[test]
     fn no_module_imports_one_that_imports_it_back() {
-        let g = graph();
-        // Depth-first search for a cycle; report its path.
-        fn visit(
-            m: &str,
-            g: &BTreeMap<String, BTreeSet<String>>,
-            path: &mut Vec<String>,
-            done: &mut BTreeSet<String>,
-        ) -> Option<Vec<String>> {
-            if let Some(i) = path.iter().position(|p| p == m) {
-                let mut cycle = path[i..].to_vec();
-                cycle.push(m.to_string());
-                return Some(cycle);
-            }
-            if done.contains(m) {
-                return None;
-            }
-            path.push(m.to_string());
-            for next in g.get(m).into_iter().flatten() {
-                if let Some(c) = visit(next, g, path, done) {
-                    return Some(c);
+        let (graphs, _) = graphs();
+        // The graph is read: a sample of what it must hold.
+        let images = &graphs[&vec!["images".to_string()]];
+        assert!(images["transform"].contains_key("codec"), "{images:?}");
+        assert!(graphs[&Module::new()]["proxy"].contains_key("cache"));
+        let mut found = Vec::new();
+        let mut known: BTreeSet<(String, Vec<String>)> = (KNOWN_CIRCLES.iter())
+            .map(|(f, p, _)| (f.to_string(), p.iter().map(|s| s.to_string()).collect()))
+            .collect();
+        for (folder, g) in graphs {
+            let name = folder_name(folder);
+            for part in circles(g) {
+                if !known.remove(&(name.clone(), part.clone())) {
+                    found.push(format!("{name}: {}", show(g, &part)));
                 }
             }
-            path.pop();
-            done.insert(m.to_string());
-            None
         }
-        let mut done = BTreeSet::new();
-        for m in g.keys() {
-            if let Some(cycle) = visit(m, &g, &mut Vec::new(), &mut done) {
-                panic!("import loop: {}", cycle.join(" -> "));
-            }
-        }
-        assert!(g["config"].is_empty(), "config imports {:?}", g["config"]);
+        assert!(
+            found.is_empty(),
+            "import circles (a file imports one that imports it back):\n{}",
+            found.join("\n")
+        );
+        assert!(
+            known.is_empty(),
+            "known circles no longer there as listed (remove them from KNOWN_CIRCLES): {known:?}"
+        );
+    }
+
+    /// Config is plain data at the bottom of the graph: no file of it names another module of
+    /// larder. Inside, the files form a ladder with mod.rs on top: they name a file
+    /// (`super::units::Dur`), never what mod.rs defines or brings in (`super::Dur`).
+    #[test]
+    fn config_imports_nothing_of_larders_and_its_files_not_mod_rs() {
+        let (graphs, via_top) = graphs();
+        let (root, config): (Module, Module) = (vec![], vec!["config".to_string()]);
+        assert!(
+            !graphs[&root].contains_key("config"),
+            "config imports {:?}",
+            graphs[&root]["config"]
+        );
+        assert!(graphs[&config].len() > 10, "{:?}", graphs[&config]);
+        assert!(
+            !via_top.contains_key(&config),
+            "config's files use mod.rs: {:?}",
+            via_top[&config]
+        );
     }
 }

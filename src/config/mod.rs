@@ -22,7 +22,10 @@
 //! counts, sizes, durations; `net`: addresses, hosts, upstreams; `headers`) and `error` (the
 //! error and the locator of keys in the text) at the bottom; a file per section above them
 //! (`server`, `cache`, `listener` with its routes, a file per handler, ...); this file on top:
-//! [`Config`], its loading, and the checks that span sections.
+//! [`Config`], its loading, and the checks that span sections. The files name a file below
+//! them (`super::units::Dur`), never what this file defines or re-exports (`super::Dur`); that,
+//! and that config names no other module of larder, is checked by the layout test in
+//! src/lib.rs.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -785,50 +788,5 @@ mod tests {
         // No room at all is an error even for the default.
         let mut c = Config::parse(MIN, "t").unwrap();
         assert!(c.fit_open_files(33).is_err());
-    }
-
-    /// Config is plain data at the bottom of the dependency graph: outside their tests, no file
-    /// of it names another module of larder (`crate::` anywhere, `super::` in mod.rs, whose
-    /// parent is the crate, `super::super::` in the others), in code or in a `use`. Doc
-    /// comments may mention them. Inside, the files form a ladder with mod.rs on top: the
-    /// others name a file (`super::units::`), never what mod.rs re-exports (`super::Dur`).
-    #[test]
-    fn config_imports_nothing_of_larders() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let text = std::fs::read_to_string(&path).unwrap();
-            files.push((name.clone(), text, name == "mod.rs"));
-        }
-        assert!(
-            files.len() > 10,
-            "{} files in {}",
-            files.len(),
-            dir.display()
-        );
-        for (name, text, root) in &files {
-            let code = text.split("#[cfg(test)]").next().unwrap_or(text);
-            for (n, line) in code.lines().enumerate() {
-                let line = line.trim_start();
-                if line.starts_with("//") {
-                    continue;
-                }
-                let reaches_out = line.contains("crate::")
-                    || line.contains("super::super")
-                    || (*root && line.contains("super::"));
-                assert!(!reaches_out, "{name}:{}: {line}", n + 1);
-                for (i, _) in line.match_indices("super::") {
-                    let rest = &line[i + "super::".len()..];
-                    let end = rest
-                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                        .unwrap_or(rest.len());
-                    let file = format!("{}.rs", &rest[..end]);
-                    let below = files.iter().any(|(f, ..)| *f == file && f != "mod.rs");
-                    assert!(below, "{name}:{}: uses mod.rs: {line}", n + 1);
-                }
-            }
-        }
     }
 }

@@ -24,7 +24,7 @@ use rav1d::src::lib::{
 use rav1d::Dav1dResult;
 use yuv::{YuvPlanarImage, YuvRange, YuvStandardMatrix};
 
-use super::codec::{CodecError, Limits, Raster};
+use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{self, Probe};
 
 fn bad(reason: impl Into<String>) -> CodecError {

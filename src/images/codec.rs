@@ -3,116 +3,13 @@
 //! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
 //! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
 //! its own memory limit where it offers one; a bad image is an error, never a panic. Output never
-//! carries the source's metadata.
+//! carries the source's metadata. The pixels, limits and errors they share are in
+//! [`super::raster`] (re-exported here), which avif imports rather than this file.
 
 use std::io::Cursor;
 
+pub use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{ImageFormat, Probe};
-
-/// Pixels in memory: 1 (gray), 3 (RGB) or 4 (RGBA) bytes per pixel, rows packed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Raster {
-    pub width: u32,
-    pub height: u32,
-    pub channels: u8,
-    pub data: Vec<u8>,
-}
-
-impl Raster {
-    /// Luma (BT.601) of each pixel; alpha is kept (as RGBA with equal channels).
-    pub fn to_gray(&self) -> Raster {
-        let luma = |p: &[u8]| {
-            ((u32::from(p[0]) * 299 + u32::from(p[1]) * 587 + u32::from(p[2]) * 114 + 500) / 1000)
-                as u8
-        };
-        match self.channels {
-            1 => self.clone(),
-            3 => Raster {
-                data: self.data.chunks_exact(3).map(luma).collect(),
-                channels: 1,
-                ..*self
-            },
-            _ => Raster {
-                data: self
-                    .data
-                    .chunks_exact(4)
-                    .flat_map(|p| {
-                        let l = luma(p);
-                        [l, l, l, p[3]]
-                    })
-                    .collect(),
-                ..*self
-            },
-        }
-    }
-
-    /// RGB, alpha composited over white.
-    fn to_rgb(&self) -> Vec<u8> {
-        match self.channels {
-            1 => self.data.iter().flat_map(|&l| [l, l, l]).collect(),
-            3 => self.data.clone(),
-            _ => self
-                .data
-                .chunks_exact(4)
-                .flat_map(|p| {
-                    let a = u32::from(p[3]);
-                    let over = |c: u8| ((u32::from(c) * a + 255 * (255 - a) + 127) / 255) as u8;
-                    [over(p[0]), over(p[1]), over(p[2])]
-                })
-                .collect(),
-        }
-    }
-
-    fn to_rgba(&self) -> Vec<u8> {
-        match self.channels {
-            1 => self.data.iter().flat_map(|&l| [l, l, l, 255]).collect(),
-            3 => self
-                .data
-                .chunks_exact(3)
-                .flat_map(|p| [p[0], p[1], p[2], 255])
-                .collect(),
-            _ => self.data.clone(),
-        }
-    }
-
-    fn has_alpha(&self) -> bool {
-        self.channels == 4 && self.data.chunks_exact(4).any(|p| p[3] != 255)
-    }
-}
-
-/// Why an image could not be decoded or encoded.
-#[derive(Debug, thiserror::Error)]
-pub enum CodecError {
-    #[error("image has {pixels} pixels, more than the limit of {limit}")]
-    TooManyPixels { pixels: u64, limit: u64 },
-    #[error("image has {frames} frames, more than the limit of {limit}")]
-    TooManyFrames { frames: u32, limit: u32 },
-    #[error("this transform needs about {need} bytes of memory, more than the route's decode_memory of {budget}")]
-    OverMemoryBudget { need: u64, budget: u64 },
-    #[error("cannot decode {0}: {1}")]
-    Decode(&'static str, String),
-    #[error("transforming {0} sources is not supported")]
-    Unsupported(&'static str),
-    #[error("cannot encode {0}: {1}")]
-    Encode(&'static str, String),
-    #[error("{0}")]
-    Internal(String),
-}
-
-/// Limits a transform runs under: the source's size and frames (checked here, from the header),
-/// the output's, and AVIF's cost.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_pixels: u64,
-    pub max_dim: u32,
-    pub max_frames: u32,
-    /// Largest scale factor applied to the source (1.0: never enlarged).
-    pub max_upscale: f64,
-    /// rav1e's speed preset (1-10) for AVIF output.
-    pub avif_speed: u8,
-    /// Largest AVIF output, in pixels.
-    pub max_avif_pixels: u64,
-}
 
 /// Refuses sources over the pixel or frame limits, from the header alone.
 pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {

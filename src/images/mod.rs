@@ -17,7 +17,9 @@
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
 //! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`pool`] (the bounded blocking pool: memory budget, fair order).
+//! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
+//! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
+//! order).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
@@ -27,6 +29,7 @@ pub mod codec;
 pub mod jpeg;
 pub mod params;
 pub mod pool;
+pub mod raster;
 pub mod sniff;
 pub mod storage;
 pub mod transform;
@@ -48,9 +51,9 @@ use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::http::{json_response, text_response};
-use codec::{CodecError, Limits};
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
+use raster::{CodecError, Limits};
 use sniff::{Probe, SniffError};
 use storage::{ImageStore, InMemory, LocalDir, Md5Hex, Shared};
 use transform::TransformError;

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use fast_image_resize as fr;
 
-use super::codec::{self, CodecError, Limits, Raster};
+use super::codec;
 use super::params::{Mode, Resolved, Target};
+use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{ImageFormat, Probe};
 
 /// Why a transform could not be made (mapped to 400/422 by the handler).

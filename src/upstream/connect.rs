@@ -2,8 +2,8 @@
 //! larder's own connections (`h1.rs`); TLS (rustls through hyper-rustls: the system's roots
 //! and the pool's `ca`, SNI, a client certificate, or no verification when the pool says
 //! `insecure`) and HTTP/2 go through hyper-util's pooled client. Both answer with an
-//! [`Answer`] or a [`SendError`] that says whether the connection failed and whether the
-//! request may be sent again.
+//! [`Answer`] or a [`SendError`] (in `send_error.rs`, which `h1.rs` imports too) that says
+//! whether the connection failed and whether the request may be sent again.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +23,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 pub use super::h1::Checkin;
+pub use super::send_error::SendError;
 use crate::body::Body;
 use crate::config::{PoolConfig, UpstreamTlsConfig};
 
@@ -215,91 +216,12 @@ impl Future for Sent {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
-            Sent::H1(f) => f.as_mut().poll(cx),
+            Sent::H1(f) => (f.as_mut().poll(cx))
+                .map(|r| r.map(|(response, checkin)| Answer::new(response, Some(checkin)))),
             Sent::Legacy(f) => Pin::new(f).poll(cx).map(|r| match r {
                 Ok(response) => Ok(Answer::new(response, None)),
                 Err(e) => Err(SendError::Legacy(e)),
             }),
-        }
-    }
-}
-
-/// Why an exchange failed before its response head.
-#[derive(Debug)]
-pub enum SendError {
-    /// No connection to the backend (refused, unreachable, unresolved, not within
-    /// connect_timeout).
-    Connect(std::io::Error),
-    /// hyper's error on an open connection; `reused`: a pooled one (not new for this request).
-    Http { error: hyper::Error, reused: bool },
-    /// hyper-util's client's error.
-    Legacy(hyper_util::client::legacy::Error),
-}
-
-impl SendError {
-    /// No connection was made.
-    pub fn is_connect(&self) -> bool {
-        match self {
-            SendError::Connect(_) => true,
-            SendError::Http { .. } => false,
-            SendError::Legacy(e) => e.is_connect(),
-        }
-    }
-
-    /// Whether a pooled connection closed before a response head arrived (nothing was
-    /// answered, so an idempotent request may be sent again): hyper saw the close itself (end
-    /// of input, a canceled or closed connection), or an I/O error under it is a reset or a
-    /// broken pipe (the origin's close arriving as larder wrote or read). A new connection
-    /// that does this is the backend's failure, not a race with its idle timeout.
-    pub fn closed_before_answer(&self) -> bool {
-        match self {
-            SendError::Connect(_) | SendError::Http { reused: false, .. } => false,
-            SendError::Http { error, .. } => closed(error),
-            SendError::Legacy(e) => {
-                !e.is_connect() && std::error::Error::source(e).is_some_and(closed)
-            }
-        }
-    }
-}
-
-/// Whether `e` or an error under it says the connection was closed (see
-/// [`SendError::closed_before_answer`]).
-fn closed(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return true;
-            }
-        } else if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            );
-        }
-        cur = c.source();
-    }
-    false
-}
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SendError::Connect(e) => write!(f, "connect: {e}"),
-            SendError::Http { error, .. } => error.fmt(f),
-            SendError::Legacy(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for SendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SendError::Connect(e) => e.source(),
-            SendError::Http { error, .. } => error.source(),
-            SendError::Legacy(e) => e.source(),
         }
     }
 }

@@ -37,7 +37,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::TrySendError;
 use hyper_util::rt::TokioIo;
 
-use super::connect::{Answer, SendError};
+use super::send_error::SendError;
 use crate::body::Body;
 use crate::config::PoolConfig;
 use crate::socket::SendStream;
@@ -63,8 +63,12 @@ pub struct Idle {
     timeout: Duration,
 }
 
-/// A future of one exchange, boxed: the callers' futures stay small.
-pub type Sending = Pin<Box<dyn Future<Output = Result<Answer, SendError>> + Send>>;
+/// A future of one exchange, boxed: the callers' futures stay small. Its response head comes
+/// with the connection to give back once the body is done with.
+pub type Sending = Pin<Box<dyn Future<Output = Result<Answered, SendError>> + Send>>;
+
+/// A response head and its connection ([`Checkin`]).
+pub type Answered = (Response<Incoming>, Checkin);
 
 impl Conns {
     /// The connections of `cfg`'s backends (none open yet). The idle ones past their time are
@@ -128,7 +132,7 @@ impl Conns {
         };
         Box::pin(async move {
             match conn.exchange(req).await {
-                Ok((response, conn)) => Ok(Answer::new(response, Some(Checkin::new(idle, conn)))),
+                Ok((response, conn)) => Ok((response, Checkin::new(idle, conn))),
                 Err(mut e) => match e.take_message() {
                     // Closed before it took the request: a new connection takes it (boxed:
                     // the common path's future stays small).
@@ -222,7 +226,7 @@ async fn on_new_connection(
     idle: Arc<Idle>,
     req: Request<Body>,
     timeout: Duration,
-) -> Result<Answer, SendError> {
+) -> Result<Answered, SendError> {
     let Some(authority) = authority else {
         return Err(SendError::Connect(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -231,7 +235,7 @@ async fn on_new_connection(
     };
     let conn = connect(&authority, timeout).await?;
     match conn.exchange(req).await {
-        Ok((response, conn)) => Ok(Answer::new(response, Some(Checkin::new(idle, conn)))),
+        Ok((response, conn)) => Ok((response, Checkin::new(idle, conn))),
         Err(e) => Err(SendError::Http {
             error: e.into_error(),
             reused: false,
@@ -544,7 +548,7 @@ mod tests {
         Conns::new(&cfg)
     }
 
-    async fn get(conns: &Arc<Conns>, addr: std::net::SocketAddr) -> Answer {
+    async fn get(conns: &Arc<Conns>, addr: std::net::SocketAddr) -> Answered {
         let req = Request::get(format!("http://{addr}/x"))
             .header("host", "t")
             .body(Body::empty())
@@ -554,9 +558,8 @@ mod tests {
 
     /// Reads the answer's body to its end as `UpstreamBody` does ([`Checkin::poll_frame`]);
     /// the connection then goes back to its backend's idle list.
-    async fn read_body(a: Answer) -> Vec<u8> {
-        let (response, checkin) = a.into_parts();
-        let mut checkin = checkin.expect("larder's own connection");
+    async fn read_body(a: Answered) -> Vec<u8> {
+        let (response, mut checkin) = a;
         let mut body = response.into_body();
         let mut got = Vec::new();
         loop {
@@ -572,7 +575,7 @@ mod tests {
         got
     }
 
-    async fn read_all(a: Answer) {
+    async fn read_all(a: Answered) {
         assert_eq!(read_body(a).await, b"ok");
     }
 

@@ -2,9 +2,9 @@
 //! (`balance.rs`), whether each is fit to take it (active checks in `health.rs`, passive
 //! ejection from real requests' failures here), the retry of a failed idempotent request on
 //! another backend or, after a pooled connection's close, on a new one; the pool's connections
-//! (`connect.rs`: larder's own HTTP/1.1 ones in `h1.rs`, TLS and HTTP/2 through hyper-util) and
-//! one exchange with a backend (`exchange.rs`: the request rewritten, timeouts, the response
-//! body).
+//! (`connect.rs`: larder's own HTTP/1.1 ones in `h1.rs`, TLS and HTTP/2 through hyper-util;
+//! why a send failed in `send_error.rs`, a leaf both clients import) and one exchange with a
+//! backend (`exchange.rs`: the request rewritten, timeouts, the response body).
 //!
 //! ```text
 //! send ─▶ choose (balance over backends up, not yet tried) ─▶ exchange ─▶ response
@@ -25,6 +25,7 @@ pub mod connect;
 pub mod exchange;
 mod h1;
 mod health;
+mod send_error;
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
