@@ -2,7 +2,8 @@
 //! read like cached objects, listed and subscribed to with filters over SSE (init, live events,
 //! resume with Last-Event-ID, a gap, heartbeats, a slow subscriber's overflow) and WebSocket;
 //! access by token and JWT, CORS, groups, durability across kill -9, and writes the log refuses
-//! (a full file system) leaving no trace.
+//! (a full file system) leaving no trace; two nodes sharing a route through a real redis-server
+//! (the fleet ends on the value committed last; a write whose request was cancelled is shared).
 
 mod common;
 
