@@ -51,9 +51,9 @@
 //! admin API and its dashboard), [`body`] (the response and request body types).
 //!
 //! [`push`] is a handler of its own: live JSON records written over HTTP and pushed to
-//! subscribers (SSE, WebSocket), along its own path: request → store → durable log →
-//! fan-out → subscriber streams; with `share`, the fleet's log in the shared tier
-//! ([`push::replicate`]).
+//! subscribers (SSE, WebSocket), along its own path: request → store → durable log → the
+//! store's observers, in commit order: fan-out → subscriber streams; with `share`, the fleet's
+//! log in the shared tier ([`push::replicate`]).
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
 //! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] holds the cache's wall

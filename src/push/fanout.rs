@@ -35,7 +35,7 @@ use tokio::sync::broadcast::{
 };
 
 use super::filter::{Filter, IdPattern};
-use super::store::{Change, Record};
+use super::record::{Change, Observer, Record};
 
 /// A change as a subscriber receives it: its SSE event and its WebSocket message's shared tail
 /// (after `{"sub":NAME,`). `seq` 0 is a heartbeat.
@@ -426,6 +426,44 @@ impl Fanout {
     /// Distinct topics now.
     pub fn topics(&self) -> usize {
         self.topics.read().expect("topics").len()
+    }
+}
+
+/// The subscribers' observer of a store's commits: hands each group of committed changes to
+/// [`Fanout::publish`], from a task on the server's runtime when there is one (the subscribers
+/// it wakes go to that worker's own queue, not the runtime's shared one, as wakes from the
+/// writer's thread would), else on the writer's thread itself (tools and tests of the store
+/// alone). Either way in commit order.
+pub struct Publisher {
+    fanout: Arc<Fanout>,
+    task: Option<tokio::sync::mpsc::UnboundedSender<Vec<Arc<Change>>>>,
+}
+
+impl Publisher {
+    pub fn new(fanout: &Arc<Fanout>) -> Publisher {
+        let task = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Arc<Change>>>();
+            let f = Arc::clone(fanout);
+            rt.spawn(async move {
+                while let Some(changes) = rx.recv().await {
+                    f.publish(&changes);
+                }
+            });
+            tx
+        });
+        Publisher {
+            fanout: Arc::clone(fanout),
+            task,
+        }
+    }
+}
+
+impl Observer for Publisher {
+    fn committed(&self, changes: &[Arc<Change>]) {
+        let sent = (self.task.as_ref()).is_some_and(|tx| tx.send(changes.to_vec()).is_ok());
+        if !sent {
+            self.fanout.publish(changes);
+        }
     }
 }
 

@@ -3,22 +3,40 @@
 //! Mercure), served from a route (`push = { dir = "..." }`).
 //!
 //! - this file: the route's HTTP face: which request does what, access and CORS;
-//! - [`store`]: the records, their sequence of changes and its history, groups;
+//! - [`store`]: the records' face: open, write, read, list, subscribe, expire, and the
+//!   observers of its commits; below it [`writer`] (the group-commit thread: commit, settle,
+//!   observers in commit order, acknowledge; compaction), [`state`] (what its lock guards:
+//!   records, staged changes, sequence numbers), [`history`], [`groups`], [`patch`] (merge
+//!   patch, member set);
+//! - [`record`]: the leaf: records, changes, and the [`record::Observer`] trait;
 //! - [`log`]: the durable change log (group commit, recovery, compaction);
 //! - [`filter`]: id patterns and member conditions of subscriptions;
-//! - [`fanout`]: topics (one per distinct pattern and filter), events serialized once;
+//! - [`fanout`]: topics (one per distinct pattern and filter), events serialized once; the
+//!   store's first observer;
+//! - [`replicate`]: with `share`, the fleet's log: an observer of the store that appends its
+//!   clients' changes, and a follower that applies the other nodes' changes;
 //! - [`sse`]: a subscriber's event stream; [`ws`]: WebSocket sessions;
 //! - [`auth`]: the write token and JSON Web Tokens.
+//!
+//! Who imports whom, bottom up (each file uses only files on lines above it; this file is on
+//! top): filter, record, log, patch; auth, groups, history, fanout; state; writer; store;
+//! replicate, sse, ws.
 //!
 //! docs/push.md is the user's guide.
 
 pub mod auth;
 pub mod fanout;
 pub mod filter;
+pub mod groups;
+pub mod history;
 pub mod log;
+pub mod patch;
+pub mod record;
 pub mod replicate;
 pub mod sse;
+pub mod state;
 pub mod store;
+pub mod writer;
 pub mod ws;
 
 use std::net::SocketAddr;
@@ -49,7 +67,7 @@ pub struct Push {
     inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
+struct Inner {
     pub cfg: PushConfig,
     pub store: Arc<Store>,
     auth: Auth,
@@ -125,9 +143,7 @@ impl Push {
             let log = cache
                 .shared_log(&format!("push:{prefix}"))
                 .ok_or("push.share needs [cache.shared]")?;
-            store
-                .replica
-                .get_or_init(|| replicate::Replica::start(&store, log));
+            replicate::Replica::start(&store, log);
         }
         Ok(Push {
             inner: Arc::new(Inner {
@@ -454,7 +470,7 @@ impl Inner {
     }
 
     fn websocket(
-        self: &Arc<Self>,
+        &self,
         req: &Request<RequestBody>,
         sink: Option<Sink>,
         read: Allowed,
@@ -480,10 +496,10 @@ impl Inner {
         };
         let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         let claim = sink.claim_upgrade();
-        let inner = Arc::clone(self);
+        let route = self.ws_route();
         tokio::spawn(async move {
             if let Ok(up) = claim.await {
-                ws::session(inner, up, read).await;
+                ws::session(route, up, read).await;
             }
         });
         let mut r = Response::new(Body::empty());
@@ -499,17 +515,13 @@ impl Inner {
     }
 
     /// A WebSocket session on an HTTP/2 stream: 200, then the stream's bytes are the socket's.
-    fn websocket_h2(
-        self: &Arc<Self>,
-        req: &mut Request<RequestBody>,
-        read: Allowed,
-    ) -> Response<Body> {
+    fn websocket_h2(&self, req: &mut Request<RequestBody>, read: Allowed) -> Response<Body> {
         // HTTP/2 has no 426 (nothing to upgrade): a plain 400.
         if let Some(r) = not_version_13(req.headers(), StatusCode::BAD_REQUEST) {
             return r;
         }
         let upgrade = hyper::upgrade::on(req);
-        let inner = Arc::clone(self);
+        let route = self.ws_route();
         tokio::spawn(async move {
             if let Ok(stream) = upgrade.await {
                 let up = crate::upgrade::Upgraded {
@@ -517,7 +529,7 @@ impl Inner {
                     read_ahead: bytes::Bytes::new(),
                     permit: None,
                 };
-                ws::session(inner, up, read).await;
+                ws::session(route, up, read).await;
             }
         });
         Response::new(Body::empty())
@@ -562,15 +574,9 @@ impl Inner {
                 _ => Write::Put(value),
             }
         };
-        let written = self.store.write(&id, w, &cond).await;
-        if let (Ok(w), Some(replica)) = (&written, self.store.replica.get()) {
-            let json = match w {
-                Written::Created(r) | Written::Replaced(r) => Some(r.json.clone()),
-                Written::Deleted => None,
-            };
-            replica.publish(&id, json);
-        }
-        match written {
+        // Committed changes reach the subscribers and the fleet through the store's observers,
+        // in commit order, even if this request is gone by then.
+        match self.store.write(&id, w, &cond).await {
             Ok(Written::Deleted) => {
                 let mut r = Response::new(Body::empty());
                 *r.status_mut() = StatusCode::NO_CONTENT;
@@ -623,6 +629,16 @@ impl Inner {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the change log cannot be written",
             ),
+        }
+    }
+
+    /// What a WebSocket session needs of the route.
+    fn ws_route(&self) -> ws::Route {
+        ws::Route {
+            store: Arc::clone(&self.store),
+            max_message: self.cfg.ws_max_message.0 as usize,
+            queue: self.cfg.queue.0 as usize,
+            heartbeat: self.cfg.heartbeat.0,
         }
     }
 
@@ -692,7 +708,7 @@ pub fn status() -> serde_json::Value {
                 "history": s.history().0,
                 "history_bytes": s.history().1,
                 "queued_bytes": s.fanout.held_bytes(),
-                "shared": s.replica.get().is_some(),
+                "shared": s.shared(),
             })
         })
         .collect()

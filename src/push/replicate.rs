@@ -5,13 +5,16 @@
 //! fleet shares one replicated log in Redis (`crate::cache::SharedLog`, named by the route's
 //! path): a stream of changes and a hash of the latest values, written together by one script.
 //!
-//! - A write acknowledged here is queued and appended to the log by one publisher task, in the
-//!   order this node's writes were acknowledged.
+//! - The replica observes the store ([`Observer`]): the store's writer hands it every change
+//!   committed here, in commit order, whatever became of the request that made it; a
+//!   client's change ([`Source::Write`], not one applied from the log or a group's removal) is
+//!   queued, numbered by its sequence number, and appended to the log by one publisher task,
+//!   in that order. So the log has this node's changes of a record in the order they were
+//!   committed.
 //! - A follower task reads the log from where this node stopped (a cursor file in the store's
 //!   directory; a new node starts from the hash) and applies each change to the store, unless
 //!   the store holds that value already, or this node has a change of that record of its own
-//!   that the log has not shown yet (numbered by this node when queued, the number carried in
-//!   the entry): that change comes later in the log, and is applied when it comes. Every node
+//!   that the log has not shown yet (the number carried in the entry): that change comes later in the log, and is applied when it comes. Every node
 //!   thus ends with the record the log wrote last, whatever the interleaving of writes on
 //!   several nodes (a local write racing an applied one is restored when its own entry comes).
 //!
@@ -27,6 +30,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::record::{Change, Observer, Source};
 use super::store::{Conditions, Store, Write, WriteError};
 use crate::cache::{SharedLog, StreamEntry};
 
@@ -42,34 +46,41 @@ pub struct Replica {
 /// This node's changes the log has not shown back yet.
 #[derive(Default)]
 struct Own {
-    /// Numbers changes as they are queued.
-    next: u64,
-    /// By record id, the number of the last change queued.
+    /// By record id, the number (sequence number) of the last change queued.
     latest: HashMap<String, u64>,
 }
 
 impl Replica {
-    /// Starts publishing this store's writes to `log` and applying the log's changes to it.
-    pub fn start(store: &Arc<Store>, log: SharedLog) -> Arc<Replica> {
-        let (queue, rx) = mpsc::channel(QUEUE);
-        let own = Arc::new(Mutex::new(Own::default()));
-        let log = Arc::new(log);
-        tokio::spawn(publish(Arc::clone(&log), rx));
-        tokio::spawn(follow(Arc::downgrade(store), log, Arc::clone(&own)));
-        Arc::new(Replica { queue, own })
+    /// Starts publishing this store's committed changes to `log` (registered as the store's
+    /// observer of the fleet, once) and applying the log's changes to it.
+    pub fn start(store: &Arc<Store>, log: SharedLog) {
+        store.share_with(|| {
+            let (queue, rx) = mpsc::channel(QUEUE);
+            let own = Arc::new(Mutex::new(Own::default()));
+            let log = Arc::new(log);
+            tokio::spawn(publish(Arc::clone(&log), rx));
+            tokio::spawn(follow(Arc::downgrade(store), log, Arc::clone(&own)));
+            Arc::new(Replica { queue, own })
+        });
     }
+}
 
-    /// Queues a change acknowledged here (the record's JSON, or `None`: deleted). Never waits:
-    /// when the queue is full (Redis away for long), the change is not shared (a warning).
-    pub fn publish(&self, id: &str, json: Option<Bytes>) {
+impl Observer for Replica {
+    /// Queues the clients' changes (the record's JSON, or `None`: deleted), in commit order.
+    /// Never waits: when the queue is full (Redis away for long), a change is not shared (a
+    /// warning).
+    fn committed(&self, changes: &[Arc<Change>]) {
         let mut own = self.own.lock().expect("own");
-        own.next += 1;
-        let n = own.next;
-        match self.queue.try_send((id.to_string(), json, n)) {
-            Ok(()) => {
-                own.latest.insert(id.to_string(), n);
+        for c in changes.iter().filter(|c| c.source == Source::Write) {
+            let json = c.new.as_ref().map(|r| r.json.clone());
+            match self.queue.try_send((c.id.to_string(), json, c.seq)) {
+                Ok(()) => {
+                    own.latest.insert(c.id.to_string(), c.seq);
+                }
+                Err(_) => {
+                    tracing::warn!(id = &*c.id, "push: sharing queue full; change not shared")
+                }
             }
-            Err(_) => tracing::warn!(id, "push: sharing queue full; change not shared"),
         }
     }
 }
@@ -157,7 +168,7 @@ async fn apply(store: &Store, key: &str, value: Option<String>) {
             }
         },
     };
-    match store.write(key, w, &Conditions::default()).await {
+    match (store.write_from(key, w, &Conditions::default(), Source::Fleet)).await {
         Ok(_) | Err(WriteError::NotFound) => {}
         Err(e) => tracing::warn!(key, error = ?e, "push: a shared change not applied"),
     }

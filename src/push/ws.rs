@@ -38,8 +38,18 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::auth::Allowed;
 use super::filter::{Filter, IdPattern};
-use super::Inner;
+use super::store::{Start, Store};
 use crate::upgrade::Upgraded;
+
+/// What a session needs of its route: the store, and the route's settings for sessions.
+pub(crate) struct Route {
+    pub store: Arc<Store>,
+    /// `ws_max_message`.
+    pub max_message: usize,
+    /// `queue`: events waiting for the socket, of all its subscriptions.
+    pub queue: usize,
+    pub heartbeat: std::time::Duration,
+}
 
 /// Subscriptions one socket may hold at once.
 const MAX_SUBSCRIPTIONS: usize = 64;
@@ -133,12 +143,12 @@ fn error(op: &str, text: &str) -> Message {
 }
 
 /// Runs a session on the socket handed over after the 101.
-pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
+pub(crate) async fn session(route: Route, up: Upgraded, read: Allowed) {
     let io = Rewind {
         pre: up.read_ahead,
         io: up.io,
     };
-    let max = inner.cfg.ws_max_message.0 as usize;
+    let max = route.max_message;
     let config = tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
@@ -146,9 +156,9 @@ pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
     let (mut tx, mut rx) = ws.split();
     // Events of every subscription, bounded: a socket that cannot keep up loses its
     // subscriptions (each gets a `reset`), never the route's memory.
-    let (ev_tx, mut ev_rx) = mpsc::channel::<Out>(inner.cfg.queue.0 as usize);
+    let (ev_tx, mut ev_rx) = mpsc::channel::<Out>(route.queue);
     let mut subs: HashMap<String, AbortHandle> = HashMap::new();
-    let heartbeat = inner.cfg.heartbeat.0;
+    let heartbeat = route.heartbeat;
     // How long one write may wait for the peer to read: past it, the session ends.
     let patience = heartbeat * 2;
     let mut ping = tokio::time::interval(heartbeat);
@@ -164,8 +174,8 @@ pub(crate) async fn session(inner: Arc<Inner>, up: Upgraded, read: Allowed) {
                     break;
                 }
                 Some(Err(_)) => break,
-                Some(Ok(Message::Text(t))) => Write::Send(handle(&inner, &read, t.as_bytes(), &mut subs, &ev_tx)),
-                Some(Ok(Message::Binary(b))) => Write::Send(handle(&inner, &read, &b, &mut subs, &ev_tx)),
+                Some(Ok(Message::Text(t))) => Write::Send(handle(&route, &read, t.as_bytes(), &mut subs, &ev_tx)),
+                Some(Ok(Message::Binary(b))) => Write::Send(handle(&route, &read, &b, &mut subs, &ev_tx)),
                 Some(Ok(Message::Close(_))) => break,
                 // tungstenite has queued the pong; it goes before the next frame is read (its
                 // reads never wait for a write, so pongs to a peer that does not read would
@@ -231,7 +241,7 @@ enum Write {
 
 /// Answers one client message.
 fn handle(
-    inner: &Arc<Inner>,
+    route: &Route,
     read: &Allowed,
     text: &[u8],
     subs: &mut HashMap<String, AbortHandle>,
@@ -246,7 +256,7 @@ fn handle(
             if !read.id(&id) {
                 return error("get", "not allowed");
             }
-            match inner.store.get(&id) {
+            match route.store.get(&id) {
                 Some(r) => {
                     let id = serde_json::to_string(&id).expect("a string serializes");
                     let mut m = format!("{{\"op\":\"get\",\"id\":{id},\"value\":").into_bytes();
@@ -288,8 +298,8 @@ fn handle(
                 Ok(f) => f,
                 Err(e) => return error("subscribe", &e.to_string()),
             };
-            let topic = inner.store.fanout.topic(&pattern, &filter);
-            let start = inner.store.subscribe(&topic, since, init);
+            let topic = route.store.fanout.topic(&pattern, &filter);
+            let start = route.store.subscribe(&topic, since, init);
             let sub_json = serde_json::to_string(&name).expect("a string serializes");
             let (handle, reg) = AbortHandle::new_pair();
             subs.insert(name.clone(), handle);
@@ -306,8 +316,8 @@ fn handle(
 }
 
 /// Forwards a subscription's events into its socket's queue.
-async fn forward(start: super::store::Start, sub: Vec<u8>, name: String, tx: mpsc::Sender<Out>) {
-    let super::store::Start {
+async fn forward(start: Start, sub: Vec<u8>, name: String, tx: mpsc::Sender<Out>) {
+    let Start {
         mut rx,
         first,
         skip_to,
