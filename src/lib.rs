@@ -162,11 +162,6 @@ mod layout {
             &["entry", "pending"],
             "issue #40 item 6 (cache's part): entry.rs and pending.rs",
         ),
-        (
-            "src/push/",
-            &["fanout", "replicate", "store"],
-            "issue #40 item 4: push observers, the record in a leaf file",
-        ),
     ];
 
     /// A module's path from the crate root: [] is lib.rs, ["images"] images/mod.rs,

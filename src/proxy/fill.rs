@@ -152,7 +152,7 @@ impl<'p> Fill<'p> {
         let edited =
             (conditional || req.stale.is_some() || req.client.method != method || phases.is_some())
                 .then(|| {
-                    let mut parts = super::clone_parts(&req.client);
+                    let mut parts = clone_parts(&req.client);
                     for h in CONDITIONALS.iter().filter(|_| conditional) {
                         parts.headers.remove(h);
                     }
@@ -630,6 +630,19 @@ async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
             Bytes::from(v)
         }
     })
+}
+
+/// A copy of a request's head (method, URI, version, fields) without its extensions: what a
+/// background refresh or a retried fetch sends again.
+pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
+    let mut b = Request::builder()
+        .method(p.method.clone())
+        .uri(p.uri.clone())
+        .version(p.version);
+    if let Some(h) = b.headers_mut() {
+        *h = p.headers.clone();
+    }
+    b.body(()).expect("parts are valid").into_parts().0
 }
 
 #[cfg(test)]

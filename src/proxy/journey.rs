@@ -10,7 +10,7 @@ use crate::body::RequestBody;
 use http::header;
 use http::{request, Method, Request, Response, StatusCode};
 
-use super::fill::FillRequest;
+use super::fill::{clone_parts, FillRequest};
 use super::{Inner, Proxy};
 use crate::body::Body;
 use crate::cache::key::cache_key;
@@ -421,15 +421,4 @@ impl Inner {
             None => self.tag(e.response(), status),
         }
     }
-}
-
-pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
-    let mut b = Request::builder()
-        .method(p.method.clone())
-        .uri(p.uri.clone())
-        .version(p.version);
-    if let Some(h) = b.headers_mut() {
-        *h = p.headers.clone();
-    }
-    b.body(()).expect("parts are valid").into_parts().0
 }

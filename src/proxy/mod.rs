@@ -52,7 +52,6 @@ use crate::upstream::Pool;
 pub use journey::Slow;
 // Shared by the fill (`fill.rs`) with the files that define them.
 use adapt::{content_length, range_against, Asked};
-use journey::clone_parts;
 
 /// A proxy route: a pool of backends, one shared cache. Cheap to clone (background refreshes hold one).
 #[derive(Clone)]
