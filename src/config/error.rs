@@ -318,7 +318,7 @@ mod tests {
             format!("[server]\nh2c = 1\n{MIN}"),
             format!("[cache]\nheuristic_fraction = \"x\"\n{MIN}"),
             format!("cache = 3\n{MIN}"),
-            format!("listener = 3\n"),
+            "listener = 3\n".to_string(),
         ] {
             let e = err(&text);
             for rust in [
