@@ -503,9 +503,9 @@ fn regression_a_wrong_type_is_said_in_the_files_words() {
     }
 }
 
-/// larder from `config` (a file in `dir`, where it runs), until it logs its routes: the child
-/// (killed when dropped) and what it printed so far.
-fn start_in(dir: &std::path::Path, config: &str) -> (Child, String) {
+/// larder from `config` (a file in `dir`, where it runs), until it prints a line holding
+/// `until`: the child (killed when dropped) and what it printed so far.
+fn start_in(dir: &std::path::Path, config: &str, until: &str) -> (Child, String) {
     std::fs::write(dir.join("larder.toml"), config).unwrap();
     let mut child = larder_command()
         .args(["--config", "larder.toml"])
@@ -530,7 +530,7 @@ fn start_in(dir: &std::path::Path, config: &str) -> (Child, String) {
     while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
         said.push_str(&line);
         said.push('\n');
-        if line.contains('→') {
+        if line.contains(until) {
             return (child, said);
         }
     }
@@ -548,7 +548,7 @@ async fn a_listener_serves_a_self_signed_certificate_from_the_file() {
         "[[listener]]\naddr = \"{addr}\"\n  [listener.tls]\n  self_signed = true\n  \
          [[listener.route]]\n  respond = {{ body = \"pong\" }}\n"
     );
-    let (_larder, said) = start_in(dir.path(), &config);
+    let (_larder, said) = start_in(dir.path(), &config, "→");
     let pem = std::fs::read_to_string(dir.path().join("larder-state/tls/self-signed.pem"))
         .unwrap_or_else(|e| panic!("{e}\n{said}"));
     assert!(
@@ -580,4 +580,20 @@ async fn a_listener_serves_a_self_signed_certificate_from_the_file() {
     );
     assert!(!ok);
     assert!(msg.contains("`self_signed = true`"), "{msg}");
+}
+
+/// With the admin API on, the start says where the dashboard is.
+#[test]
+fn the_dashboards_url_is_printed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, admin) = (free_port(), free_port());
+    let config = format!(
+        "[admin]\nlisten = \"{admin}\"\ntoken = \"t\"\n[[listener]]\naddr = \"{addr}\"\n  \
+         [[listener.route]]\n  respond = {{ body = \"pong\" }}\n"
+    );
+    let (_larder, said) = start_in(dir.path(), &config, "dashboard at");
+    assert!(
+        said.contains(&format!("dashboard at http://{admin}/_larder/dashboard")),
+        "{said}"
+    );
 }
