@@ -21,6 +21,9 @@
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
 # CACHESIM=1 adds callgrind's cache simulation (L1 and last-level misses per function, the last
 # level sized as this VM's 2 MiB L2: the L3 is shared with other guests; slower).
+# LARDER_BINARY: the `profiling` profile's build (release with line tables, so callgrind names
+# functions and lines): `cargo build --profile profiling --bin larder`, then
+# bench/callgrind.sh target/profiling/larder.
 # Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
 set -euo pipefail
 bin=$(realpath "${1:?larder binary}"); shift

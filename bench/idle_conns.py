@@ -5,7 +5,7 @@ Starts larder (or attaches to a running server with --pid/--port), opens N keep-
 connections to 127.0.0.1, sends one GET on each and reads the response, leaves them idle, and
 reads the server's RSS from /proc before and after. Prints KiB per connection.
 
-    bench/idle_conns.py --server target/release/larder --root bench/data -n 10000
+    bench/idle_conns.py --server target/profiling/larder --root bench/data -n 10000
 """
 import argparse, asyncio, os, resource, socket, subprocess, sys, time
 from pathlib import Path

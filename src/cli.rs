@@ -1,19 +1,65 @@
 //! The command line: which configuration to run (a file, the embedded default, or one built from
-//! flags), and the `check` subcommand.
+//! flags), how the process logs (`--log-format`, `--log-level`), the version line (with the
+//! commit and build date build.rs sets), and the subcommands.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{ArgGroup, Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
     self, Config, HandlerConfig, ImagesConfig, ProxyConfig, PushConfig, StaticConfig, TlsConfig,
 };
 
+/// `larder --version`: the package version, the commit built and the build date (UTC), as
+/// `larder 0.1.0 (abc1234 2026-11-27)`; the commit is "unknown" when built outside a git
+/// checkout (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("LARDER_COMMIT"),
+    " ",
+    env!("LARDER_BUILD_DATE"),
+    ")"
+);
+
+/// How the process log is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event (coloured on a terminal unless NO_COLOR is set).
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`), for log shippers.
+    Json,
+}
+
+/// The most detailed level the process log shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The level's name as tracing's filters spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "larder",
-    version,
+    version = VERSION,
     about = "A web accelerator: caching reverse proxy, static files",
     group(ArgGroup::new("quick").args(["upstream", "root", "images", "push"]))
 )]
@@ -79,6 +125,14 @@ pub struct Cli {
     /// Worker threads, 0 to 1024 (overrides the configuration; 0 = one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<config::Workers>,
+    /// The process log's format: `text` (coloured only on a terminal, never with NO_COLOR set)
+    /// or `json` (one object a line).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// The process log's level (error, warn, info, debug, trace); without it RUST_LOG is
+    /// honoured (a level or tracing filter directives such as `larder=debug`), else `info`.
+    #[arg(long, value_name = "LEVEL", value_enum, global = true)]
+    pub log_level: Option<LogLevel>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }

@@ -1,9 +1,11 @@
-//! The larder binary: parse the command line, load the configuration, run until a signal.
+//! The larder binary: parse the command line, set up the process log, load the configuration,
+//! run until a signal. Errors are printed as `error: ...` on stderr (as cargo and rustc do).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use larder::cli::{Cli, Command, Source};
+use larder::cli::{Cli, Command, LogFormat, Source};
 use larder::config::Config;
 use larder::server;
 
@@ -12,15 +14,42 @@ use larder::server;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The process log, on standard output: `--log-level`, else RUST_LOG, else `info`; text
+/// coloured only when standard output is a terminal and NO_COLOR is unset or empty
+/// (no-color.org), or JSON (one object a line).
+fn init_log(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match cli.log_level {
+        Some(level) => EnvFilter::new(level.as_str()),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    match cli.log_format {
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            builder
+                .with_ansi(std::io::stdout().is_terminal() && !no_color)
+                .init()
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    init_log(&cli);
+    let json_log = cli.log_format == LogFormat::Json;
+    // What larder tells the operator at start (tokens, URLs, what to try): printed as lines of
+    // their own, or as log events when the log is JSON (so every line of it parses).
+    let say = move |line: String| {
+        if json_log {
+            tracing::info!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
 
     if let Some(Command::Stats {
         admin,
@@ -120,8 +149,10 @@ fn main() -> ExitCode {
     match server::fit_open_files(&mut cfg) {
         Ok(Some(f)) => {
             tracing::info!(old = f.old, new = f.new, "open-files limit");
+            // Only the default is ever lowered (a `max_connections` set above the limit is
+            // refused): nothing for the operator to act on, so not a warning.
             if let Some(n) = f.lowered_to {
-                tracing::warn!(
+                tracing::info!(
                     max_connections = n,
                     "max_connections lowered from its default to fit the open-files limit"
                 );
@@ -156,37 +187,40 @@ fn main() -> ExitCode {
                 tracing::info!("{scheme}://{addr}  host {host}  {prefix}  → {what}");
             }
         }
+        if let Some(admin) = handle.admin_addr {
+            say(format!("dashboard at http://{admin}/_larder/dashboard"));
+        }
         if let (Some(admin), Some(token)) = (handle.admin_addr, &generated_token) {
-            println!("admin API on http://{admin} with the generated token {token}");
-            println!("  curl -s -H 'Authorization: Bearer {token}' http://{admin}/metrics");
+            say(format!("admin API on http://{admin} with the generated token {token}"));
+            say(format!("  curl -s -H 'Authorization: Bearer {token}' http://{admin}/metrics"));
         }
         for (url, token) in &push_tokens {
-            println!("push records at {url} with the generated write token {token}");
-            println!(
+            say(format!("push records at {url} with the generated write token {token}"));
+            say(format!(
                 "  curl -X PUT -H 'Authorization: Bearer {token}' -d '{{\"price\": 42}}' {url}cars/1"
-            );
-            println!("  curl -N '{url}?subscribe'        # live events (SSE)");
+            ));
+            say(format!("  curl -N '{url}?subscribe'        # live events (SSE)"));
         }
         if let Some(cert) = &self_signed {
             let port = handle.addrs[0].port();
-            println!(
+            say(format!(
                 "TLS: self-signed certificate for localhost in {}",
                 cert.display()
-            );
-            println!(
+            ));
+            say(format!(
                 "  curl --cacert {} https://localhost:{port}/",
                 cert.display()
-            );
+            ));
         }
         if let Source::Embedded = source {
             let a = handle.addrs[0];
-            println!("larder is running on its embedded default. Try:");
-            println!("  curl -si http://{a}/data.json | head -20        # x-cache: MISS, then HIT");
-            println!("  curl -si -H 'Accept-Encoding: br' http://{a}/page.html -o /dev/null -D -");
-            println!(
+            say("larder is running on its embedded default. Try:".into());
+            say(format!("  curl -si http://{a}/data.json | head -20        # x-cache: MISS, then HIT"));
+            say(format!("  curl -si -H 'Accept-Encoding: br' http://{a}/page.html -o /dev/null -D -"));
+            say(format!(
                 "  curl -si -H 'Accept-Encoding: zstd' http://{a}/data.json -o /dev/null -D -"
-            );
-            println!("  curl -s --compressed http://{a}/ ");
+            ));
+            say(format!("  curl -s --compressed http://{a}/ "));
         }
         // SIGHUP reloads the configuration file (routes, pools, listeners; certificates
         // re-read), or without a file re-reads the TLS certificates.

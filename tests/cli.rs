@@ -1,11 +1,15 @@
-//! The binary's command line: `larder check` on the example config and on bad configs, and the
-//! embedded default serving a real request.
+//! The binary's command line: `larder check` on the example config and on bad configs, the
+//! version line, the process log (colour, NO_COLOR, JSON, levels) and a listener's self-signed
+//! certificate, with the real binary.
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::larder_command;
+use common::{client_trusting, free_port, larder_command, Child, Tls};
 
 fn check(text: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -336,4 +340,260 @@ fn regression_workers_flag_is_bounded() {
     let (code, msg) = run_limited(1024, args, "");
     assert_eq!(code, Some(2), "{msg}");
     assert!(msg.contains("--workers") && msg.contains("1024"), "{msg}");
+}
+
+/// `larder --version` said `larder 0.1.0`: now the commit (a short hash here, in a git
+/// checkout) and the build date (UTC) follow, as `larder 0.1.0 (abc1234 2026-11-27)`.
+#[test]
+fn version_names_the_commit_and_build_date() {
+    let out = larder_command().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let inner = (line.trim())
+        .strip_prefix(concat!("larder ", env!("CARGO_PKG_VERSION"), " ("))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{line}"));
+    let (commit, date) = inner.split_once(' ').unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a commit-ish: {line}"
+    );
+    let parts: Vec<&str> = date.split('-').collect();
+    assert!(
+        parts.len() == 3
+            && [4, 2, 2] == [parts[0].len(), parts[1].len(), parts[2].len()]
+            && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_digit())),
+        "a date: {line}"
+    );
+}
+
+/// larder run by `sh -c` with the open-files limit at 1024 (so that the default
+/// `max_connections` is lowered) and `env`, listening on `listen`, which the caller holds: it
+/// logs its start and fails to bind, so it ends by itself. (exit code, stdout, stderr).
+fn start_on_taken_port(
+    shell: &str,
+    listen: SocketAddr,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
+    let listen = listen.to_string();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(shell)
+        .arg(larder_command().get_program())
+        .args(["--upstream", "http://127.0.0.1:9", "--listen", &listen])
+        .args(args)
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const LIMITED: &str = "ulimit -n 1024 && exec \"$0\" \"$@\"";
+
+/// Colour escape codes went into redirected logs, and every start warned
+/// `WARN max_connections lowered ...` for lowering a default (nothing to act on). Redirected,
+/// the log has no ESC byte; the lowering is information; the fatal error says `error:`.
+#[test]
+fn regression_a_redirected_log_has_no_colour_and_a_default_start_no_warning() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (code, out, err) = start_on_taken_port(LIMITED, taken.local_addr().unwrap(), &[], &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("max_connections lowered"), "{out}");
+    for line in out.lines() {
+        assert!(line.contains(" INFO "), "not information: {line}");
+    }
+    assert!(
+        !out.contains('\x1b') && !err.contains('\x1b'),
+        "{out:?}{err:?}"
+    );
+    assert!(err.starts_with("error: cannot listen on"), "{err}");
+}
+
+/// On a terminal the log is coloured, unless NO_COLOR is set (no-color.org). `script` gives
+/// the process a terminal.
+#[test]
+fn no_color_turns_the_terminal_colours_off() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // `script -qec CMD /dev/null`: CMD on a new terminal, its output relayed to ours.
+    // (The binary's path and the arguments have no spaces.)
+    let on_terminal = "exec script -qec \"ulimit -n 1024 && exec $0 $*\" /dev/null";
+    let (code, out, err) = start_on_taken_port(on_terminal, taken.local_addr().unwrap(), &[], &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("\x1b["), "coloured on a terminal: {out:?}");
+    let (code, out, err) = start_on_taken_port(
+        on_terminal,
+        taken.local_addr().unwrap(),
+        &[],
+        &[("NO_COLOR", "1")],
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("max_connections lowered"), "{out}");
+    assert!(!out.contains('\x1b'), "{out:?}");
+}
+
+/// `--log-format json`: every line of the log is a JSON object with its level and message
+/// (the operator's start notes included); `--log-level warn` leaves out the information.
+#[test]
+fn the_log_is_json_on_request_and_its_level_is_a_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let (code, out, err) = start_on_taken_port(LIMITED, addr, &["--log-format", "json"], &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    let mut messages = Vec::new();
+    for line in out.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["level"], "INFO", "{line}");
+        messages.push(v["fields"]["message"].as_str().unwrap().to_string());
+    }
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("max_connections lowered")),
+        "{messages:?}"
+    );
+    let (code, out, err) = start_on_taken_port(LIMITED, addr, &["--log-level", "warn"], &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(out, "", "no information at warn");
+    // The flag wins over RUST_LOG; RUST_LOG alone is honoured.
+    let (_, out, _) = start_on_taken_port(
+        LIMITED,
+        addr,
+        &["--log-level", "info"],
+        &[("RUST_LOG", "error")],
+    );
+    assert!(out.contains("max_connections lowered"), "{out}");
+    let (_, out, _) = start_on_taken_port(LIMITED, addr, &[], &[("RUST_LOG", "error")]);
+    assert_eq!(out, "");
+    let (code, _, err) = start_on_taken_port(LIMITED, addr, &["--log-level", "loud"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("error: invalid value 'loud'"), "{err}");
+}
+
+/// A wrong type in the file said `expected i64` (Rust's word): it says what the file should
+/// hold, and names no Rust type.
+#[test]
+fn regression_a_wrong_type_is_said_in_the_files_words() {
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    for (text, want) in [
+        (
+            format!("[server]\nmax_connections = \"many\"\n{l}"),
+            "line 2, key `server.max_connections`: invalid type: string \"many\", expected a whole number",
+        ),
+        (
+            format!("[compression]\ntypes = \"text/*\"\n{l}"),
+            "expected an array",
+        ),
+        (format!("server = 3\n{l}"), "expected a table"),
+    ] {
+        let (ok, msg) = check(&text);
+        assert!(!ok, "{text}");
+        assert!(msg.contains(want), "{text}\n=> {msg}");
+        for rust in ["i64", "u64", "usize", "sequence", "struct"] {
+            assert!(!msg.contains(rust), "{text}\n=> {msg}");
+        }
+    }
+}
+
+/// larder from `config` (a file in `dir`, where it runs), until it prints a line holding
+/// `until`: the child (killed when dropped) and what it printed so far.
+fn start_in(dir: &std::path::Path, config: &str, until: &str) -> (Child, String) {
+    std::fs::write(dir.join("larder.toml"), config).unwrap();
+    let mut child = larder_command()
+        .args(["--config", "larder.toml"])
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child = Child(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut said = String::new();
+    // Bounded: a larder that never serves fails the test instead of hanging it.
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains(until) {
+            return (child, said);
+        }
+    }
+    panic!("larder did not start:\n{said}");
+}
+
+/// `--tls-self-signed` had no counterpart in the file (`self_signed` was an unknown key):
+/// `self_signed = true` in `[listener.tls]` serves HTTPS with a certificate for localhost made
+/// under ./larder-state/tls/, which a client told to trust it accepts.
+#[tokio::test]
+async fn a_listener_serves_a_self_signed_certificate_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let config = format!(
+        "[[listener]]\naddr = \"{addr}\"\n  [listener.tls]\n  self_signed = true\n  \
+         [[listener.route]]\n  respond = {{ body = \"pong\" }}\n"
+    );
+    let (_larder, said) = start_in(dir.path(), &config, "→");
+    let pem = std::fs::read_to_string(dir.path().join("larder-state/tls/self-signed.pem"))
+        .unwrap_or_else(|e| panic!("{e}\n{said}"));
+    assert!(
+        said.contains("self-signed certificate for localhost"),
+        "{said}"
+    );
+    let tls = Tls::connect(addr, "localhost", client_trusting(&pem, &[b"http/1.1"]))
+        .await
+        .unwrap();
+    let got = tls.get_all("localhost", &["/"], &[]).await;
+    assert_eq!(got[0].status, 200);
+    assert_eq!(&got[0].body[..], b"pong");
+    drop(_larder);
+
+    // It is the listener's only certificate: beside `cert` it is refused, naming the key.
+    let (ok, msg) = check(
+        "[[listener]]\naddr = \"127.0.0.1:18443\"\n[listener.tls]\ncert = \"c.pem\"\n\
+         key = \"k.pem\"\nself_signed = true\n[[listener.route]]\nrespond = {}\n",
+    );
+    assert!(!ok);
+    assert!(
+        msg.contains("line 6, key `listener.tls.self_signed`"),
+        "{msg}"
+    );
+    // And a listener with no certificate at all is told it is one of the choices.
+    let (ok, msg) = check(
+        "[[listener]]\naddr = \"127.0.0.1:18443\"\n[listener.tls]\nhttp2 = true\n\
+         [[listener.route]]\nrespond = {}\n",
+    );
+    assert!(!ok);
+    assert!(msg.contains("`self_signed = true`"), "{msg}");
+}
+
+/// With the admin API on, the start says where the dashboard is.
+#[test]
+fn the_dashboards_url_is_printed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, admin) = (free_port(), free_port());
+    let config = format!(
+        "[admin]\nlisten = \"{admin}\"\ntoken = \"t\"\n[[listener]]\naddr = \"{addr}\"\n  \
+         [[listener.route]]\n  respond = {{ body = \"pong\" }}\n"
+    );
+    let (_larder, said) = start_in(dir.path(), &config, "dashboard at");
+    assert!(
+        said.contains(&format!("dashboard at http://{admin}/_larder/dashboard")),
+        "{said}"
+    );
 }

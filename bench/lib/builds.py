@@ -1,5 +1,5 @@
-"""What the harness builds or installs: Python packages into bench/.venv, larder in release
-mode (and examples/hyper_floor), the systems' versions and the machine's facts for the report.
+"""What the harness builds or installs: Python packages into bench/.venv, larder in its
+`profiling` profile (release with line tables, for perf and callgrind; and examples/hyper_floor), the systems' versions and the machine's facts for the report.
 """
 
 import os
@@ -26,26 +26,27 @@ def pip_install(pkgs):
 
 
 def build_larder(args):
-    """Path of a freshly built release binary, or a str saying why not."""
+    """Path of a freshly built binary (profile `profiling`: release with line tables), or a str
+    saying why not."""
     target = Path(os.environ.get("CARGO_TARGET_DIR") or Path.home() / ".cache" / "larder-target")
-    binary = target / "release" / "larder"
+    binary = target / "profiling" / "larder"
     if args.no_build:
         if not binary.exists():
             return f"--no-build given and {binary} does not exist"
     else:
         if not shutil.which("cargo"):
             return "cargo not found"
-        log(f"bench: cargo build --release (CARGO_TARGET_DIR={target})")
+        log(f"bench: cargo build --profile profiling (CARGO_TARGET_DIR={target})")
         env = dict(os.environ, CARGO_TARGET_DIR=str(target))
         t0 = time.time()
         # with examples/hyper_floor.rs, piper's "hyper" anchor (same dependencies)
-        r = subprocess.run(["cargo", "build", "--release", "--bin", "larder",
+        r = subprocess.run(["cargo", "build", "--profile", "profiling", "--bin", "larder",
                             "--example", "hyper_floor"], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=3600)
         if r.returncode != 0:
             tail = " | ".join(r.stdout.strip().splitlines()[-6:])
-            return f"cargo build --release failed: {tail}"
+            return f"cargo build --profile profiling failed: {tail}"
         args.build_s = time.time() - t0
         log(f"bench: built in {args.build_s:.0f}s")
         if not binary.exists():

@@ -1,6 +1,7 @@
 //! A configuration that failed to load ([`Error`]), and where in its text the blame lies: the
 //! TOML error locator ([`Locator`]), which finds a key's line from its path and a key's path
-//! from an offset.
+//! from an offset. serde's messages are put in the file's words ([`plain_words`]): `expected
+//! i64` says "expected a whole number", a sequence is an array, a map a table.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -45,9 +46,82 @@ impl Error {
             origin: origin.to_string(),
             line,
             key,
-            message: e.message().trim().to_string(),
+            message: plain_words(e.message().trim()),
         }
     }
+}
+
+/// serde's message with Rust's type names (`expected i64`, `expected struct TlsConfig`,
+/// `invalid type: sequence`) in the words of a TOML file.
+pub(super) fn plain_words(message: &str) -> String {
+    /// What a type serde names is, in a configuration file.
+    fn plain(word: &str) -> Option<&'static str> {
+        Some(match word {
+            "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number",
+            "u8" => "a whole number from 0 to 255",
+            "u16" => "a whole number from 0 to 65535",
+            "u32" => "a whole number from 0 to 4294967295",
+            "u64" | "u128" | "usize" => "a whole number, 0 or more",
+            "f32" | "f64" => "a number",
+            "sequence" => "an array",
+            "map" => "a table",
+            "option" => "a value",
+            "unit" | "unit value" => "nothing",
+            "char" => "a single character",
+            _ => return None,
+        })
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    // serde writes `expected TYPE` and `invalid type: TYPE` (`invalid type: sequence, expected
+    // a string`); `expected struct X` / `expected enum X` name Rust items.
+    while let Some(at) = ["expected ", "invalid type: "]
+        .iter()
+        .filter_map(|lead| rest.find(lead).map(|i| (i, lead.len())))
+        .min()
+    {
+        let (i, lead) = at;
+        out.push_str(&rest[..i + lead]);
+        rest = &rest[i + lead..];
+        // serde's own nouns: `expected a sequence`, `expected a map`.
+        let noun = |r: &str, n: &str| {
+            r.strip_prefix(n)
+                .filter(|after| !after.starts_with(|c: char| c.is_ascii_alphanumeric()))
+                .map(str::len)
+        };
+        if let Some(left) = noun(rest, "a sequence") {
+            out.push_str("an array");
+            rest = &rest[rest.len() - left..];
+            continue;
+        }
+        if let Some(left) = noun(rest, "a map") {
+            out.push_str("a table");
+            rest = &rest[rest.len() - left..];
+            continue;
+        }
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let word = &rest[..end];
+        if let Some(p) = plain(word) {
+            out.push_str(p);
+            rest = &rest[end..];
+        } else if word == "struct" || word == "enum" {
+            // `struct TlsConfig`: the Rust name of a table; an enum is one of some strings.
+            let after = rest[end..].trim_start();
+            let name_end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            out.push_str(if word == "struct" {
+                "a table"
+            } else {
+                "one of its values"
+            });
+            rest = &after[name_end..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// One step of a key path: a key of a table, or an index in an array (of tables).
@@ -207,7 +281,53 @@ impl<'a> Locator<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::plain_words;
     use crate::config::tests::{err, MIN};
+
+    #[test]
+    fn serde_type_names_are_put_in_plain_words() {
+        assert_eq!(
+            plain_words("invalid type: string \"x\", expected i64"),
+            "invalid type: string \"x\", expected a whole number"
+        );
+        assert_eq!(
+            plain_words("invalid type: sequence, expected struct TlsConfig"),
+            "invalid type: an array, expected a table"
+        );
+        assert_eq!(
+            plain_words("invalid value: integer `-1`, expected u16"),
+            "invalid value: integer `-1`, expected a whole number from 0 to 65535"
+        );
+        assert_eq!(
+            plain_words("unknown field `x`, expected one of `a`, `b`"),
+            "unknown field `x`, expected one of `a`, `b`"
+        );
+        assert_eq!(plain_words("expected f64"), "expected a number");
+        assert_eq!(
+            plain_words("invalid type: integer `3`, expected a sequence"),
+            "invalid type: integer `3`, expected an array"
+        );
+        assert_eq!(plain_words("expected a mapping"), "expected a mapping");
+    }
+
+    #[test]
+    fn wrong_types_in_a_file_say_no_rust_type_names() {
+        for text in [
+            format!("[server]\nworkers = \"two\"\n{MIN}"),
+            format!("[compression]\ngzip_level = \"high\"\n{MIN}"),
+            format!("[server]\nh2c = 1\n{MIN}"),
+            format!("[cache]\nheuristic_fraction = \"x\"\n{MIN}"),
+            format!("cache = 3\n{MIN}"),
+            "listener = 3\n".to_string(),
+        ] {
+            let e = err(&text);
+            for rust in [
+                "i64", "u64", "u16", "u32", "usize", "f64", "struct", "sequence",
+            ] {
+                assert!(!e.contains(rust), "{text}\n=> {e}");
+            }
+        }
+    }
 
     #[test]
     fn unknown_key_names_key_and_line() {

@@ -77,6 +77,7 @@ pub use static_files::{Bundle, StaticConfig};
 pub use tiers::{DiskConfig, DiskWrite, SharedConfig};
 pub use tls::{
     AcmeChallenge, AcmeConfig, CertConfig, HstsConfig, RedirectConfig, TlsConfig, TlsVersion,
+    SELF_SIGNED_DIR,
 };
 pub use units::{
     show_duration, show_size, Bounded, ByteSize, Dur, Fraction, Upscale, Workers, GIB, HOUR_MS,
@@ -350,11 +351,8 @@ impl Config {
                         "`cert` and `key` go together: each certificate needs its private key",
                     ));
                 }
-                if tls.cert.is_none() && tls.certificates.is_empty() && tls.acme.is_none() {
-                    return Err(src.error(
-                        &[&at("certificates"), &addr[..3]],
-                        "needs a certificate: `cert` and `key`, `certificates`, or `acme`",
-                    ));
+                if let Some((key, why)) = tls.certificate_sources_error() {
+                    return Err(src.error(&[&at(key), &addr[..3]], why));
                 }
             }
             if l.routes.is_empty() {

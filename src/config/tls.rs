@@ -48,7 +48,16 @@ pub struct TlsConfig {
     pub session_tickets: bool,
     /// Certificates obtained and renewed from an ACME CA (Let's Encrypt).
     pub acme: Option<AcmeConfig>,
+    /// Serve a self-signed certificate for localhost, 127.0.0.1 and ::1, made once and kept
+    /// under [`SELF_SIGNED_DIR`] (as `--tls-self-signed` does): for trying HTTPS locally. Not
+    /// with `cert`, `certificates` or `acme`.
+    #[serde(default)]
+    pub self_signed: bool,
 }
+
+/// Where `self_signed = true` keeps its certificate and key (relative to the working
+/// directory; `--tls-self-signed`'s default `--state-dir` plus `tls`).
+pub const SELF_SIGNED_DIR: &str = "larder-state/tls";
 
 /// A listener's `[listener.tls.acme]`: larder obtains a certificate for `domains` from the CA,
 /// answering its TLS-ALPN-01 challenge on this listener, keeps it under `state_dir` and renews
@@ -136,7 +145,29 @@ impl TlsConfig {
             session_cache: Self::default_session_cache(),
             session_tickets: true,
             acme: None,
+            self_signed: false,
         }
+    }
+
+    /// Why the certificate settings do not go together, and the key to blame: a listener
+    /// needs one source of certificates, and `self_signed` is one only alone.
+    pub fn certificate_sources_error(&self) -> Option<(&'static str, &'static str)> {
+        let others = self.cert.is_some() || !self.certificates.is_empty() || self.acme.is_some();
+        if self.self_signed && others {
+            return Some((
+                "self_signed",
+                "`self_signed` makes the listener's only certificate: leave out `cert`, \
+                 `certificates` and `acme`, or `self_signed`",
+            ));
+        }
+        if !self.self_signed && !others {
+            return Some((
+                "certificates",
+                "needs a certificate: `cert` and `key`, `certificates`, `acme`, or \
+                 `self_signed = true`",
+            ));
+        }
+        None
     }
 
     /// Every certificate, the default first: `cert` and `key`, then `certificates`.

@@ -2,7 +2,7 @@
 //! resumption by cache and tickets), the handshake bounded in time and counted, a plain-HTTP
 //! request to a TLS port answered with a 400 instead of a hang, certificates chosen by SNI and
 //! re-read when their files change ([`certs`]), and the self-signed certificate of the quick
-//! start ([`self_signed`]).
+//! start and of `self_signed = true` ([`self_signed`]).
 //!
 //! The server hands each accepted TCP connection to [`Acceptor::accept`] and serves the
 //! resulting stream like any other (the connection path is generic over its stream).
@@ -26,7 +26,7 @@ use tokio_rustls::server::TlsStream;
 pub use certs::{CertStore, Error};
 pub use self_signed::self_signed;
 
-use crate::config::{Config, TlsConfig, TlsVersion};
+use crate::config::{CertConfig, Config, TlsConfig, TlsVersion, SELF_SIGNED_DIR};
 
 /// The ALPN protocol of ACME's TLS-ALPN-01 validation handshakes (RFC 8737).
 pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
@@ -103,10 +103,25 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 impl Acceptor {
     /// Loads the listener's certificates and builds its TLS configuration; `http01` is where
     /// its ACME orders put up HTTP-01 answers.
+    /// With `self_signed`, its certificate is made first if it does not exist yet.
     pub fn new(cfg: &TlsConfig, http01: &Arc<acme::Http01>) -> Result<Acceptor, Error> {
         let provider = provider();
+        let mut all = cfg.all();
+        if cfg.self_signed {
+            let (cert, key) = self_signed(std::path::Path::new(SELF_SIGNED_DIR))?;
+            tracing::info!(
+                "self-signed certificate for localhost in {} (curl --cacert {} ...)",
+                cert.display(),
+                cert.display()
+            );
+            all.push(CertConfig {
+                cert,
+                key,
+                names: Vec::new(),
+            });
+        }
         let certs = Arc::new(CertStore::with_acme(
-            cfg.all(),
+            all,
             cfg.acme.as_ref().map(acme::stored),
             Arc::clone(&provider),
         )?);

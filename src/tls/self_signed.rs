@@ -1,4 +1,5 @@
-//! The quick start's certificate (`--tls-self-signed`): one for localhost, 127.0.0.1 and ::1,
+//! The quick start's certificate (`--tls-self-signed`, `self_signed = true` in a listener's
+//! `[listener.tls]`): one for localhost, 127.0.0.1 and ::1,
 //! made once and kept in a state directory (0700; the key 0600), so that a client told to trust
 //! it (`curl --cacert`) keeps trusting it across restarts.
 
