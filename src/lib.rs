@@ -20,8 +20,9 @@
 //!   request failed before any answer; the exchange with it (larder's own HTTP/1.1
 //!   connections in `upstream/h1.rs`; TLS and HTTP/2 through hyper-util's client).
 //! - [`cache`]: one façade, [`cache::Cache`], over the stored responses: the byte-bounded memory
-//!   tier and the tiers below it ([`cache::tiers`]: a disk tier kept across restarts, a tier in
-//!   Redis shared by every node, with leases and the fleet's purge stream), immutable entries
+//!   tier and the tiers below it, each a `Storage` that one walk reads in order
+//!   ([`cache::Cache::find`], [`cache::tiers`]: a disk tier kept across restarts, a tier in
+//!   the fleet's Redis shared by every node, with leases), immutable entries
 //!   ([`cache::entry`]) and their versioned record ([`cache::record`]), keys
 //!   ([`cache::key`]), miss coalescing ([`cache::coalesce`]) and the RFC 9111 policy
 //!   ([`cache::policy`]).
@@ -39,8 +40,11 @@
 //!
 //! [`push`] is a handler of its own: live JSON records written over HTTP and pushed to
 //! subscribers (SSE, WebSocket), along its own path: request → store → durable log →
-//! fan-out → subscriber streams; with `share`, the fleet's log in the shared tier
-//! ([`push::replicate`]).
+//! fan-out → subscriber streams; with `share`, the fleet's log in Redis ([`push::replicate`]).
+//!
+//! [`fleet`] is what the nodes share through one Redis (`[cache.shared]`): the connection, signed
+//! values, blobs (image originals), the replicated logs (push) and the purge stream; the cache's
+//! shared tier, images and push each use it.
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
 //! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] holds the cache's wall
@@ -70,15 +74,19 @@
 //! 2. [`http`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics).
-//! 3. [`cache`] (compress, config, http, metrics, clock); [`upstream`] (body, config, http,
-//!    interim, metrics, socket, upgrade).
-//! 4. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
+//! 3. [`fleet`] (config).
+//! 4. [`cache`] (compress, config, http, metrics, clock, fleet); [`upstream`] (body, config,
+//!    http, interim, metrics, socket, upgrade).
+//! 5. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
-//! 5. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`],
-//!    [`push`] (the lines above).
-//! 6. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
+//! 6. The handlers: [`proxy`] (also upstream), [`static_files`] (also clock), [`images`] (also
+//!    fleet), [`push`] (also fleet) (the lines above).
+//! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, tls,
 //!    upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
 //!    socket, clock), [`cli`] (config, tls).
+//!
+//! Within the folders of [`cache`] and [`fleet`] too, no file imports a sibling that imports it
+//! back (its `mod.rs` aside; a test checks).
 
 pub mod access_log;
 pub mod admin;
@@ -89,6 +97,7 @@ pub mod clock;
 pub mod compress;
 pub mod config;
 pub mod deliver;
+pub mod fleet;
 pub mod http;
 pub mod images;
 pub mod inbound;
@@ -161,9 +170,8 @@ mod layout {
         g
     }
 
-    #[test]
-    fn no_module_imports_one_that_imports_it_back() {
-        let g = graph();
+    /// The first import loop in `g`, as the path around it.
+    fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         // Depth-first search for a cycle; report its path.
         fn visit(
             m: &str,
@@ -190,11 +198,72 @@ mod layout {
             None
         }
         let mut done = BTreeSet::new();
-        for m in g.keys() {
-            if let Some(cycle) = visit(m, &g, &mut Vec::new(), &mut done) {
-                panic!("import loop: {}", cycle.join(" -> "));
+        g.keys()
+            .find_map(|m| visit(m, g, &mut Vec::new(), &mut done))
+    }
+
+    /// The files of the folder `dir` of `src` (its `mod.rs` aside; a folder within it counts as
+    /// one file, its `mod.rs`) and the sibling files each names (`super::x`), outside its tests.
+    fn folder(dir: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+        // A file, or a folder of its own (its `mod.rs`).
+        let files: BTreeMap<String, String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter_map(|p| match p.is_dir() {
+                true => Some((p.file_name()?.to_owned(), p.join("mod.rs"))),
+                false if p.extension().is_some_and(|x| x == "rs") => {
+                    Some((p.file_stem()?.to_owned(), p))
+                }
+                false => None,
+            })
+            .filter(|(name, p)| name != "mod" && p.exists())
+            .map(|(name, p)| {
+                let name = name.to_string_lossy().into_owned();
+                (name, std::fs::read_to_string(&p).unwrap())
+            })
+            .collect();
+        let mut g = BTreeMap::new();
+        for (name, text) in &files {
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            let uses: &mut BTreeSet<String> = g.entry(name.clone()).or_default();
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for (i, _) in line.match_indices("super::") {
+                    let rest = &line[i + "super::".len()..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    let target = &rest[..end];
+                    if target != name && files.contains_key(target) {
+                        uses.insert(target.to_string());
+                    }
+                }
             }
         }
+        g
+    }
+
+    #[test]
+    fn no_module_imports_one_that_imports_it_back() {
+        let g = graph();
+        if let Some(cycle) = cycle(&g) {
+            panic!("import loop: {}", cycle.join(" -> "));
+        }
         assert!(g["config"].is_empty(), "config imports {:?}", g["config"]);
+        // The fleet sits below every module that uses it.
+        for user in ["cache", "images", "push"] {
+            assert!(!g["fleet"].contains(user), "fleet imports {user}");
+        }
+    }
+
+    /// Nor does a file of these folders import a sibling that imports it back (the folder's
+    /// `mod.rs` aside: it declares them all).
+    #[test]
+    fn no_file_of_a_folder_imports_one_that_imports_it_back() {
+        for dir in ["cache", "cache/entry", "fleet"] {
+            if let Some(cycle) = cycle(&folder(dir)) {
+                panic!("import loop in src/{dir}: {}", cycle.join(" -> "));
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! a change written on one node reaches the subscribers of every node.
 //!
 //! Each node keeps its own store (its log, its sequence numbers, its subscribers) and the
-//! fleet shares one replicated log in Redis (`crate::cache::SharedLog`, named by the route's
+//! fleet shares one replicated log in Redis (`crate::fleet::SharedLog`, named by the route's
 //! path): a stream of changes and a hash of the latest values, written together by one script.
 //!
 //! - A write acknowledged here is queued and appended to the log by one publisher task, in the
@@ -28,7 +28,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::store::{Conditions, Store, Write, WriteError};
-use crate::cache::{SharedLog, StreamEntry};
+use crate::fleet::{SharedLog, StreamEntry};
 
 /// Changes waiting to be appended at most (beyond, a change is not shared).
 const QUEUE: usize = 4096;
