@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::entry::Entry;
 use super::key::CacheKey;
-use super::Purge;
+use super::purge::Purge;
 
 /// Bans kept at most.
 pub(super) const MAX_BANS: usize = 4096;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::entry::Entry;
-use super::FillKey;
+use super::key::FillKey;
 use crate::http::FetchError;
 
 /// What a follower learns from the leader's fill (`V`: what a fill produces; for the cache, the

@@ -1,6 +1,6 @@
 //! The disk tier: entry records ([`super::record`]) in a bounded store on disk, read back on a
 //! memory miss and kept across restarts. Only the [`Cache`](super::Cache) façade reaches it,
-//! through [`super::tiers`].
+//! through [`super::tiers`], which reads it as a [`Storage`](super::storage::Storage).
 //!
 //! A log of segments (docs/design.md "Disk: a segment log"): records are appended to the newest
 //! segment file by one writer thread (never on a worker), an in-memory index maps a key's hash
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::key::CacheKey;
-use super::tiers::Stats;
+use super::storage::{Reading, Stats, Storage, Tier, TierCounts};
 use crate::config::DiskConfig;
 
 const MAGIC: &[u8; 4] = b"LDR1";
@@ -233,6 +233,29 @@ impl Disk {
         if sent.unwrap_or(false) {
             let _ = rx.await;
         }
+    }
+}
+
+impl Storage for Disk {
+    fn tier(&self) -> Tier {
+        Tier::Disk
+    }
+
+    /// A read error is a miss here (counted in `errors`): the walk goes on to the shared tier.
+    fn read<'a>(&'a self, key: &'a CacheKey) -> Reading<'a> {
+        Box::pin(async move { Ok(Disk::read(self, key).await) })
+    }
+
+    fn unusable(&self, key: &CacheKey) {
+        Disk::remove(self, key);
+    }
+
+    fn remove(&self, key: &CacheKey) {
+        Disk::remove(self, key);
+    }
+
+    fn counts(&self) -> TierCounts {
+        self.stats.snapshot(Tier::Disk)
     }
 }
 

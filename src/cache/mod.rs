@@ -4,13 +4,16 @@
 //!
 //! - [`key`]: the primary key ([`CacheKey`]) and the key misses coalesce on ([`FillKey`]).
 //! - `memory`: the byte-bounded in-memory store of [`Entry`]s, the tier every hit comes from.
-//! - [`tiers`]: where a memory miss looks next, and what fills write down: `disk` (a bounded
-//!   store kept across restarts, a log of segment files) and `shared` (Redis or Valkey, shared
-//!   by every node, with leases so that a URL is fetched once for the fleet, and the purge
-//!   stream); `bans` keeps the purges those tiers apply when they read a record.
+//! - [`tiers`]: where a memory miss looks next ([`Cache::find`], the walk: disk, then shared,
+//!   then the shared tier's lease), and what fills write down: `disk` (a bounded store kept
+//!   across restarts, a log of segment files) and `shared` (entry records in the fleet's Redis,
+//!   [`crate::fleet`], with leases so that a URL is fetched once for the fleet), each a
+//!   `storage::Storage` to the walk (`storage.rs`: the trait and the tiers' counters, below
+//!   both); `bans` keeps the purges those tiers apply when they read a record.
 //! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
 //!   encoding, for tiers that keep bytes.
 //! - [`coalesce`]: miss coalescing; [`pending`]: compressed variants on their way.
+//! - `purge`: what an operator's purge names ([`Purge`]), which every tier applies.
 //! - [`policy`]: the RFC 9111 rules; [`vary`]: which requests a stored response answers.
 //!
 //! An entry is never mutated; an update (compressed variants arriving, a revalidation) stores a
@@ -22,10 +25,11 @@ mod disk;
 pub mod entry;
 pub mod key;
 mod memory;
-pub mod pending;
 pub mod policy;
+mod purge;
 pub mod record;
 mod shared;
+mod storage;
 pub mod tiers;
 pub mod vary;
 
@@ -38,26 +42,28 @@ use bytes::Bytes;
 use http::header::HeaderMap;
 
 pub use coalesce::{FillOutcome, Inflight, Join};
+pub use entry::pending::{self, Pending};
 pub use entry::Entry;
 pub use key::{cache_key, CacheKey, FillKey};
-pub use pending::Pending;
-pub use shared::{SharedLog, Snapshot, StreamEntry};
-pub use tiers::{Below, Lease, Tier, TierCounts};
+pub use purge::Purge;
+pub use tiers::{Lease, Reach, Tier, TierCounts};
 pub use vary::Selection;
 
 use crate::clock::Clock;
 use crate::compress::{Compressor, Encoding};
 use crate::config::{CacheConfig, CompressionConfig};
+use crate::fleet::Fleet;
+use policy::RequestDirectives;
 
-/// What an operator's purge removes: every variant of the URLs it names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Purge {
-    /// One URL.
-    Url(CacheKey),
-    /// Every URL whose key starts with this (`http://host/path`, host lowercased).
-    Prefix(String),
-    /// Every URL a stored response of which carries this tag.
-    Tag(String),
+/// What the tiers below memory answered a memory miss ([`Cache::find`]).
+pub enum Found {
+    /// A stored response the request accepts as it is (fresh enough for its directives).
+    Hit(Arc<Entry>),
+    /// A stored response that must be revalidated first (or served stale where allowed).
+    Stale(Arc<Entry>),
+    /// Nothing stored answers it; with the URL's lease in the shared tier when the walk asked
+    /// for it and got it (held until dropped: released once the fill's record is written).
+    Miss(Option<Lease>),
 }
 
 /// The cache, as the handlers see it: stored responses, the fills in flight, the compressor that
@@ -203,32 +209,10 @@ impl Cache {
         found
     }
 
-    /// A blob other nodes stored in the shared tier (an image original), if there is a shared
-    /// tier and it has one.
-    pub async fn shared_blob(&self, name: &str) -> Option<Bytes> {
-        let shared = self.tiers.as_ref()?.shared.as_ref()?;
-        shared.get_blob(name).await
-    }
-
-    /// Stores a blob in the shared tier; whether it was stored.
-    pub async fn share_blob(&self, name: &str, data: Bytes) -> bool {
-        match self.tiers.as_ref().and_then(|t| t.shared.as_ref()) {
-            Some(shared) => shared.put_blob(name, data).await,
-            None => false,
-        }
-    }
-
-    /// Removes a blob from the shared tier.
-    pub async fn unshare_blob(&self, name: &str) {
-        if let Some(shared) = self.tiers.as_ref().and_then(|t| t.shared.as_ref()) {
-            shared.delete_blob(name).await;
-        }
-    }
-
-    /// The replicated log `name` in the shared tier (push records shared by every node), if
-    /// there is a shared tier.
-    pub fn shared_log(&self, name: &str) -> Option<SharedLog> {
-        Some(self.tiers.as_ref()?.shared.as_ref()?.log(name))
+    /// The fleet's connection (blobs, replicated logs, the purge stream), if there is a shared
+    /// tier (`[cache.shared]` sets both up).
+    pub fn fleet(&self) -> Option<&Arc<Fleet>> {
+        self.tiers.as_ref()?.fleet()
     }
 
     /// Whether there are tiers below memory to look in.
@@ -237,65 +221,44 @@ impl Cache {
         self.tiers.is_some()
     }
 
-    /// Whether there is a disk tier.
-    #[inline]
-    pub fn has_disk(&self) -> bool {
-        self.tiers.as_ref().is_some_and(|t| t.disk.is_some())
-    }
-
-    /// What the tiers below memory hold for a request memory missed: the disk's record, else
-    /// the shared tier's; with `lease`, when neither has one, the URL's lease in the shared
-    /// tier (or, when another node holds it, that node's response once it is stored). A record
-    /// found is promoted to memory (from the disk as [`Cache::from_disk`] says; from the shared
-    /// tier at once, and to the disk).
-    pub async fn below(
-        self: &Arc<Self>,
-        key: &CacheKey,
-        request: &HeaderMap,
-        lease: bool,
-    ) -> Below {
-        if let Some(entry) = self.from_disk(key, request).await {
-            return Below::Found(entry, Tier::Disk);
-        }
-        let Some(tiers) = &self.tiers else {
-            return Below::Miss;
-        };
-        match tiers.read_shared(key, request).await {
-            tiers::SharedRead::Found(entry) => {
-                return Below::Found(self.promote(key, *entry, true), Tier::Shared)
-            }
-            // No lease either: a miss waits for an unavailable tier once at most.
-            tiers::SharedRead::Unavailable => return Below::Miss,
-            tiers::SharedRead::Absent if !lease => return Below::Miss,
-            tiers::SharedRead::Absent => {}
-        }
-        match tiers.lease(key, request).await {
-            tiers::Leased::Held(lease) => Below::Leased(lease),
-            tiers::Leased::Filled(entry) => {
-                Below::Found(self.promote(key, *entry, true), Tier::Shared)
-            }
-            tiers::Leased::No => Below::Miss,
-        }
-    }
-
-    /// The disk tier's entry for `key` that answers `request`, if any: promoted to memory on
+    /// What the tiers below memory hold for a request memory missed ([`Cache::lookup`]: the
+    /// hit path stays a hash probe), as far as `reach`: the disk's record, then the shared
+    /// tier's, then (with [`Reach::Lease`]) the URL's lease in the shared tier, or, when another
+    /// node holds it, that node's response once it is stored. A hit or a stale entry by
+    /// `directives` on the cache's clock. A record found is promoted to memory: from the disk on
     /// its second read (the doorkeeper, docs/design.md "Tiers"), or at once when stale or
-    /// lacking its compressed variants (what replaces it in memory needs it there). A proxy
-    /// miss reads it before it coalesces (a disk hit needs no fill).
-    pub async fn from_disk(
+    /// lacking its compressed variants (what replaces it in memory needs it there); from the
+    /// shared tier at once, and to the disk. Without tiers, a miss at once.
+    pub async fn find(
         self: &Arc<Self>,
         key: &CacheKey,
         request: &HeaderMap,
-    ) -> Option<Arc<Entry>> {
-        let tiers = self.tiers.as_ref()?;
-        let entry = tiers.read_disk(key, request).await?;
-        if !entry.lacks_variants()
-            && entry.freshness.is_fresh(self.clock.now())
-            && !tiers.doorkeeper.admit(key)
-        {
-            return Some(Arc::new(entry));
+        directives: &RequestDirectives,
+        reach: Reach,
+    ) -> Found {
+        let Some(tiers) = &self.tiers else {
+            return Found::Miss(None);
+        };
+        let entry = match tiers.walk(key, request, reach).await {
+            tiers::Walked::Found(entry, Tier::Disk) => {
+                if !entry.lacks_variants()
+                    && entry.freshness.is_fresh(self.clock.now())
+                    && !tiers.doorkeeper.admit(key)
+                {
+                    Arc::new(*entry)
+                } else {
+                    self.promote(key, *entry, false)
+                }
+            }
+            tiers::Walked::Found(entry, Tier::Shared) => self.promote(key, *entry, true),
+            tiers::Walked::Leased(lease) => return Found::Miss(Some(lease)),
+            tiers::Walked::Miss => return Found::Miss(None),
+        };
+        if directives.accepts(&entry.freshness, self.clock.now()) {
+            Found::Hit(entry)
+        } else {
+            Found::Stale(entry)
         }
-        Some(self.promote(key, entry, false))
     }
 
     /// Stores an entry read from below in memory (and on disk, `to_disk`), building the

@@ -1,5 +1,6 @@
-//! The tiers below memory, as the [`Cache`](super::Cache) façade uses them: where a memory miss
-//! looks next (disk, then shared), what a fill writes down, and how a purge reaches them.
+//! The tiers below memory, as the [`Cache`](super::Cache) façade uses them: the walk a memory
+//! miss makes through them ([`Tiers::walk`]: each [`Storage`] in order, disk then shared, then
+//! the shared tier's lease), what a fill writes down, and how a purge reaches them.
 //!
 //! A record read from below is decoded ([`Entry::decode`]), checked against the purges made
 //! since it was stored (`bans.rs`) and against the request's selecting fields (a tier
@@ -20,28 +21,15 @@ use super::bans::{Ban, Bans};
 use super::disk::Disk;
 use super::entry::Entry;
 use super::key::CacheKey;
-use super::shared::{Leasing, Shared, Unavailable};
-use super::Purge;
+use super::purge::Purge;
+use super::shared::{Leasing, Shared};
+use super::storage::{Storage, Unavailable};
 use crate::clock::Clock;
 use crate::config::{CacheConfig, DiskWrite};
+use crate::fleet::Fleet;
 
 pub use super::shared::Lease;
-
-/// Which tier an entry came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    Disk,
-    Shared,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Disk => "disk",
-            Tier::Shared => "shared",
-        }
-    }
-}
+pub use super::storage::{Tier, TierCounts};
 
 /// A write to the shared tier, waiting in its queue.
 struct SharedWrite {
@@ -58,83 +46,35 @@ struct SharedWrite {
 const WRITE_QUEUES: usize = 8;
 const WRITE_QUEUE: usize = 1024;
 
-/// What a memory miss found below.
-pub enum Below {
-    /// A stored response that answers the request (already promoted to memory).
-    Found(Arc<Entry>, Tier),
+/// How far a walk below memory goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// This node's own tiers (the disk): what a miss reads before it coalesces (a disk hit needs
+    /// no fill).
+    Node,
+    /// Down to the shared tier, without its lease (`only-if-cached`).
+    Fleet,
+    /// Down to the shared tier, and, when nothing answers, the URL's lease there (the leader of
+    /// a fill: the fleet then fetches it once).
+    Lease,
+}
+
+/// What a walk below memory found.
+pub(super) enum Walked {
+    /// A stored response that answers the request, and the tier it came from.
+    Found(Box<Entry>, Tier),
     /// Nothing; this node holds the URL's lease in the shared tier until the guard drops.
     Leased(Lease),
-    /// Nothing (and no lease: no shared tier, or it is unavailable).
+    /// Nothing (and no lease: not asked for, no shared tier, or it is unavailable).
     Miss,
 }
 
-/// What reading the shared tier gave.
-pub(super) enum SharedRead {
-    Found(Box<Entry>),
-    /// No record that answers the request (none, or one not whole, purged, or refused).
-    Absent,
-    /// The tier did not answer (not connected, or the read failed): a miss asks it nothing
-    /// more, so that it waits at most one `timeout` for it.
-    Unavailable,
-}
-
 /// What asking for a lease gave.
-pub(super) enum Leased {
+enum Leased {
     Held(Lease),
     /// The node holding it filled the URL: its entry.
     Filled(Box<Entry>),
     No,
-}
-
-/// What one tier did since start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TierCounts {
-    pub tier: Tier,
-    pub hits: u64,
-    pub misses: u64,
-    pub writes: u64,
-    /// Reads that failed (disk), commands that failed or timed out (shared).
-    pub errors: u64,
-    /// Misses answered by another node's fill after waiting on its lease (shared).
-    pub lease_waits: u64,
-    /// Purges sent to and received from the other nodes (shared).
-    pub purges_sent: u64,
-    pub purges_received: u64,
-    /// Values refused for their signature (shared, with `shared_key`).
-    pub refused: u64,
-    /// Whether the client is connected now (shared).
-    pub connected: Option<bool>,
-}
-
-/// What a tier did, counted as it happens (read by [`Tiers::counts`]).
-#[derive(Default)]
-pub(super) struct Stats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub writes: AtomicU64,
-    pub errors: AtomicU64,
-    pub lease_waits: AtomicU64,
-    pub purges_sent: AtomicU64,
-    pub purges_received: AtomicU64,
-    pub refused: AtomicU64,
-}
-
-impl Stats {
-    fn snapshot(&self, tier: Tier) -> TierCounts {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        TierCounts {
-            tier,
-            hits: get(&self.hits),
-            misses: get(&self.misses),
-            writes: get(&self.writes),
-            errors: get(&self.errors),
-            lease_waits: get(&self.lease_waits),
-            purges_sent: get(&self.purges_sent),
-            purges_received: get(&self.purges_received),
-            refused: get(&self.refused),
-            connected: None,
-        }
-    }
 }
 
 /// Why a tier could not be opened.
@@ -143,13 +83,15 @@ pub enum OpenError {
     #[error(transparent)]
     Disk(#[from] super::disk::OpenError),
     #[error(transparent)]
-    Shared(#[from] super::shared::OpenError),
+    Shared(#[from] crate::fleet::OpenError),
 }
 
 /// The tiers below memory.
 pub(super) struct Tiers {
-    pub(super) disk: Option<Disk>,
+    pub(super) disk: Option<Arc<Disk>>,
     pub(super) shared: Option<Arc<Shared>>,
+    /// Every tier, in the order a memory miss reads them: disk, then shared.
+    below: Vec<Arc<dyn Storage>>,
     /// Queues of writes to the shared tier, by the key's hash: one URL's writes land in the
     /// order they were made (a record written before its variants were built never lands
     /// after the complete one), different URLs' in parallel.
@@ -210,21 +152,21 @@ impl Tiers {
             return Ok(None);
         }
         let disk = match &cfg.disk {
-            Some(d) => Some(Disk::open(d).await?),
+            Some(d) => Some(Arc::new(Disk::open(d).await?)),
             None => None,
         };
         let shared = match &cfg.shared {
             Some(s) => {
-                let shared = Arc::new(Shared::connect(s)?);
+                let fleet = Fleet::connect(s)?;
                 // A Redis that is down delays the start by this much at most.
-                if !shared.connected(Duration::from_secs(2)).await {
+                if !fleet.connected(Duration::from_secs(2)).await {
                     tracing::warn!(
-                        server = shared.shown_url(),
+                        server = fleet.shown_url(),
                         "shared tier not reachable at start; serving without it until it is \
                          (connecting in the background)"
                     );
                 }
-                Some(shared)
+                Some(Arc::new(Shared::new(Arc::new(fleet))))
             }
             None => None,
         };
@@ -256,9 +198,17 @@ impl Tiers {
         .into_iter()
         .max()
         .unwrap_or_default();
+        let mut below: Vec<Arc<dyn Storage>> = Vec::new();
+        if let Some(d) = &disk {
+            below.push(Arc::clone(d) as Arc<dyn Storage>);
+        }
+        if let Some(s) = &shared {
+            below.push(Arc::clone(s) as Arc<dyn Storage>);
+        }
         Ok(Some(Tiers {
             disk,
             shared,
+            below,
             writes,
             bans,
             disk_all: cfg.disk.as_ref().is_some_and(|d| d.write == DiskWrite::All),
@@ -271,42 +221,40 @@ impl Tiers {
 
     /// What each tier did since start.
     pub(super) fn counts(&self) -> Vec<TierCounts> {
-        let disk = self.disk.as_ref().map(|d| d.stats.snapshot(Tier::Disk));
-        let shared = self.shared.as_ref().map(|s| TierCounts {
-            connected: Some(s.is_connected()),
-            ..s.stats.snapshot(Tier::Shared)
-        });
-        disk.into_iter().chain(shared).collect()
+        self.below.iter().map(|t| t.counts()).collect()
     }
 
-    /// The disk's record of `key`, if it answers `request`.
-    pub(super) async fn read_disk(&self, key: &CacheKey, request: &HeaderMap) -> Option<Entry> {
-        let disk = self.disk.as_ref()?;
-        let record = disk.read(key).await?;
-        let entry = self.usable(key, record, request);
-        if entry.is_none() {
-            disk.remove(key);
+    /// What the tiers below memory hold for a request memory missed, as far as `reach`: each
+    /// tier's record in turn, the first that answers the request; with [`Reach::Lease`], when
+    /// none does, the URL's lease in the shared tier (or, when another node holds it, that
+    /// node's response once it is stored). A tier that does not answer ends the walk (a miss
+    /// waits for an unavailable tier once at most, and asks it for no lease).
+    pub(super) async fn walk(&self, key: &CacheKey, request: &HeaderMap, reach: Reach) -> Walked {
+        for tier in &self.below {
+            if reach == Reach::Node && tier.tier() == Tier::Shared {
+                return Walked::Miss;
+            }
+            match tier.read(key).await {
+                Err(Unavailable) => return Walked::Miss,
+                Ok(None) => {}
+                Ok(Some(record)) => match self.usable(key, record, request) {
+                    Some(entry) => return Walked::Found(Box::new(entry), tier.tier()),
+                    None => tier.unusable(key),
+                },
+            }
         }
-        entry
-    }
-
-    /// The shared tier's record of `key`, if it answers `request`.
-    pub(super) async fn read_shared(&self, key: &CacheKey, request: &HeaderMap) -> SharedRead {
-        let Some(shared) = &self.shared else {
-            return SharedRead::Unavailable;
-        };
-        match shared.read(key).await {
-            Err(Unavailable) => SharedRead::Unavailable,
-            Ok(None) => SharedRead::Absent,
-            Ok(Some(record)) => match self.usable(key, record, request) {
-                Some(entry) => SharedRead::Found(Box::new(entry)),
-                None => SharedRead::Absent,
-            },
+        if reach != Reach::Lease {
+            return Walked::Miss;
+        }
+        match self.lease(key, request).await {
+            Leased::Held(lease) => Walked::Leased(lease),
+            Leased::Filled(entry) => Walked::Found(entry, Tier::Shared),
+            Leased::No => Walked::Miss,
         }
     }
 
     /// Takes the shared tier's lease of `key`, or the record of the node that held it.
-    pub(super) async fn lease(&self, key: &CacheKey, request: &HeaderMap) -> Leased {
+    async fn lease(&self, key: &CacheKey, request: &HeaderMap) -> Leased {
         let Some(shared) = &self.shared else {
             return Leased::No;
         };
@@ -318,6 +266,11 @@ impl Tiers {
             },
             Leasing::None => Leased::No,
         }
+    }
+
+    /// The fleet's connection, if there is a shared tier.
+    pub(super) fn fleet(&self) -> Option<&Arc<Fleet>> {
+        self.shared.as_ref().map(|s| s.fleet())
     }
 
     /// A record, decoded, if it is whole, not purged since, and answers `request`.
@@ -382,12 +335,8 @@ impl Tiers {
 
     /// Drops `key`'s records here and in the shared tier (an invalidation by this node).
     pub(super) fn forget(&self, key: &CacheKey) {
-        if let Some(disk) = &self.disk {
-            disk.remove(key);
-        }
-        if let (Some(shared), Ok(rt)) = (&self.shared, tokio::runtime::Handle::try_current()) {
-            let (shared, key) = (Arc::clone(shared), key.clone());
-            rt.spawn(async move { shared.delete(&key).await });
+        for tier in &self.below {
+            tier.remove(key);
         }
     }
 

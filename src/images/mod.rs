@@ -46,7 +46,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::cache::{Below, Cache, CacheKey, Entry, FillKey, FillOutcome, Join, Purge};
+use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Purge, Reach};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
@@ -183,9 +183,9 @@ impl Images {
         let store: Arc<dyn ImageStore> = match (cfg.originals_memory.0, cfg.share_originals) {
             (0, false) => Arc::new(LocalDir::new(&cfg.dir)),
             (n, false) => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
-            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), Arc::clone(&cache))),
+            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), cache.fleet().cloned())),
             (n, true) => Arc::new(InMemory::new(
-                Shared::new(LocalDir::new(&cfg.dir), Arc::clone(&cache)),
+                Shared::new(LocalDir::new(&cfg.dir), cache.fleet().cloned()),
                 n,
             )),
         };
@@ -407,17 +407,15 @@ impl Images {
                 let fill_inner = Arc::clone(inner);
                 let task = tokio::spawn(async move {
                     let cache = &fill_inner.cache;
-                    let below = match cache.has_tiers() {
-                        true => cache.below(&key, &http::HeaderMap::new(), true).await,
-                        false => Below::Miss,
-                    };
-                    let lease = match below {
-                        Below::Found(entry, _) => {
+                    let directives = Default::default();
+                    let (request, reach) = (http::HeaderMap::new(), Reach::Lease);
+                    let lease = match cache.find(&key, &request, &directives, reach).await {
+                        // Results never change: a stored one is served however old.
+                        Found::Hit(entry) | Found::Stale(entry) => {
                             guard.complete(Arc::clone(&entry));
                             return Ok((entry, CacheStatus::Hit));
                         }
-                        Below::Leased(lease) => Some(lease),
-                        Below::Miss => None,
+                        Found::Miss(lease) => lease,
                     };
                     let entry = Arc::clone(&fill_inner).make(md5, resolved).await?;
                     cache.store_filled(key, Arc::clone(&entry), lease);

@@ -3,8 +3,8 @@
 //! `<dir>/<md5[0..2]>/<md5[2..4]>/<md5>`, written atomically (temp file, fsync, rename), so a
 //! reader never sees a partial original and two uploads of the same bytes store one file.
 //!
-//! [`Shared`] keeps originals in the cache's shared tier as well (Redis), so that every node of
-//! a fleet can transform every uploaded image.
+//! [`Shared`] keeps originals in the fleet's Redis as well ([`crate::fleet`]'s blobs), so that
+//! every node of a fleet can transform every uploaded image.
 //!
 //! [`InMemory`] fronts any store with a byte-bounded memory cache of recently used originals,
 //! so a transform of a hot image reads no file (zimg keeps originals in memcached for the same
@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+
+use crate::fleet::Fleet;
 
 /// An image's MD5 as 32 lowercase hex digits (zimg's URL form).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -201,18 +203,19 @@ impl ImageStore for LocalDir {
     }
 }
 
-/// A store whose originals are also kept in the cache's shared tier: a put writes both (the
+/// A store whose originals are also kept in the fleet's Redis: a put writes both (the
 /// local copy first, fsync'd), a get that misses locally reads the shared copy and keeps it
 /// locally, a delete removes both. Its methods block on the shared tier's commands (each
 /// bounded by its timeout): run them on the blocking pool, as every store's.
 pub struct Shared<S> {
     below: S,
-    cache: std::sync::Arc<crate::cache::Cache>,
+    /// The fleet's connection (none without `[cache.shared]`: then only `below` holds them).
+    fleet: Option<std::sync::Arc<Fleet>>,
 }
 
 impl<S> Shared<S> {
-    pub fn new(below: S, cache: std::sync::Arc<crate::cache::Cache>) -> Shared<S> {
-        Shared { below, cache }
+    pub fn new(below: S, fleet: Option<std::sync::Arc<Fleet>>) -> Shared<S> {
+        Shared { below, fleet }
     }
 
     /// Waits for a command of the shared tier (from the blocking pool, which has the runtime
@@ -230,7 +233,11 @@ impl<S: ImageStore> ImageStore for Shared<S> {
     fn put(&self, md5: &Md5Hex, data: &[u8]) -> io::Result<bool> {
         let new = self.below.put(md5, data)?;
         let data = Bytes::copy_from_slice(data);
-        if !Self::block_on(self.cache.share_blob(&Self::name(md5), data)) {
+        let shared = match &self.fleet {
+            Some(fleet) => Self::block_on(fleet.put_blob(&Self::name(md5), data)),
+            None => false,
+        };
+        if !shared {
             tracing::warn!(md5 = md5.as_str(), "original not stored in the shared tier");
         }
         Ok(new)
@@ -240,7 +247,8 @@ impl<S: ImageStore> ImageStore for Shared<S> {
         if let Some(b) = self.below.get(md5)? {
             return Ok(Some(b));
         }
-        let Some(b) = Self::block_on(self.cache.shared_blob(&Self::name(md5))) else {
+        let fleet = self.fleet.as_ref();
+        let Some(b) = fleet.and_then(|f| Self::block_on(f.get_blob(&Self::name(md5)))) else {
             return Ok(None);
         };
         // Another node's upload: checked against its name before it is kept.
@@ -252,7 +260,9 @@ impl<S: ImageStore> ImageStore for Shared<S> {
     }
 
     fn delete(&self, md5: &Md5Hex) -> io::Result<bool> {
-        Self::block_on(self.cache.unshare_blob(&Self::name(md5)));
+        if let Some(fleet) = &self.fleet {
+            Self::block_on(fleet.delete_blob(&Self::name(md5)));
+        }
         self.below.delete(md5)
     }
 

@@ -15,7 +15,7 @@ use super::{Inner, Proxy};
 use crate::body::Body;
 use crate::cache::key::cache_key;
 use crate::cache::policy::RequestDirectives;
-use crate::cache::{Below, CacheKey, Entry, FillKey, FillOutcome, Join};
+use crate::cache::{CacheKey, Entry, FillKey, FillOutcome, Found, Join, Reach};
 use crate::deliver::{self, CacheStatus};
 use crate::upstream::FetchError;
 
@@ -150,14 +150,14 @@ impl Proxy {
         if directives.only_if_cached {
             // §5.2.1.7: answered from what is stored, in memory or below it.
             if stored.is_none() && !has_auth && me.cache.has_tiers() {
-                let below = Box::pin(me.cache.below(&key, req.headers(), false)).await;
-                if let Below::Found(entry, _) = below {
-                    if Inner::answers(&entry, &directives, false, me.cache.clock().now()) {
-                        let (method, headers) = (req.method(), req.headers());
-                        return me
-                            .deliver_settled(&entry, method, headers, CacheStatus::Hit)
-                            .await;
-                    }
+                let found = me
+                    .cache
+                    .find(&key, req.headers(), &directives, Reach::Fleet);
+                if let Found::Hit(entry) = Box::pin(found).await {
+                    let (method, headers) = (req.method(), req.headers());
+                    return me
+                        .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                        .await;
                 }
             }
             // Nothing stored satisfies the request.
@@ -194,16 +194,22 @@ impl Proxy {
         // A disk hit needs no fill, so the disk is read before coalescing (concurrent misses of
         // one URL may each read it, and promote the same entry).
         let mut stored = stored;
-        if stored.is_none() && me.cache.has_disk() {
-            if let Some(entry) = me.cache.from_disk(&key, &parts.headers).await {
-                if Inner::answers(&entry, &directives, false, me.cache.clock().now()) {
+        if stored.is_none() && me.cache.has_tiers() {
+            match Box::pin(
+                me.cache
+                    .find(&key, &parts.headers, &directives, Reach::Node),
+            )
+            .await
+            {
+                Found::Hit(entry) => {
                     let (method, headers) = (&parts.method, &parts.headers);
                     return me
                         .deliver_settled(&entry, method, headers, CacheStatus::Hit)
                         .await;
                 }
                 // Stale: revalidated like an entry of memory's.
-                stored = Some(entry);
+                Found::Stale(entry) => stored = Some(entry),
+                Found::Miss(_) => {}
             }
         }
 
@@ -239,21 +245,20 @@ impl Proxy {
                     // request: an index lookup), then the shared tier (and its lease).
                     let mut lease = None;
                     if stored.is_none() && me.cache.has_tiers() {
-                        match Box::pin(me.cache.below(&key, &parts.headers, true)).await {
-                            Below::Found(entry, _) => {
-                                if Inner::answers(&entry, directives, false, me.cache.clock().now())
-                                {
-                                    guard.complete(Arc::clone(&entry));
-                                    let (method, headers) = (&parts.method, &parts.headers);
-                                    return me
-                                        .deliver_settled(&entry, method, headers, CacheStatus::Hit)
-                                        .await;
-                                }
-                                // Stale: revalidated like an entry of memory's.
-                                stored = Some(entry);
+                        let found = me
+                            .cache
+                            .find(&key, &parts.headers, directives, Reach::Lease);
+                        match Box::pin(found).await {
+                            Found::Hit(entry) => {
+                                guard.complete(Arc::clone(&entry));
+                                let (method, headers) = (&parts.method, &parts.headers);
+                                return me
+                                    .deliver_settled(&entry, method, headers, CacheStatus::Hit)
+                                    .await;
                             }
-                            Below::Leased(l) => lease = Some(l),
-                            Below::Miss => {}
+                            // Stale: revalidated like an entry of memory's.
+                            Found::Stale(entry) => stored = Some(entry),
+                            Found::Miss(l) => lease = l,
                         }
                     }
                     return self

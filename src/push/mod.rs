@@ -140,8 +140,8 @@ impl Push {
         // A reload's settings apply to the store it keeps open.
         store.configure(cfg);
         if cfg.share {
-            let log = cache
-                .shared_log(&format!("push:{prefix}"))
+            let log = (cache.fleet())
+                .map(|fleet| fleet.log(&format!("push:{prefix}")))
                 .ok_or("push.share needs [cache.shared]")?;
             replicate::Replica::start(&store, log);
         }

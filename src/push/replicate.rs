@@ -2,7 +2,7 @@
 //! a change written on one node reaches the subscribers of every node.
 //!
 //! Each node keeps its own store (its log, its sequence numbers, its subscribers) and the
-//! fleet shares one replicated log in Redis (`crate::cache::SharedLog`, named by the route's
+//! fleet shares one replicated log in Redis (`crate::fleet::SharedLog`, named by the route's
 //! path): a stream of changes and a hash of the latest values, written together by one script.
 //!
 //! - The replica observes the store ([`Observer`]): the store's writer hands it every change
@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use super::record::{Change, Observer, Source};
 use super::store::{Conditions, Store, Write, WriteError};
-use crate::cache::{SharedLog, StreamEntry};
+use crate::fleet::{SharedLog, StreamEntry};
 
 /// Changes waiting to be appended at most (beyond, a change is not shared).
 const QUEUE: usize = 4096;

@@ -1,5 +1,5 @@
 //! Compressed variants on their way. Right after a fill stores a compressible body identity
-//! only, [`super::Cache::spawn_variants`] builds gzip, zstd and br in the background and
+//! only, [`crate::cache::Cache::spawn_variants`] builds gzip, zstd and br in the background and
 //! publishes each (a new entry swapped in for the previous one) as soon as it is ready. The
 //! entries of that sequence share one [`Pending`]: what has been tried and published so far, and
 //! the latest entry. A delivery that would give identity to a client accepting a coding still

@@ -5,6 +5,11 @@
 //! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
 //! stored headers, compresses, or copies a body. Its bytes form, for tiers beyond memory, is in
 //! [`super::record`].
+//!
+//! [`pending`]: the compressed variants of an entry on their way (entries hold it, it holds the
+//! latest entry: the two types refer to each other, so it is a file of the entry's own).
+
+pub mod pending;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -13,10 +18,10 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
-use super::pending::Pending;
 use super::policy::Freshness;
 use super::vary::Selection;
 use crate::compress::Encoding;
+use pending::Pending;
 
 /// One encoding of a stored response, ready to write.
 #[derive(Debug)]
