@@ -166,6 +166,14 @@ impl Shared {
         }
     }
 
+    /// A record found while taking the lease (another node had just written it): a hit of
+    /// this tier, as a read that finds one is, and a lease wait. (Counted only as a wait, a node
+    /// that got every answer this way showed no hit of the tier.)
+    fn found_after_lease(&self) {
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Takes the lease of `key` or, when another node holds it, waits (at most the lease's
     /// duration) for that node's record.
     pub(super) async fn lease(self: &Arc<Self>, key: &CacheKey) -> Leasing {
@@ -200,7 +208,7 @@ impl Shared {
                     // lease go between this node's read and its SET: look once more, so that
                     // a record written is never fetched again (the lease is let go at once).
                     if let Ok(Some(record)) = self.read_quiet(key).await {
-                        self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
+                        self.found_after_lease();
                         return Leasing::Filled(record);
                     }
                     return Leasing::Held(lease);
@@ -215,7 +223,7 @@ impl Shared {
                 tokio::time::sleep(Duration::from_millis(if waited { 20 } else { 5 })).await;
                 waited = true;
                 if let Ok(Some(record)) = self.read_quiet(key).await {
-                    self.stats.lease_waits.fetch_add(1, Ordering::Relaxed);
+                    self.found_after_lease();
                     return Leasing::Filled(record);
                 }
                 let held: Option<Option<String>> =
