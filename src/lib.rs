@@ -57,8 +57,9 @@
 //! log in Redis ([`push::replicate`]).
 //!
 //! [`fleet`] is what the nodes share through one Redis (`[cache.shared]`): the connection, signed
-//! values, blobs (image originals), the replicated logs (push) and the purge stream; the cache's
-//! shared tier, images and push each use it.
+//! values, blobs (image originals), the replicated logs (push) and the purge stream. The server
+//! opens it once at start and hands it to the cache (its shared tier) and, through each router
+//! built, to images and push, as it hands them the cache; none of them reaches it through another.
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
 //! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] holds the cache's wall
@@ -97,8 +98,8 @@
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
 //!    (also fleet), [`push`] (also fleet) (the lines above).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
-//!    tls, upstream), [`server`] (route, interim, memory, tls, metrics, access_log, otel, upstream,
-//!    socket, clock), [`cli`] (config, tls).
+//!    tls, upstream, fleet), [`server`] (route, interim, memory, tls, metrics, access_log, otel,
+//!    upstream, socket, clock, fleet), [`cli`] (config, tls).
 //!
 //! Within every folder too, no file imports a sibling that imports it back (its `mod.rs` aside;
 //! the `layout` test checks).

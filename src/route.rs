@@ -22,6 +22,7 @@ use crate::cache::Cache;
 use crate::config::{
     AdminConfig, HandlerConfig, HostPattern, ListenerConfig, RouteConfig, UpstreamRef,
 };
+use crate::fleet::Fleet;
 use crate::http::text_response;
 use crate::images::Images;
 use crate::interim::Sink;
@@ -62,12 +63,14 @@ impl Future for Serving {
 
 impl Handler {
     /// Builds a route's handler from its configuration; `admin` is who may run admin
-    /// operations (PURGE, image uploads and deletes), the same for every route. A proxy gets
-    /// the route's `phases` for its upstream exchanges (② and ③).
+    /// operations (PURGE, image uploads and deletes), the same for every route; `fleet` is the
+    /// fleet's Redis the server opened (`[cache.shared]`), for images' and push's sharing. A
+    /// proxy gets the route's `phases` for its upstream exchanges (② and ③).
     fn build(
         cfg: &HandlerConfig,
         prefix: &str,
         cache: &Arc<Cache>,
+        fleet: Option<&Arc<Fleet>>,
         admin: &AdminConfig,
         pools: &Pools,
         phases: Option<Arc<Phases>>,
@@ -102,13 +105,14 @@ impl Handler {
             HandlerConfig::Respond(r) => Handler::Respond(Respond::new(r)),
             HandlerConfig::RedirectHttps(r) => Handler::RedirectHttps(RedirectHttps::new(r)),
             HandlerConfig::Push(p) => Handler::Push(Arc::new(
-                crate::push::Push::new(p, prefix, cache)
+                crate::push::Push::new(p, prefix, fleet)
                     .expect("push stores are opened (crate::push::open_all) before routers"),
             )),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
                 i.clone(),
                 prefix,
                 Arc::clone(cache),
+                fleet.cloned(),
                 admin.token.clone(),
             ))),
         }
@@ -363,16 +367,17 @@ impl RouterCache {
 }
 
 impl Router {
-    /// The router of `listener`, its handlers built with the shared `cache`, `[admin]` and the
-    /// running `pools`.
+    /// The router of `listener`, its handlers built with the shared `cache`, the `fleet` (if
+    /// `[cache.shared]` opened one), `[admin]` and the running `pools`.
     pub fn new(
         listener: &ListenerConfig,
         admin: &AdminConfig,
         cache: &Arc<Cache>,
+        fleet: Option<&Arc<Fleet>>,
         pools: &Pools,
     ) -> Router {
         // No rules yet: no route has steps (the next rules compile theirs here).
-        Router::with_steps(listener, admin, cache, pools, |_| Vec::new())
+        Router::with_steps(listener, admin, cache, fleet, pools, |_| Vec::new())
     }
 
     /// [`Router::new`], each route given the `steps` compiled for it, in the order they run.
@@ -380,6 +385,7 @@ impl Router {
         listener: &ListenerConfig,
         admin: &AdminConfig,
         cache: &Arc<Cache>,
+        fleet: Option<&Arc<Fleet>>,
         pools: &Pools,
         steps: impl Fn(&RouteConfig) -> Vec<Arc<dyn Step>>,
     ) -> Router {
@@ -395,6 +401,7 @@ impl Router {
                         &r.handler,
                         &r.path.0,
                         cache,
+                        fleet,
                         admin,
                         pools,
                         phases.clone(),
@@ -734,7 +741,13 @@ addr = "127.0.0.1:1"
         )
         .unwrap();
         let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
-        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache, &Pools::default());
+        let r = Router::new(
+            &cfg.listeners[0],
+            &cfg.admin,
+            &cache,
+            None,
+            &Pools::default(),
+        );
         let body = |host: &str, path: &str| match r.find(host, path) {
             Some(Handler::Respond(x)) => x.body_text(),
             _ => "none".into(),
@@ -763,12 +776,37 @@ addr = "127.0.0.1:1"
         built.admin.token = Some("s3cret".into());
         for c in [parsed, built] {
             let cache = Cache::new(c.cache.clone(), c.compression.clone());
-            let r = Router::new(&c.listeners[0], &c.admin, &cache, &Pools::default());
+            let r = Router::new(&c.listeners[0], &c.admin, &cache, None, &Pools::default());
             let Some(Handler::Images(i)) = r.find("", "/img/x") else {
                 panic!("images route")
             };
             assert_eq!(i.admin_token(), Some("s3cret"));
         }
+    }
+
+    /// The fleet goes to push and images where their handlers are built, as the server hands it
+    /// in, not through the cache: a cache in memory only (no shared tier of its own) and a fleet
+    /// handed to the router give a push route with `share` its replicated log.
+    #[tokio::test]
+    async fn handlers_get_the_fleet_where_they_are_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[cache.shared]\nurl = \"redis://127.0.0.1:1\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/live/\"\npush = {{ dir = {:?}, share = true }}\n",
+            dir.path().display().to_string()
+        );
+        let c = Config::parse(&text, "t").unwrap();
+        let _stores = crate::push::open_all(&c).unwrap();
+        // Not connected (nothing listens there): it connects in the background.
+        let fleet = Arc::new(Fleet::connect(c.cache.shared.as_ref().unwrap()).unwrap());
+        let cache = Cache::new(c.cache.clone(), c.compression.clone());
+        let r = Router::new(
+            &c.listeners[0],
+            &c.admin,
+            &cache,
+            Some(&fleet),
+            &Pools::default(),
+        );
+        assert!(matches!(r.find("", "/live/x"), Some(Handler::Push(_))));
     }
 
     /// Without rules a route holds no phases and the router observes nothing for them: a hit
@@ -781,7 +819,13 @@ addr = "127.0.0.1:1"
         )
         .unwrap();
         let cache = Cache::new(cfg.cache.clone(), cfg.compression.clone());
-        let r = Router::new(&cfg.listeners[0], &cfg.admin, &cache, &Pools::default());
+        let r = Router::new(
+            &cfg.listeners[0],
+            &cfg.admin,
+            &cache,
+            None,
+            &Pools::default(),
+        );
         assert!(r.routes.iter().all(|r| r.phases.is_none()));
         assert!(!r.phased);
         let mut req = Request::new(());

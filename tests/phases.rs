@@ -130,7 +130,7 @@ addr = "127.0.0.1:1"
     let seen = Arc::new(Mutex::new(Vec::new()));
     let step: Arc<dyn Step> = Arc::new(Recorder(Arc::clone(&seen)));
     // Every route but /plain/ gets the step.
-    let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, &pools, |r| {
+    let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, None, &pools, |r| {
         if r.path.0 == "/plain/" {
             Vec::new()
         } else {
@@ -220,7 +220,7 @@ async fn an_answer_at_the_request_phase_skips_the_handler() {
     let pools = larder::upstream::Pools::build(&cfg.pools, None).unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let step: Arc<dyn Step> = Arc::new(Refuse(Arc::clone(&seen)));
-    let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, &pools, |_| {
+    let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, None, &pools, |_| {
         vec![Arc::clone(&step)]
     });
     let (r, phases) = through(&router, &seen, "GET", "/a").await;

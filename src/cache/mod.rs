@@ -7,7 +7,8 @@
 //! - [`tiers`]: where a memory miss looks next ([`Cache::find`], the walk: disk, then shared,
 //!   then the shared tier's lease), and what fills write down: `disk` (a bounded store kept
 //!   across restarts, a log of segment files) and `shared` (entry records in the fleet's Redis,
-//!   [`crate::fleet`], with leases so that a URL is fetched once for the fleet), each a
+//!   [`crate::fleet`], handed in by the server's start like images' and push's, with leases so
+//!   that a URL is fetched once for the fleet), each a
 //!   `storage::Storage` to the walk (`storage.rs`: the trait and the tiers' counters, below
 //!   both); `bans` keeps the purges those tiers apply when they read a record.
 //! - [`entry`]: a stored response, immutable once built; [`record`] its versioned binary
@@ -110,15 +111,17 @@ impl Cache {
     }
 
     /// The cache `cfg` sets up, with its tiers below memory: the disk tier opened (and what an
-    /// earlier process left in it recovered), the shared tier's client connecting, and this
-    /// node following the fleet's purges. Its freshness is read on `clock`. Call it within the
-    /// runtime that serves.
+    /// earlier process left in it recovered), and, when `fleet` is handed in (the server opens
+    /// it from `[cache.shared]`, and hands the same one to images and push), the shared tier in
+    /// it, this node following the fleet's purges. Its freshness is read on `clock`. Call it
+    /// within the runtime that serves.
     pub async fn open(
         cfg: CacheConfig,
         compression: CompressionConfig,
         clock: Clock,
+        fleet: Option<Arc<Fleet>>,
     ) -> Result<Arc<Cache>, tiers::OpenError> {
-        let Some(tiers) = tiers::Tiers::open(&cfg, clock.clone()).await? else {
+        let Some(tiers) = tiers::Tiers::open(&cfg, clock.clone(), fleet).await? else {
             return Ok(Cache::in_memory(cfg, compression, clock));
         };
         let tiers = Arc::new(tiers);
@@ -207,12 +210,6 @@ impl Cache {
             e.count_hit();
         }
         found
-    }
-
-    /// The fleet's connection (blobs, replicated logs, the purge stream), if there is a shared
-    /// tier (`[cache.shared]` sets both up).
-    pub fn fleet(&self) -> Option<&Arc<Fleet>> {
-        self.tiers.as_ref()?.fleet()
     }
 
     /// Whether there are tiers below memory to look in.

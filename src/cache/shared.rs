@@ -74,11 +74,6 @@ impl Shared {
             stats: Stats::default(),
         }
     }
-
-    /// The fleet's connection this tier goes through.
-    pub(super) fn fleet(&self) -> &Arc<Fleet> {
-        &self.fleet
-    }
 }
 
 impl Storage for Shared {

@@ -82,8 +82,6 @@ enum Leased {
 pub enum OpenError {
     #[error(transparent)]
     Disk(#[from] super::disk::OpenError),
-    #[error(transparent)]
-    Shared(#[from] crate::fleet::OpenError),
 }
 
 /// The tiers below memory.
@@ -146,30 +144,21 @@ impl Doorkeeper {
 }
 
 impl Tiers {
-    /// The tiers `cfg` sets up; `None` when it sets up none.
-    pub(super) async fn open(cfg: &CacheConfig, clock: Clock) -> Result<Option<Tiers>, OpenError> {
-        if cfg.disk.is_none() && cfg.shared.is_none() {
+    /// The tiers `cfg` sets up, the shared tier in `fleet` when one is handed in; `None` when
+    /// there are none.
+    pub(super) async fn open(
+        cfg: &CacheConfig,
+        clock: Clock,
+        fleet: Option<Arc<Fleet>>,
+    ) -> Result<Option<Tiers>, OpenError> {
+        if cfg.disk.is_none() && fleet.is_none() {
             return Ok(None);
         }
         let disk = match &cfg.disk {
             Some(d) => Some(Arc::new(Disk::open(d).await?)),
             None => None,
         };
-        let shared = match &cfg.shared {
-            Some(s) => {
-                let fleet = Fleet::connect(s)?;
-                // A Redis that is down delays the start by this much at most.
-                if !fleet.connected(Duration::from_secs(2)).await {
-                    tracing::warn!(
-                        server = fleet.shown_url(),
-                        "shared tier not reachable at start; serving without it until it is \
-                         (connecting in the background)"
-                    );
-                }
-                Some(Arc::new(Shared::new(Arc::new(fleet))))
-            }
-            None => None,
-        };
+        let shared = fleet.map(|fleet| Arc::new(Shared::new(fleet)));
         let writes = match &shared {
             None => Vec::new(),
             Some(shared) => (0..WRITE_QUEUES)
@@ -266,11 +255,6 @@ impl Tiers {
             },
             Leasing::None => Leased::No,
         }
-    }
-
-    /// The fleet's connection, if there is a shared tier.
-    pub(super) fn fleet(&self) -> Option<&Arc<Fleet>> {
-        self.shared.as_ref().map(|s| s.fleet())
     }
 
     /// A record, decoded, if it is whole, not purged since, and answers `request`.

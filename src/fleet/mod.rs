@@ -1,9 +1,11 @@
 //! The fleet: what larder's nodes share through one Redis or Valkey (a server or a cluster,
 //! `[cache.shared]`): the connection ([`Fleet`]), signed values (entry records, blobs), blobs
 //! other handlers share (image originals), the replicated logs of push records ([`log`]), and
-//! the purge stream. The cache's shared tier (`cache/shared.rs`, entry records and leases),
-//! images (originals) and push (`share`) each use it; it imports none of them (it knows keys
-//! and values, not entries). Client: fred (docs/design.md "Tiers").
+//! the purge stream. The server opens it once at start ([`Fleet::start`], from `[cache.shared]`)
+//! and hands it to the cache's shared tier (`cache/shared.rs`, entry records and leases, the
+//! purge stream), to images (originals) and to push (`share`) where their handlers are built
+//! (a reload keeps the same one); it imports none of them (it knows keys and values, not
+//! entries). Client: fred (docs/design.md "Tiers").
 //!
 //! Keys, under the configured namespace `ns`:
 //!
@@ -99,6 +101,21 @@ pub struct Counts {
 pub struct OpenError(String);
 
 impl Fleet {
+    /// The fleet `cfg` (`[cache.shared]`) names, as the server opens it once at start and hands
+    /// it to the cache, images and push: connecting, waited for 2 s at most (a Redis that is
+    /// down delays the start by that much, then is connected to in the background).
+    pub async fn start(cfg: &SharedConfig) -> Result<Arc<Fleet>, OpenError> {
+        let fleet = Fleet::connect(cfg)?;
+        if !fleet.connected(Duration::from_secs(2)).await {
+            tracing::warn!(
+                server = fleet.shown_url(),
+                "shared tier not reachable at start; serving without it until it is \
+                 (connecting in the background)"
+            );
+        }
+        Ok(Arc::new(fleet))
+    }
+
     /// A client for the configured server or cluster, connecting (and reconnecting) in the
     /// background with backoff: an unreachable server at start is not an error, only a tier
     /// that misses until it comes.

@@ -50,6 +50,7 @@ use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Pu
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
+use crate::fleet::Fleet;
 use crate::http::{json_response, text_response};
 use params::{ParamError, Params, Resolved};
 use pool::{Pool, PoolError};
@@ -174,18 +175,21 @@ struct Inner {
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
+    /// The route at `prefix` for `cfg`, its results stored in `cache`; with `share_originals`,
+    /// originals kept in `fleet` too (the one the server opened from `[cache.shared]`).
     pub fn new(
         cfg: ImagesConfig,
         prefix: &str,
         cache: Arc<Cache>,
+        fleet: Option<Arc<Fleet>>,
         admin_token: Option<String>,
     ) -> Images {
         let store: Arc<dyn ImageStore> = match (cfg.originals_memory.0, cfg.share_originals) {
             (0, false) => Arc::new(LocalDir::new(&cfg.dir)),
             (n, false) => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
-            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), cache.fleet().cloned())),
+            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), fleet)),
             (n, true) => Arc::new(InMemory::new(
-                Shared::new(LocalDir::new(&cfg.dir), cache.fleet().cloned()),
+                Shared::new(LocalDir::new(&cfg.dir), fleet),
                 n,
             )),
         };

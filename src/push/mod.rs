@@ -50,10 +50,10 @@ use self::auth::{Allowed, Auth};
 use self::filter::{Filter, IdPattern};
 use self::store::{Conditions, Store, Write, WriteError, Written};
 use crate::body::{Body, RequestBody};
-use crate::cache::Cache;
 use crate::compress::AcceptEncoding;
 use crate::config::push::valid_id;
 use crate::config::{Config, HandlerConfig, PushConfig};
+use crate::fleet::Fleet;
 use crate::http::conditional::{self, Preconditions};
 use crate::http::json_response;
 use crate::http::query::Query;
@@ -132,15 +132,15 @@ fn refuse(status: StatusCode, text: &str) -> Response<Body> {
 
 impl Push {
     /// The route at `prefix` for `cfg`; its store is opened by [`open_all`] first. With
-    /// `share`, the store follows the fleet's log of the route in `cache`'s shared tier
-    /// (started once per store, kept across reloads).
-    pub fn new(cfg: &PushConfig, prefix: &str, cache: &Cache) -> Result<Push, String> {
+    /// `share`, the store follows the route's log in `fleet` (the one the server opened from
+    /// `[cache.shared]`; the replica started once per store, kept across reloads).
+    pub fn new(cfg: &PushConfig, prefix: &str, fleet: Option<&Arc<Fleet>>) -> Result<Push, String> {
         let (store, _) =
             Store::open(cfg).map_err(|e| format!("push.dir {}: {e}", cfg.dir.display()))?;
         // A reload's settings apply to the store it keeps open.
         store.configure(cfg);
         if cfg.share {
-            let log = (cache.fleet())
+            let log = fleet
                 .map(|fleet| fleet.log(&format!("push:{prefix}")))
                 .ok_or("push.share needs [cache.shared]")?;
             replicate::Replica::start(&store, log);

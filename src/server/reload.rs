@@ -3,9 +3,9 @@
 //! `larder check` would, then pools (those unchanged kept, with their connections and health),
 //! routes and listeners are swapped; certificates are re-read. A request in flight finishes
 //! on the router it started with (each request loads its listener's router once); the cache
-//! and its contents stay. A listener whose address is gone stops accepting and its
-//! connections drain; a new address is bound before anything is swapped, so a reload that
-//! cannot bind changes nothing.
+//! and its contents stay, and so does the fleet's connection (new routers get the same one). A
+//! listener whose address is gone stops accepting and its connections drain; a new address is
+//! bound before anything is swapped, so a reload that cannot bind changes nothing.
 //!
 //! What a running process cannot change (`[server]`, `[cache]`, `[compression]`, `[admin]`,
 //! `[access_log]`, `[tracing]`, a listener's TLS settings) is kept as it runs, and named in the answer as
@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use super::listen::{accept_loop, bind, Serving};
 use crate::cache::Cache;
 use crate::config::{Config, Layout, ListenerConfig};
+use crate::fleet::Fleet;
 use crate::route::{LiveRouter, Router};
 use crate::tls;
 use crate::upstream::Pools;
@@ -28,6 +29,9 @@ use crate::upstream::Pools;
 /// What every router is built with, beside its listener's configuration.
 pub(super) struct RouterParts {
     pub cache: Arc<Cache>,
+    /// The fleet's Redis (`[cache.shared]`), opened once at start: the cache's shared tier,
+    /// images' originals and push's replicated logs go through this one, across reloads.
+    pub fleet: Option<Arc<Fleet>>,
     pub pools: Arc<RwLock<Pools>>,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The access log, when there is one.
@@ -47,7 +51,7 @@ impl RouterParts {
         alt_svc: Option<&HeaderValue>,
     ) -> Router {
         let pools = self.pools.read().expect("not poisoned");
-        let mut router = Router::new(l, &config.admin, &self.cache, &pools);
+        let mut router = Router::new(l, &config.admin, &self.cache, self.fleet.as_ref(), &pools);
         if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
             router.observe_into(
                 self.metrics.as_deref(),

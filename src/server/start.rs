@@ -1,6 +1,7 @@
-//! Starting and stopping: the runtime `main` runs on, [`start`] (every listener bound, the
-//! per-core worker threads, the admin listener, the background services) and the [`Handle`]
-//! that shuts it all down.
+//! Starting and stopping: the runtime `main` runs on, [`start`] (the fleet's connection and the
+//! cache opened once and handed to every router, every listener bound, the per-core worker
+//! threads, the admin listener, the background services) and the [`Handle`] that shuts it all
+//! down.
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use super::reload::{Reloader, RouterParts, Slot};
 use crate::cache::Cache;
 use crate::clock::Clock;
 use crate::config::{Config, Layout, ServerConfig};
+use crate::fleet::Fleet;
 use crate::interim;
 use crate::memory::return_freed_memory;
 use crate::route::{LiveRouter, Router};
@@ -43,6 +45,8 @@ pub enum Error {
     Push(String),
     #[error("{0}")]
     Cache(#[from] crate::cache::tiers::OpenError),
+    #[error("{0}")]
+    Fleet(#[from] crate::fleet::OpenError),
 }
 
 /// A running larder: its bound addresses, its cache, and the way to stop it.
@@ -245,6 +249,9 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
 /// configuration before any socket is bound.
 struct Shared {
     cache: Arc<Cache>,
+    /// The fleet's Redis (`[cache.shared]`), opened once here and handed to the cache, and to
+    /// images and push through every router built (a reload keeps it).
+    fleet: Option<Arc<Fleet>>,
     pools: SharedPools,
     /// Push routes' stores, opened here so that a bad directory is an error now; the routers
     /// built from the same configuration hold them from then on.
@@ -260,10 +267,20 @@ struct Shared {
 }
 
 impl Shared {
-    /// Opens the cache, builds the pools, opens the push stores, starts the access log and the
+    /// Opens the fleet's connection and the cache, builds the pools, opens the push stores, starts the access log and the
     /// span exporter, and loads every listener's certificates: each error is reported now.
     async fn build(config: &Config, clock: Clock) -> Result<Shared, Error> {
-        let cache = Cache::open(config.cache.clone(), config.compression.clone(), clock).await?;
+        let fleet = match &config.cache.shared {
+            Some(s) => Some(Fleet::start(s).await?),
+            None => None,
+        };
+        let cache = Cache::open(
+            config.cache.clone(),
+            config.compression.clone(),
+            clock,
+            fleet.clone(),
+        )
+        .await?;
         let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
         let _push_stores = crate::push::open_all(config).map_err(Error::Push)?;
         let pools = Arc::new(std::sync::RwLock::new(pools));
@@ -292,6 +309,7 @@ impl Shared {
         }
         Ok(Shared {
             cache,
+            fleet,
             pools,
             _push_stores,
             metrics,
@@ -306,6 +324,7 @@ impl Shared {
     fn router_parts(&self) -> RouterParts {
         RouterParts {
             cache: Arc::clone(&self.cache),
+            fleet: self.fleet.clone(),
             pools: Arc::clone(&self.pools),
             metrics: self.metrics.clone(),
             access_log: self.access_log.clone(),
