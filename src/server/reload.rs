@@ -50,7 +50,7 @@ impl RouterParts {
         let mut router = Router::new(l, &config.admin, &self.cache, &pools);
         if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
             router.observe_into(
-                self.metrics.as_deref(),
+                self.metrics.as_ref(),
                 self.access_log.as_ref(),
                 self.spans.as_ref(),
                 &bound.to_string(),
