@@ -1605,3 +1605,38 @@ async fn a_cancelled_write_still_reaches_the_fleet() {
         "committed on A, never shared with B: {missing:?} (of {held} held)"
     );
 }
+
+/// A reload that moves the push route to another directory: the server's status and
+/// `/metrics` show the new route's store, not the one the reload left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_replaces_the_stores_the_server_shows() {
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cfg = |dir: &tempfile::TempDir| {
+        one_route(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"adm\"",
+            "push",
+            &format!("dir = \"{}\"\ntoken = \"{TOKEN}\"", dir.path().display()),
+        )
+    };
+    let l = Larder::start(&cfg(&first)).await;
+    let c = client();
+    put(&c, &l.url("/a"), "1").await;
+    l.reload(&cfg(&second)).expect("reloads");
+    let shown = |d: &tempfile::TempDir| d.path().canonicalize().unwrap().display().to_string();
+    let admin = [("authorization", "Bearer adm")];
+    let status = get(&c, &l.admin_url("/_larder/status"), &admin).await;
+    let status: Value = serde_json::from_slice(&status.body).unwrap();
+    let dirs: Vec<&str> = (status["push"].as_array().unwrap().iter())
+        .map(|p| p["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs, [shown(&second).as_str()], "{status}");
+    let text = get(&c, &l.admin_url("/metrics"), &admin).await.text();
+    assert!(!text.contains(&shown(&first)), "{text}");
+    assert!(
+        text.contains(&format!(
+            "larder_push_records{{dir=\"{}\"}} 0\n",
+            shown(&second)
+        )),
+        "{text}"
+    );
+}
