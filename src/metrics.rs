@@ -4,7 +4,9 @@
 //! Requests are counted where each one completes (the server's per-request completion point)
 //! into the current worker thread's own shard: plain loads and stores of atomics that only that
 //! thread writes, so the hit path pays no shared atomic read-modify-write and no lock. A scrape
-//! sums the shards. Gauges that live elsewhere (open connections, the cache, TLS handshakes,
+//! sums the shards. Each server has its own [`Metrics`], handed to its routers and connections
+//! where they are built (no process-global registry): whoever counts borrows it, and a thread
+//! meeting a server for the first time makes its shard from it. Gauges that live elsewhere (open connections, the cache, TLS handshakes,
 //! ACME) are read at scrape time through functions the server registers.
 //!
 //! The exposition is prometheus-client's OpenMetrics text encoder, fed by one collector that
@@ -24,7 +26,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -93,7 +95,8 @@ pub enum CacheResult {
 }
 
 thread_local! {
-    /// This thread's shards, one per server running in the process (tests run many).
+    /// This thread's shards, one per server running in the process (tests run many), by the id
+    /// of the server's [`Metrics`]. Counters only: a request's outcome travels in its response.
     static SHARDS: RefCell<Vec<(u64, Arc<Shard>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -267,19 +270,15 @@ struct State {
     families: Mutex<Vec<FamiliesFn>>,
 }
 
-/// A server's metrics.
+/// A server's metrics. Each server makes its own and hands it to its routers and connections
+/// (there is no registry of them in the process): whoever counts a request borrows it, and a
+/// thread without a shard of it makes one from it ([`with_shard`]).
 pub struct Metrics {
+    /// Unique in the process, never reused: the key of this thread's shard in `SHARDS`.
     id: u64,
     state: Arc<State>,
     registry: Registry,
 }
-
-/// Every server's metrics (weakly), for a thread meeting a server for the first time: a
-/// request may complete on another worker thread than the one it started on (work-stealing,
-/// HTTP/2 streams), and that thread makes its shard from here rather than the request holding a
-/// counted reference to the metrics (a shared read-modify-write per request). It holds no
-/// request's outcome, only where each server's counters are.
-static SERVERS: Mutex<Vec<(u64, Weak<Metrics>)>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -291,15 +290,11 @@ impl Metrics {
         let state = Arc::new(State::default());
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Collect(Arc::clone(&state))));
-        let m = Arc::new(Metrics {
+        Arc::new(Metrics {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             state,
             registry,
-        });
-        let mut all = lock(&SERVERS);
-        all.retain(|(_, w)| w.strong_count() > 0);
-        all.push((m.id, Arc::downgrade(&m)));
-        m
+        })
     }
 
     /// Adds a route (before serving starts): its id for [`record`].
@@ -307,11 +302,6 @@ impl Metrics {
         let mut r = lock(&self.state.routes);
         r.push(label);
         (r.len() - 1) as u32
-    }
-
-    /// The server's id, for [`record`].
-    pub fn id(&self) -> u64 {
-        self.id
     }
 
     /// Registers figures read at each scrape.
@@ -555,12 +545,13 @@ pub struct Sent {
     pub saved: u64,
 }
 
-/// Counts one completed request of server `server` on `route` (this thread's shard): its
-/// method class, status, cache result ([`Outcome::cache`]), duration (`nanos`, from
-/// [`clock`] readings) and bytes.
+/// Counts one completed request of the server whose metrics are `m` on `route` (this thread's
+/// shard): its method class, status, cache result ([`Outcome::cache`]), duration (`nanos`, from
+/// [`clock`] readings) and bytes. The caller holds the metrics (the router, the connection):
+/// a borrow, no reference count touched per request.
 #[inline]
 pub fn record(
-    server: u64,
+    m: &Metrics,
     route: u32,
     method: usize,
     status: u16,
@@ -569,7 +560,7 @@ pub fn record(
     sent: Sent,
 ) {
     let status = (usize::from(status / 100)).clamp(1, 5) - 1;
-    with_shard(server, route, |shard| {
+    with_shard(m, route, |shard| {
         bump(
             &shard.requests[request_index(route, method, status, cache)],
             1,
@@ -591,30 +582,27 @@ pub fn record(
 
 /// Counts `bytes` more body bytes sent on `route` in coding `encoding` (a streamed body's
 /// chunk, on the thread that polled it).
-pub fn add_sent(server: u64, route: u32, encoding: usize, bytes: u64) {
-    with_shard(server, route, |shard| {
+pub fn add_sent(m: &Metrics, route: u32, encoding: usize, bytes: u64) {
+    with_shard(m, route, |shard| {
         let e = route as usize * ENCODINGS.len() + encoding.min(ENCODINGS.len() - 1);
         bump(&shard.sent[e], bytes);
     });
 }
 
-/// Runs `f` on this thread's shard of server `server` that has counters for `route`: made on
-/// the thread's first request, and made anew (the old one stays summed at scrapes) when a
-/// reload registered routes since.
+/// Runs `f` on this thread's shard of the server whose metrics are `m` that has counters for
+/// `route`: made from `m` on the thread's first request of that server (a request may complete
+/// on another worker thread than the one it started on: work-stealing, HTTP/2 streams), and
+/// made anew (the old one stays summed at scrapes) when a reload registered routes since.
+/// Shards are found by the metrics' id, never reused in the process (an address could be, by
+/// a later server's metrics).
 #[inline]
-fn with_shard(server: u64, route: u32, f: impl FnOnce(&Shard)) {
+fn with_shard(m: &Metrics, route: u32, f: impl FnOnce(&Shard)) {
     SHARDS.with(|shards| {
         let mut shards = shards.borrow_mut();
-        let found = shards.iter().position(|(id, _)| *id == server);
+        let found = shards.iter().position(|(id, _)| *id == m.id);
         let at = match found {
             Some(at) if (route as usize) < shards[at].1.routes => at,
             _ => {
-                let Some(m) = (SERVERS.lock().unwrap_or_else(|e| e.into_inner()).iter())
-                    .find(|(id, _)| *id == server)
-                    .and_then(|(_, w)| w.upgrade())
-                else {
-                    return;
-                };
                 let shard = m.new_shard();
                 if shard.routes <= route as usize {
                     return; // not a route of this server's
@@ -625,7 +613,9 @@ fn with_shard(server: u64, route: u32, f: impl FnOnce(&Shard)) {
                         at
                     }
                     None => {
-                        shards.push((server, shard));
+                        // The shards of servers gone (their metrics dropped) go with them.
+                        shards.retain(|(_, s)| Arc::strong_count(s) > 1);
+                        shards.push((m.id, shard));
                         shards.len() - 1
                     }
                 }
@@ -635,19 +625,22 @@ fn with_shard(server: u64, route: u32, f: impl FnOnce(&Shard)) {
     });
 }
 
-/// A streamed response body whose bytes are counted as they are sent ([`add_sent`]).
+/// A streamed response body whose bytes are counted as they are sent ([`add_sent`]), on
+/// whichever thread polls it: it holds the server's metrics (one reference count per streamed
+/// body of unknown length, which is boxed anyway; bodies of known length are counted whole by
+/// [`record`]).
 pub struct CountedBody<B> {
     inner: B,
-    server: u64,
+    metrics: Arc<Metrics>,
     route: u32,
     encoding: usize,
 }
 
 impl<B> CountedBody<B> {
-    pub fn new(inner: B, server: u64, route: u32, encoding: usize) -> CountedBody<B> {
+    pub fn new(inner: B, metrics: Arc<Metrics>, route: u32, encoding: usize) -> CountedBody<B> {
         CountedBody {
             inner,
-            server,
+            metrics,
             route,
             encoding,
         }
@@ -668,7 +661,7 @@ where
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
-                add_sent(self.server, self.route, self.encoding, data.len() as u64);
+                add_sent(&self.metrics, self.route, self.encoding, data.len() as u64);
             }
         }
         polled
@@ -717,7 +710,6 @@ mod tests {
     fn counts_per_thread_are_summed_at_scrape() {
         let m = Metrics::new();
         let r = m.route("127.0.0.1:80 */".into());
-        let id = m.id();
         // 300 µs: in the bucket up to 0.5 ms.
         let t0 = 300_000;
         let sent = |encoding, bytes, saved| Sent {
@@ -726,12 +718,12 @@ mod tests {
             saved,
         };
         let hit = CacheResult::Hit as usize;
-        record(id, r, 0, 200, hit, t0, sent(1, 100, 900));
+        record(&m, r, 0, 200, hit, t0, sent(1, 100, 900));
         std::thread::scope(|s| {
             s.spawn(|| {
-                record(id, r, 0, 200, hit, t0, sent(1, 50, 450));
-                record(id, r, 3, 404, 0, t0, sent(0, 7, 0));
-                add_sent(id, r, 4, 5);
+                record(&m, r, 0, 200, hit, t0, sent(1, 50, 450));
+                record(&m, r, 3, 404, 0, t0, sent(0, 7, 0));
+                add_sent(&m, r, 4, 5);
             });
         });
         let text = m.render();
@@ -764,6 +756,36 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert_eq!(m.bytes(), ([7, 150, 0, 0, 5], 1350));
+    }
+
+    /// Each server's metrics count its own requests, on any thread, with no registry of
+    /// servers: a thread makes its shard from the metrics it is lent, and drops the shards of
+    /// servers gone when it meets a new one.
+    #[test]
+    fn each_server_counts_into_the_metrics_it_is_lent() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        let (ra, rb) = (a.route("a */".into()), b.route("b */".into()));
+        let hit = CacheResult::Hit as usize;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                record(&a, ra, 0, 200, hit, 1, Sent::default());
+                record(&b, rb, 0, 200, hit, 1, Sent::default());
+                record(&b, rb, 0, 200, hit, 1, Sent::default());
+                let gone = Metrics::new();
+                let r = gone.route("gone */".into());
+                record(&gone, r, 0, 200, hit, 1, Sent::default());
+                drop(gone);
+                let next = Metrics::new();
+                let r = next.route("next */".into());
+                record(&next, r, 0, 200, hit, 1, Sent::default());
+                // a's, b's and next's: gone's shard went when next's was made.
+                SHARDS.with(|s| assert_eq!(s.borrow().len(), 3));
+            });
+        });
+        assert_eq!(a.totals_by_cache()[hit], 1);
+        assert_eq!(b.totals_by_cache()[hit], 2);
+        assert!(!a.render().contains("b */"));
+        assert!(!b.render().contains("a */"));
     }
 
     #[test]

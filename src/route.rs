@@ -200,8 +200,9 @@ pub struct Router {
     /// ACME HTTP-01 answers, served before routing (plain listeners, when an ACME listener
     /// validates by HTTP-01).
     http01: Option<Arc<crate::tls::acme::Http01>>,
-    /// The server's metrics id, when requests are counted.
-    counted: Option<u64>,
+    /// The server's metrics, when requests are counted: handed to whoever completes a
+    /// request ([`Router::metrics`], [`Observed::finish`]).
+    counted: Option<Arc<crate::metrics::Metrics>>,
     /// The server's access log, when requests are logged.
     logged: Option<Arc<crate::access_log::AccessLog>>,
     /// The server's span exporter, when requests are traced.
@@ -213,8 +214,8 @@ pub struct Router {
 pub struct Observed {
     /// [`crate::metrics::clock`] at the request's start.
     started: u64,
-    /// Metrics id and method class.
-    counted: Option<(u64, usize)>,
+    /// The method class, when requests are counted.
+    counted: Option<usize>,
     /// The access log and the request's part of the line (a logged request holds the log: its
     /// line is allocated anyway, and the thread that completes it need not find the log).
     logged: Option<(
@@ -251,9 +252,15 @@ impl Observed {
     }
 
     /// Counts and logs the request now that `response` is ready, with the outcome its handler
-    /// noted in it ([`crate::metrics::Outcome`]). A streamed body of unknown length is wrapped
-    /// to count its bytes as they go.
-    pub fn finish(self, response: &mut Response<Body>) {
+    /// noted in it ([`crate::metrics::Outcome`]). `metrics` are the server's, which the router
+    /// that observed the request holds ([`Router::metrics`]): the caller lends them (it has the
+    /// router, or its connection kept them), so counting touches no reference count. A
+    /// streamed body of unknown length is wrapped to count its bytes as they go.
+    pub fn finish(
+        self,
+        response: &mut Response<Body>,
+        metrics: Option<&Arc<crate::metrics::Metrics>>,
+    ) {
         if let Some(p) = &self.phases {
             p.log(response);
         }
@@ -266,7 +273,7 @@ impl Observed {
             let cache = crate::metrics::CACHE.get(cache).copied().unwrap_or("none");
             t.finish(status, cache, known);
         }
-        if let Some((server, method)) = self.counted {
+        if let (Some(method), Some(m)) = (self.counted, metrics) {
             let encoding = outcome.encoding().unwrap_or_else(|| {
                 crate::metrics::encoding_class(response.headers().get(header::CONTENT_ENCODING))
             });
@@ -275,7 +282,10 @@ impl Observed {
                 None => {
                     let body = std::mem::replace(response.body_mut(), Body::empty());
                     *response.body_mut() = Body::stream(crate::metrics::CountedBody::new(
-                        body, server, self.route, encoding,
+                        body,
+                        Arc::clone(m),
+                        self.route,
+                        encoding,
                     ));
                     0
                 }
@@ -285,7 +295,7 @@ impl Observed {
                 bytes,
                 saved: outcome.saved(),
             };
-            crate::metrics::record(server, self.route, method, status, cache, nanos, sent);
+            crate::metrics::record(m, self.route, method, status, cache, nanos, sent);
         }
         if let Some((log, mut e)) = self.logged {
             e.status = status;
@@ -469,7 +479,7 @@ impl Router {
     /// labelled `{listener} {host}{prefix}`.
     pub fn observe_into(
         &mut self,
-        metrics: Option<&crate::metrics::Metrics>,
+        metrics: Option<&Arc<crate::metrics::Metrics>>,
         log: Option<&Arc<crate::access_log::AccessLog>>,
         spans: Option<&Arc<crate::otel::Spans>>,
         listener: &str,
@@ -487,7 +497,7 @@ impl Router {
             };
             r.label = label;
         }
-        self.counted = metrics.map(|m| m.id());
+        self.counted = metrics.cloned();
         self.logged = log.cloned();
         self.traced = spans.cloned();
     }
@@ -513,11 +523,18 @@ impl Router {
         Some(Observed {
             traced,
             started: crate::metrics::clock(),
-            counted: (self.counted).map(|id| (id, crate::metrics::method_class(req.method()))),
+            counted: (self.counted.as_ref()).map(|_| crate::metrics::method_class(req.method())),
             logged,
             phases: None,
             route: UNROUTED,
         })
+    }
+
+    /// The server's metrics, when this router's requests are counted: what the completion of
+    /// a request it observed counts into ([`Observed::finish`]).
+    #[inline]
+    pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
+        self.counted.as_ref()
     }
 
     /// Answers ACME HTTP-01 challenges from `tokens` before routing.

@@ -83,7 +83,7 @@ async fn through(
     }
     let mut resp = serving.await;
     if let Some(o) = observed {
-        o.finish(&mut resp);
+        o.finish(&mut resp, router.metrics());
     }
     let phases = seen.lock().unwrap().clone();
     (resp, phases)

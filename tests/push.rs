@@ -908,6 +908,69 @@ async fn metrics_count_records_subscriptions_and_changes() {
     );
 }
 
+/// Two servers in one process, each with its own push route and admin listener: each one's
+/// `/metrics` and status show its own push store and count its own requests only (each
+/// server hands its own registries to its routers; a process-wide list of stores showed both).
+#[tokio::test(flavor = "multi_thread")]
+async fn two_servers_in_one_process_each_show_only_their_own() {
+    let c = client();
+    let (mut servers, mut dirs) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = one_route(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"adm\"",
+            "push",
+            &format!("dir = \"{}\"\ntoken = \"{TOKEN}\"", dir.path().display()),
+        );
+        servers.push(Larder::start(&cfg).await);
+        dirs.push(dir);
+    }
+    // Server 0 gets one record and one read, server 1 three records.
+    put(&c, &servers[0].url("/a"), "1").await;
+    assert_eq!(get(&c, &servers[0].url("/a"), &[]).await.status, 200);
+    for id in ["a", "b", "c"] {
+        put(&c, &servers[1].url(&format!("/{id}")), "2").await;
+    }
+    let admin = [("authorization", "Bearer adm")];
+    for (i, (l, dir)) in servers.iter().zip(&dirs).enumerate() {
+        let (other, other_dir) = (&servers[1 - i], &dirs[1 - i]);
+        let d = dir.path().canonicalize().unwrap().display().to_string();
+        let od = other_dir
+            .path()
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string();
+        let text = get(&c, &l.admin_url("/metrics"), &admin).await.text();
+        let records = if i == 0 { 1 } else { 3 };
+        let line = format!("larder_push_records{{dir=\"{d}\"}} {records}\n");
+        assert!(text.contains(&line), "{line} in\n{text}");
+        assert!(
+            !text.contains(&od),
+            "server {i} shows the other's store:\n{text}"
+        );
+        // Requests: its own route's, as many as it answered.
+        let requests: Vec<&str> = (text.lines())
+            .filter(|l| l.starts_with("larder_requests_total{"))
+            .collect();
+        assert!(!requests.is_empty(), "{text}");
+        let own = format!("route=\"{} */\"", l.addr);
+        assert!(requests.iter().all(|r| r.contains(&own)), "{requests:?}");
+        let counted: u64 = (requests.iter())
+            .map(|r| r.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(counted, if i == 0 { 2 } else { 3 }, "{requests:?}");
+        assert!(!text.contains(&other.addr.to_string()), "{text}");
+        let status = get(&c, &l.admin_url("/_larder/status"), &admin).await;
+        let status: Value = serde_json::from_slice(&status.body).unwrap();
+        let dirs_shown: Vec<&str> = (status["push"].as_array().unwrap().iter())
+            .map(|p| p["dir"].as_str().unwrap())
+            .collect();
+        assert_eq!(dirs_shown, [d.as_str()], "server {i}: {status}");
+        assert_eq!(status["push"][0]["records"], records);
+    }
+}
+
 #[tokio::test]
 async fn a_route_without_credentials_refuses_every_write() {
     let dir = tempfile::tempdir().unwrap();
@@ -1540,5 +1603,40 @@ async fn a_cancelled_write_still_reaches_the_fleet() {
     assert!(
         same,
         "committed on A, never shared with B: {missing:?} (of {held} held)"
+    );
+}
+
+/// A reload that moves the push route to another directory: the server's status and
+/// `/metrics` show the new route's store, not the one the reload left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_replaces_the_stores_the_server_shows() {
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cfg = |dir: &tempfile::TempDir| {
+        one_route(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"adm\"",
+            "push",
+            &format!("dir = \"{}\"\ntoken = \"{TOKEN}\"", dir.path().display()),
+        )
+    };
+    let l = Larder::start(&cfg(&first)).await;
+    let c = client();
+    put(&c, &l.url("/a"), "1").await;
+    l.reload(&cfg(&second)).expect("reloads");
+    let shown = |d: &tempfile::TempDir| d.path().canonicalize().unwrap().display().to_string();
+    let admin = [("authorization", "Bearer adm")];
+    let status = get(&c, &l.admin_url("/_larder/status"), &admin).await;
+    let status: Value = serde_json::from_slice(&status.body).unwrap();
+    let dirs: Vec<&str> = (status["push"].as_array().unwrap().iter())
+        .map(|p| p["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs, [shown(&second).as_str()], "{status}");
+    let text = get(&c, &l.admin_url("/metrics"), &admin).await.text();
+    assert!(!text.contains(&shown(&first)), "{text}");
+    assert!(
+        text.contains(&format!(
+            "larder_push_records{{dir=\"{}\"}} 0\n",
+            shown(&second)
+        )),
+        "{text}"
     );
 }

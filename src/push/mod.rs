@@ -2,7 +2,8 @@
 //! Server-Sent Events or WebSocket (what Piper Push Cache does; the pub/sub half of nchan and
 //! Mercure), served from a route (`push = { dir = "..." }`).
 //!
-//! - this file: the route's HTTP face: which request does what, access and CORS;
+//! - this file: the route's HTTP face: which request does what, access and CORS; and a
+//!   server's list of its routes' stores ([`Stores`]), which its status and `/metrics` show;
 //! - [`store`]: the records' face: open, write, read, list, subscribe, expire, and the
 //!   observers of its commits; below it [`writer`] (the group-commit thread: commit, settle,
 //!   observers in commit order, acknowledge; compaction), [`state`] (what its lock guards:
@@ -692,83 +693,111 @@ fn demo_page() -> Response<Body> {
     )
 }
 
-/// The push routes' figures for `/metrics`, one sample per open store (labelled by its
-/// directory): records held, subscriptions and distinct topics now, changes made.
-/// Every push store open now, for the admin API's status document: its directory, records,
-/// subscriptions, topics, changes, and whether it is shared with the other nodes.
-pub fn status() -> serde_json::Value {
-    (store::open().iter())
-        .map(|s| {
-            serde_json::json!({
-                "dir": s.dir().display().to_string(),
-                "records": s.len(),
-                "subscriptions": s.fanout.subscribers(),
-                "topics": s.fanout.topics(),
-                "changes": s.seq(),
-                "history": s.history().0,
-                "history_bytes": s.history().1,
-                "queued_bytes": s.fanout.held_bytes(),
-                "shared": s.shared(),
-            })
-        })
-        .collect()
-}
+/// The push stores of one server's routes: what its admin API's status and `/metrics` show
+/// (another server in the process has its own, with its own routes' stores). Set from
+/// [`open_all`] where the server builds its routers, and replaced by each reload with the
+/// stores of the configuration it applies (a store is listed once however many routes share
+/// its directory, in the order of the directories).
+#[derive(Default)]
+pub struct Stores(std::sync::Mutex<Vec<Arc<Store>>>);
 
-pub fn metric_families() -> Vec<crate::metrics::Family> {
-    let stores = store::open();
-    if stores.is_empty() {
-        return Vec::new();
+impl Stores {
+    /// The list of `stores` (those [`open_all`] opened for the server's configuration).
+    pub fn new(stores: Vec<Arc<Store>>) -> Stores {
+        let list = Stores::default();
+        list.replace(stores);
+        list
     }
-    let family = |name, help, counter, value: &dyn Fn(&Store) -> u64| crate::metrics::Family {
-        name,
-        help,
-        counter,
-        samples: (stores.iter())
-            .map(|s| (vec![("dir", s.dir().display().to_string())], value(s)))
-            .collect(),
-    };
-    vec![
-        family(
-            "larder_push_records",
-            "Records a push route holds.",
-            false,
-            &|s| s.len() as u64,
-        ),
-        family(
-            "larder_push_subscriptions",
-            "Subscriptions open now (SSE streams and WebSocket subscriptions).",
-            false,
-            &|s| s.fanout.subscribers() as u64,
-        ),
-        family(
-            "larder_push_topics",
-            "Distinct patterns and filters subscribed to now.",
-            false,
-            &|s| s.fanout.topics() as u64,
-        ),
-        family(
-            "larder_push_changes",
-            "Changes made to a push route's records (its sequence number).",
-            true,
-            &|s| s.seq(),
-        ),
-        family(
-            "larder_push_history_changes",
-            "Changes a push route's history holds for resuming subscribers.",
-            false,
-            &|s| s.history().0 as u64,
-        ),
-        family(
-            "larder_push_history_bytes",
-            "Bytes of the values a push route's history holds (bounded by history_bytes).",
-            false,
-            &|s| s.history().1,
-        ),
-        family(
-            "larder_push_queued_bytes",
-            "Bytes of events a push route's subscribers have not read yet (bounded per topic by queue_bytes).",
-            false,
-            &|s| s.fanout.held_bytes(),
-        ),
-    ]
+
+    /// Lists `stores` instead (a reload's, once it applies).
+    pub fn replace(&self, mut stores: Vec<Arc<Store>>) {
+        stores.sort_by(|a, b| a.dir().cmp(b.dir()));
+        stores.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = stores;
+    }
+
+    fn list(&self) -> Vec<Arc<Store>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The server's push stores, for the admin API's status document: each one's directory,
+    /// records, subscriptions, topics, changes, and whether it is shared with the other nodes.
+    pub fn status(&self) -> serde_json::Value {
+        (self.list().iter())
+            .map(|s| {
+                serde_json::json!({
+                    "dir": s.dir().display().to_string(),
+                    "records": s.len(),
+                    "subscriptions": s.fanout.subscribers(),
+                    "topics": s.fanout.topics(),
+                    "changes": s.seq(),
+                    "history": s.history().0,
+                    "history_bytes": s.history().1,
+                    "queued_bytes": s.fanout.held_bytes(),
+                    "shared": s.shared(),
+                })
+            })
+            .collect()
+    }
+
+    /// The server's push routes' figures for `/metrics`, one sample per store (labelled by
+    /// its directory): records held, subscriptions and distinct topics now, changes made.
+    pub fn metric_families(&self) -> Vec<crate::metrics::Family> {
+        let stores = self.list();
+        if stores.is_empty() {
+            return Vec::new();
+        }
+        let family = |name, help, counter, value: &dyn Fn(&Store) -> u64| crate::metrics::Family {
+            name,
+            help,
+            counter,
+            samples: (stores.iter())
+                .map(|s| (vec![("dir", s.dir().display().to_string())], value(s)))
+                .collect(),
+        };
+        vec![
+            family(
+                "larder_push_records",
+                "Records a push route holds.",
+                false,
+                &|s| s.len() as u64,
+            ),
+            family(
+                "larder_push_subscriptions",
+                "Subscriptions open now (SSE streams and WebSocket subscriptions).",
+                false,
+                &|s| s.fanout.subscribers() as u64,
+            ),
+            family(
+                "larder_push_topics",
+                "Distinct patterns and filters subscribed to now.",
+                false,
+                &|s| s.fanout.topics() as u64,
+            ),
+            family(
+                "larder_push_changes",
+                "Changes made to a push route's records (its sequence number).",
+                true,
+                &|s| s.seq(),
+            ),
+            family(
+                "larder_push_history_changes",
+                "Changes a push route's history holds for resuming subscribers.",
+                false,
+                &|s| s.history().0 as u64,
+            ),
+            family(
+                "larder_push_history_bytes",
+                "Bytes of the values a push route's history holds (bounded by history_bytes).",
+                false,
+                &|s| s.history().1,
+            ),
+            family(
+                "larder_push_queued_bytes",
+                "Bytes of events a push route's subscribers have not read yet (bounded per topic by queue_bytes).",
+                false,
+                &|s| s.fanout.held_bytes(),
+            ),
+        ]
+    }
 }

@@ -101,19 +101,14 @@ pub struct Store {
     dir: PathBuf,
 }
 
-/// Stores open in this process, by directory: a reload that keeps a push route keeps its
-/// store (two stores must never append to one log).
+/// Stores open in this process, by directory: the guard that two stores never append to one
+/// log. It is process-wide because what it guards is (a directory on disk): two servers in
+/// one process naming one directory, or a reload that keeps a push route, get the store
+/// already open there. It only finds a store by its directory; which stores a server shows
+/// (status, metrics) is that server's own list ([`super::Stores`]).
 fn open_stores() -> &'static Mutex<HashMap<PathBuf, Weak<Store>>> {
     static OPEN: OnceLock<Mutex<HashMap<PathBuf, Weak<Store>>>> = OnceLock::new();
     OPEN.get_or_init(Mutex::default)
-}
-
-/// The stores open now.
-pub fn open() -> Vec<Arc<Store>> {
-    let open = open_stores().lock().expect("stores");
-    let mut v: Vec<Arc<Store>> = open.values().filter_map(Weak::upgrade).collect();
-    v.sort_by(|a, b| a.dir.cmp(&b.dir));
-    v
 }
 
 /// What opening a store found.

@@ -134,14 +134,19 @@ pub fn serve_connection<T: Stream>(
         protocol,
         peer,
     } = accepted;
-    let activity = Arc::new(Activity::new(Arc::clone(&builder.interim_dropped)));
+    let routers = crate::route::RouterCache::new(router);
+    let (ws_h2, metrics) = {
+        let first = routers.current();
+        // Decided per connection by the routes in force when it opens.
+        let ws_h2 = protocol == Protocol::Http2 && first.websocket_over_h2();
+        (ws_h2, first.metrics().cloned())
+    };
+    let interim_dropped = Arc::clone(&builder.interim_dropped);
+    let activity = Arc::new(Activity::new(interim_dropped, metrics));
     let in_service = Arc::clone(&activity);
     // HTTP/1.1 only: interim responses are written on the connection between responses, which
     // HTTP/2's framing does not allow.
     let sink = (protocol == Protocol::Http1).then(|| interim::Sink::new(activity.clone()));
-    // Decided per connection by the routes in force when it opens.
-    let ws_h2 = protocol == Protocol::Http2 && router.load_full().websocket_over_h2();
-    let routers = crate::route::RouterCache::new(router);
     let max_headers = builder.max_headers;
     // The request future is `Unpin` (its handler's part is boxed), which hyper asks of a
     // connection it hands back (see `ServeH1`).
@@ -164,7 +169,7 @@ pub fn serve_connection<T: Stream>(
         }
         InService {
             serving,
-            _busy: busy,
+            busy,
             observed,
         }
     });
@@ -718,7 +723,8 @@ async fn drive_h2<C>(
 /// the response is ready, or when the connection goes).
 struct InService {
     serving: crate::route::Serving,
-    _busy: InFlight,
+    /// In flight; its connection's [`Activity`] lends the metrics the request is counted in.
+    busy: InFlight,
     /// Counted and logged when it completes (metrics or access log on).
     observed: Option<crate::route::Observed>,
 }
@@ -729,7 +735,7 @@ impl Future for InService {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut r = std::task::ready!(Pin::new(&mut self.serving).poll(cx));
         if let Some(o) = self.observed.take() {
-            o.finish(&mut r);
+            o.finish(&mut r, self.busy.0.metrics.as_ref());
         }
         Poll::Ready(Ok(r))
     }
@@ -783,7 +789,7 @@ mod tests {
         F: Future<Output = Response<Body>> + Send + 'static,
     {
         let (client, server) = tokio::io::duplex(64 << 10);
-        let activity = Arc::new(Activity::new(interim::Dropped::default()));
+        let activity = Arc::new(Activity::new(interim::Dropped::default(), None));
         let sink = interim::Sink::new(activity.clone());
         let io = TokioIo::new(Tracked::new(server, Arc::clone(&activity)));
         let activity_of_task = Arc::clone(&activity);

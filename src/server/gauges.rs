@@ -126,11 +126,13 @@ pub(super) fn register_families(
     m: &crate::metrics::Metrics,
     cache: &Arc<Cache>,
     pools: &Arc<std::sync::RwLock<crate::upstream::Pools>>,
+    push: &Arc<crate::push::Stores>,
     access_log: &Option<Arc<crate::access_log::AccessLog>>,
 ) {
     let running = Arc::clone(pools);
     m.families(move || running.read().expect("not poisoned").metric_families());
-    m.families(crate::push::metric_families);
+    let push = Arc::clone(push);
+    m.families(move || push.metric_families());
     let tiered = Arc::clone(cache);
     m.families(move || tiered.metric_families());
     if let Some(log) = access_log {

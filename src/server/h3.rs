@@ -129,7 +129,7 @@ async fn request(
     };
     if let Some(mut o) = observed {
         o.routed(route, router);
-        o.finish(&mut response);
+        o.finish(&mut response, router.metrics());
     }
     let _ = respond(response, &mut send, head_only).await;
 }

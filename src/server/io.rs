@@ -175,6 +175,11 @@ pub struct Activity {
     poll_number: AtomicU32,
     /// 1xx responses queued for the client, and the hand-over after a 101.
     pub interim: interim::Shared,
+    /// The server's metrics, when it counts requests: what each request of the connection is
+    /// counted into when it completes (`connection::InService`), lent from here rather than a
+    /// reference counted per request. The same for every router a reload gives the listener
+    /// (`[admin]` changes only with a restart).
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl std::task::Wake for Activity {
@@ -200,8 +205,12 @@ impl interim::Connection for Activity {
 }
 
 impl Activity {
-    /// A new connection's; its dropped 1xx blocks are counted in `interim_dropped`.
-    pub fn new(interim_dropped: interim::Dropped) -> Activity {
+    /// A new connection's; its dropped 1xx blocks are counted in `interim_dropped`, its
+    /// requests in `metrics`.
+    pub fn new(
+        interim_dropped: interim::Dropped,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
+    ) -> Activity {
         Activity {
             in_flight: AtomicUsize::new(0),
             task: Default::default(),
@@ -212,6 +221,7 @@ impl Activity {
             flush_owed: AtomicBool::new(false),
             poll_number: AtomicU32::new(0),
             interim: interim::Shared::new(interim_dropped),
+            metrics,
         }
     }
 

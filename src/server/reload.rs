@@ -34,6 +34,8 @@ pub(super) struct RouterParts {
     pub fleet: Option<Arc<Fleet>>,
     pub pools: Arc<RwLock<Pools>>,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The server's list of its push routes' stores, replaced when a reload's routers are.
+    pub push: Arc<crate::push::Stores>,
     /// The access log, when there is one.
     pub access_log: Option<Arc<crate::access_log::AccessLog>>,
     /// The span exporter, when requests are traced.
@@ -54,7 +56,7 @@ impl RouterParts {
         let mut router = Router::new(l, &config.admin, &self.cache, self.fleet.as_ref(), &pools);
         if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
             router.observe_into(
-                self.metrics.as_deref(),
+                self.metrics.as_ref(),
                 self.access_log.as_ref(),
                 self.spans.as_ref(),
                 &bound.to_string(),
@@ -207,7 +209,7 @@ impl Reloader {
             Pools::build(&new.pools, Some(&running))?
         };
         // Push stores: those already open are kept (one writer per change log).
-        let _push_stores = crate::push::open_all(&new)?;
+        let push_stores = crate::push::open_all(&new)?;
         let mut fresh = Vec::new();
         for (l, m) in new.listeners.iter().zip(&matched) {
             if m.is_some() {
@@ -249,6 +251,7 @@ impl Reloader {
 
         // Swap: pools first (routers are built with them), then each listener's router.
         *self.parts.pools.write().expect("not poisoned") = pools;
+        self.parts.push.replace(push_stores);
         let mut old_slots: Vec<Option<Slot>> = state.slots.drain(..).map(Some).collect();
         let mut fresh = fresh.into_iter();
         let mut slots = Vec::with_capacity(new.listeners.len());

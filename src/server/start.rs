@@ -202,7 +202,7 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
     if let Some(m) = &shared.metrics {
         let (cache, conns, dropped) = (&shared.cache, &serving.conns, &interim_dropped);
         super::gauges::register(m, cache, conns, max_conns, dropped, &tls_acceptors);
-        super::gauges::register_families(m, cache, &shared.pools, &shared.access_log);
+        super::gauges::register_families(m, cache, &shared.pools, &shared.push, &shared.access_log);
     }
     let (admin, watch_config) = (config.admin.clone(), config.server.watch_config.0);
     let reloader = Arc::new(Reloader::new(
@@ -253,9 +253,10 @@ struct Shared {
     /// images and push through every router built (a reload keeps it).
     fleet: Option<Arc<Fleet>>,
     pools: SharedPools,
-    /// Push routes' stores, opened here so that a bad directory is an error now; the routers
-    /// built from the same configuration hold them from then on.
-    _push_stores: Vec<Arc<crate::push::store::Store>>,
+    /// Push routes' stores, opened here so that a bad directory is an error now: this server's
+    /// own list (its status and metrics show these, not other servers' in the process),
+    /// replaced by each reload.
+    push: Arc<crate::push::Stores>,
     /// Requests are counted when there is an admin listener to read the counts from.
     metrics: Option<Arc<crate::metrics::Metrics>>,
     access_log: Option<Arc<crate::access_log::AccessLog>>,
@@ -282,7 +283,8 @@ impl Shared {
         )
         .await?;
         let pools = crate::upstream::Pools::build(&config.pools, None).map_err(Error::Pool)?;
-        let _push_stores = crate::push::open_all(config).map_err(Error::Push)?;
+        let push = crate::push::open_all(config).map_err(Error::Push)?;
+        let push = Arc::new(crate::push::Stores::new(push));
         let pools = Arc::new(std::sync::RwLock::new(pools));
         let metrics = config.admin.listen.map(|_| crate::metrics::Metrics::new());
         let access_log = match &config.access_log {
@@ -311,7 +313,7 @@ impl Shared {
             cache,
             fleet,
             pools,
-            _push_stores,
+            push,
             metrics,
             access_log,
             spans,
@@ -327,6 +329,7 @@ impl Shared {
             fleet: self.fleet.clone(),
             pools: Arc::clone(&self.pools),
             metrics: self.metrics.clone(),
+            push: Arc::clone(&self.push),
             access_log: self.access_log.clone(),
             spans: self.spans.clone(),
             http01: Arc::clone(&self.http01),
@@ -505,7 +508,7 @@ fn admin_api(
     serving: &Serving,
 ) -> crate::admin::Admin {
     let max_conns = serving.server.max_connections.get() as usize;
-    let info = server_info(&serving.conns, max_conns, tls, &shared.pools);
+    let info = server_info(&serving.conns, max_conns, tls, &shared.pools, &shared.push);
     let text = Arc::clone(reloader);
     let reload = Arc::clone(reloader);
     let reload: crate::admin::ReloadFn = Arc::new(move || {
@@ -633,9 +636,10 @@ fn server_info(
     max_conns: usize,
     tls: &[Arc<tls::Acceptor>],
     pools: &SharedPools,
+    push: &Arc<crate::push::Stores>,
 ) -> crate::admin::ServerInfo {
     let (conns, tls, started) = (Arc::clone(conns), tls.to_vec(), std::time::Instant::now());
-    let pools = Arc::clone(pools);
+    let (pools, push) = (Arc::clone(pools), Arc::clone(push));
     Arc::new(move || {
         let c = (tls.iter()).fold(tls::Counts::default(), |s, a| s + a.counters.snapshot());
         let unix = |t: Option<std::time::SystemTime>| {
@@ -662,7 +666,7 @@ fn server_info(
             },
             "acme": acme,
             "pools": pools.read().expect("not poisoned").status(),
-            "push": crate::push::status(),
+            "push": push.status(),
         })
     })
 }
