@@ -569,8 +569,10 @@ mod tests {
                         let w = Write::Put(json!({ "t": t, "i": i }));
                         let id = format!("r/{}", i % 3);
                         if i % 2 == 0 {
-                            // Staged on its first poll, then dropped: the request gone.
-                            assert!(store.write(&id, w, &none).now_or_never().is_none());
+                            // Staged on its first poll, then dropped: the request gone. (It
+                            // may be done by then, if the writer thread was quick: either way
+                            // the change is observed once.)
+                            let _ = store.write(&id, w, &none).now_or_never();
                         } else {
                             store
                                 .write_from(&id, w, &none, Source::Fleet)
