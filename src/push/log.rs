@@ -272,6 +272,39 @@ fn sync_dir(dir: &Path) {
     }
 }
 
+/// A tmpfs of `size` mounted under a test's directory (as root), unmounted when dropped: a
+/// file system that fills, for the tests of what a failed write leaves (here and the store's).
+#[cfg(test)]
+pub(crate) struct Tmpfs(pub PathBuf);
+
+#[cfg(test)]
+impl Tmpfs {
+    pub(crate) fn mount(dir: &Path, size: &str) -> Tmpfs {
+        let mnt = dir.join("small");
+        std::fs::create_dir(&mnt).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mounting a tmpfs for the test failed (needs root)"
+        );
+        Tmpfs(mnt)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,27 +345,8 @@ mod tests {
     #[test]
     fn a_failed_commit_is_cut_back_to_its_last_whole_frame() {
         let dir = tempfile::tempdir().unwrap();
-        let mnt = dir.path().join("small");
-        std::fs::create_dir(&mnt).unwrap();
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .expect("mount runs");
-        assert!(
-            st.success(),
-            "mounting a tmpfs for the test failed (needs root)"
-        );
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(&self.0)
-                    .status();
-            }
-        }
-        let _unmount = Unmount(mnt.clone());
+        let small = Tmpfs::mount(dir.path(), "64k");
+        let mnt = small.0.clone();
         let p = path(&mnt);
         let mut log = Log::open(&p, 0).unwrap();
         let mut first = Vec::new();

@@ -663,27 +663,8 @@ mod tests {
     async fn writes_that_fail_to_commit_leave_nothing_and_writing_resumes() {
         use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
-        let mnt = dir.path().join("small");
-        std::fs::create_dir(&mnt).unwrap();
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .expect("mount runs");
-        assert!(
-            st.success(),
-            "mounting a tmpfs for the test failed (needs root)"
-        );
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(&self.0)
-                    .status();
-            }
-        }
-        let _unmount = Unmount(mnt.clone());
+        let small = super::super::log::Tmpfs::mount(dir.path(), "128k");
+        let mnt = small.0.clone();
         let store = store_in(&mnt, |_| {});
         let none = Conditions::default();
         store.write("a", Write::Put(json!(1)), &none).await.unwrap();
