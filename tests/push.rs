@@ -1048,24 +1048,7 @@ fn acknowledged_writes_survive_kill_9_and_the_log_is_compacted() {
         ),
     )
     .unwrap();
-    let start = || {
-        let child = Child(
-            larder_command()
-                .arg("--config")
-                .arg(&cfg_path)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(addr).is_ok() {
-                return child;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("larder did not start");
-    };
+    let start = || start_child(&cfg_path, addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut child = start();
     let acked: Vec<(String, Value)> = rt.block_on(async {
