@@ -101,7 +101,7 @@ addr = "127.0.0.1:0"
 
     // Prometheus's own OpenMetrics parser reads it whole (it is strict: `# EOF`, one block
     // per family, counters' `_total`).
-    let python = pip(&["prometheus-client==0.21.1"]);
+    let python = pip(PIP_PACKAGES);
     let mut parse = Command::new(python)
         .arg("-c")
         .arg(

@@ -96,6 +96,14 @@ pub fn npm(package: &str, version: &str) -> PathBuf {
     dir
 }
 
+/// The Python packages tests/provision installs into the tools directory's virtual environment
+/// (the same list as its `PIP_PACKAGES`): one set, one marker.
+pub const PIP_PACKAGES: &[&str] = &[
+    "prometheus-client==0.21.1",
+    "PyJWT==2.10.1",
+    "cryptography==44.0.0",
+];
+
 /// The Python interpreter of the virtual environment in the tools directory, which holds
 /// `packages` (pip names with versions, from PyPI).
 pub fn pip(packages: &[&str]) -> PathBuf {
