@@ -23,6 +23,9 @@
 //!   ① and ④ in [`route`] (`phased`), ⑤ where the access log line is written
 //!   ([`route::Observed::finish`]), ② and ③ in the proxy's fill and pass. A route without
 //!   steps holds `None`: one `Option` checked per request, not a branch per kind of rule.
+//! - [`rules`]: a route's rules (docs/rules.md), compiled into its phases' steps when the
+//!   router is built: conditions on the request ([`rules::when`]) and one action each
+//!   (access by address, header edits, fixed answers, ...), the same for every handler.
 //! - [`proxy`]: the caching proxy's journey (`proxy/journey.rs`): lookup → coalesce → fill
 //!   (`proxy/fill.rs`, in steps: fetch → revalidate → admit → store and respond) → deliver;
 //!   beside it what the cache does not serve (`proxy/pass.rs`: pass, forward, tunnel) and the
@@ -96,9 +99,10 @@
 //! 5. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
-//!    (also fleet), [`push`] (also fleet) (the lines above).
+//!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
+//!    http, inbound, respond, fleet, upstream).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
-//!    tls, upstream, fleet), [`server`] (route, interim, memory, tls, metrics, access_log, otel,
+//!    tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics, access_log, otel,
 //!    upstream, socket, clock, fleet), [`cli`] (config, tls).
 //!
 //! Within every folder too, no file imports a sibling that imports it back (its `mod.rs` aside;
@@ -127,6 +131,7 @@ pub mod push;
 pub mod range;
 pub mod respond;
 pub mod route;
+pub mod rules;
 pub mod server;
 pub mod socket;
 pub mod static_files;

@@ -9,6 +9,7 @@ use http::{Method, Request, Response, StatusCode};
 use crate::body::Body;
 use crate::config::{RedirectConfig, RespondConfig};
 
+#[derive(Clone)]
 pub struct Respond {
     status: StatusCode,
     headers: HeaderMap,
@@ -47,6 +48,7 @@ impl Respond {
 }
 
 /// A route's `redirect_https`: 308 to the same host, path and query over HTTPS.
+#[derive(Clone)]
 pub struct RedirectHttps {
     /// `:port` after the host, when the HTTPS port is not 443.
     port: String,

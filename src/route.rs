@@ -26,13 +26,15 @@ use crate::fleet::Fleet;
 use crate::http::text_response;
 use crate::images::Images;
 use crate::interim::Sink;
-use crate::phases::{Phases, Step};
+use crate::phases::{Cx, Guarded, Phases};
 use crate::proxy::Proxy;
 use crate::respond::{RedirectHttps, Respond};
 use crate::static_files::StaticFiles;
 use crate::upstream::{Pool, Pools};
 
-/// What serves a route's requests. Handlers are shared with the futures serving requests.
+/// What serves a route's requests. Handlers are shared with the futures serving requests
+/// (cheap to clone: a reference count, or a few small fields).
+#[derive(Clone)]
 pub enum Handler {
     Proxy(Arc<Proxy>),
     Static(Arc<StaticFiles>),
@@ -397,7 +399,7 @@ impl Router {
         cache: &Arc<Cache>,
         fleet: Option<&Arc<Fleet>>,
         pools: &Pools,
-        steps: impl Fn(&RouteConfig) -> Vec<Arc<dyn Step>>,
+        steps: impl Fn(&RouteConfig) -> Vec<Guarded>,
     ) -> Router {
         let mut routes: Vec<Route> = listener
             .routes
@@ -566,7 +568,7 @@ impl Router {
     fn route(&self, host: &str, path: &str) -> Option<&Route> {
         self.routes
             .iter()
-            .find(|r| host_matches(&r.host, host) && path.starts_with(r.prefix.as_str()))
+            .find(|r| r.host.matches(host) && path.starts_with(r.prefix.as_str()))
     }
 
     /// Routes as (host, prefix, handler description), in match order.
@@ -657,33 +659,62 @@ impl Router {
 pub const UNROUTED: u32 = u32::MAX;
 
 /// A request on a route with phases: ① before the handler (an answer there is the
-/// response), ④ on the response.
+/// response; a step that waits makes the rest of ① and the handler one future), ④ on the
+/// response, which then carries the request's context for ⑤.
 fn phased(
     phases: &Arc<Phases>,
     handler: &Handler,
-    mut req: Request<RequestBody>,
+    req: Request<RequestBody>,
     peer: SocketAddr,
     sink: Option<Sink>,
 ) -> Serving {
-    let serving = match phases.request(&mut req) {
-        Some(answer) => Serving::Ready(Some(answer)),
-        None => handler.serve(req, peer, sink),
-    };
-    match serving {
-        Serving::Ready(Some(mut r)) => {
-            phases.deliver(&mut r);
-            Serving::Ready(Some(r))
+    let (req, cx, decided) = match phases.request(req, Cx::new(peer)) {
+        Ok(done) => done,
+        Err(deciding) => {
+            let (phases, handler) = (Arc::clone(phases), handler.clone());
+            return Serving::Pending(Box::pin(async move {
+                let (req, cx, decided) = deciding.await;
+                let (serving, cx) = decide(&handler, req, cx, decided, peer, sink);
+                finish(&phases, serving.await, &cx)
+            }));
         }
+    };
+    let (serving, cx) = decide(handler, req, cx, decided, peer, sink);
+    match serving {
+        Serving::Ready(Some(r)) => Serving::Ready(Some(finish(phases, r, &cx))),
         Serving::Ready(None) => Serving::Ready(None),
         Serving::Pending(f) => {
             let phases = Arc::clone(phases);
-            Serving::Pending(Box::pin(async move {
-                let mut r = f.await;
-                phases.deliver(&mut r);
-                r
-            }))
+            Serving::Pending(Box::pin(async move { finish(&phases, f.await, &cx) }))
         }
     }
+}
+
+/// After ①: the handler serves the request (which carries its context), or ①'s answer is
+/// the response.
+fn decide(
+    handler: &Handler,
+    mut req: Request<RequestBody>,
+    cx: Cx,
+    decided: crate::phases::Decided,
+    peer: SocketAddr,
+    sink: Option<Sink>,
+) -> (Serving, Arc<Cx>) {
+    let cx = Arc::new(cx);
+    match decided {
+        Err(answer) => (Serving::Ready(Some(answer)), cx),
+        Ok(()) => {
+            req.extensions_mut().insert(Arc::clone(&cx));
+            (handler.serve(req, peer, sink), cx)
+        }
+    }
+}
+
+/// ④, and the context left in the response for ⑤.
+fn finish(phases: &Phases, mut r: Response<Body>, cx: &Arc<Cx>) -> Response<Body> {
+    phases.deliver(&mut r, cx);
+    r.extensions_mut().insert(Arc::clone(cx));
+    r
 }
 
 /// `serving`'s response with the `fields` added.
@@ -715,18 +746,6 @@ fn strip_port(host: &str) -> &str {
             .map_or(host, |h| &host[..h.len() + 1]);
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
-
-fn host_matches(pattern: &HostPattern, host: &str) -> bool {
-    match pattern {
-        HostPattern::Any => true,
-        HostPattern::Exact(h) => h.eq_ignore_ascii_case(host),
-        HostPattern::Suffix(s) => {
-            host.len() > s.len()
-                && host.is_char_boundary(host.len() - s.len())
-                && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
-        }
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use common::{Origin, Reply};
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use larder::body::{Body, RequestBody};
-use larder::phases::Step;
+use larder::phases::{Applies, Cx, Guarded, Step, Verdict};
 use larder::route::Router;
 
 /// A test step: notes each phase it runs at, and marks what it may change there.
@@ -26,30 +26,30 @@ impl Recorder {
 }
 
 impl Step for Recorder {
-    fn request(&self, req: &mut Request<RequestBody>) -> Option<Response<Body>> {
+    fn request(&self, req: &mut Request<RequestBody>, _cx: &mut Cx) -> Verdict {
         self.note("request");
         req.headers_mut()
             .insert("x-step-request", HeaderValue::from_static("1"));
-        None
+        Verdict::Next
     }
-    fn upstream_request(&self, req: &mut http::request::Parts) {
+    fn upstream_request(&self, req: &mut http::request::Parts, _cx: &Cx) {
         self.note("upstream_request");
         // What ① added is still on the request the proxy sends.
         assert!(req.headers.contains_key("x-step-request"));
         req.headers
             .insert("x-step-upstream", HeaderValue::from_static("1"));
     }
-    fn upstream_response(&self, resp: &mut http::response::Parts) {
+    fn upstream_response(&self, resp: &mut http::response::Parts, _cx: &Cx) {
         self.note("upstream_response");
         resp.headers
             .insert("x-step-upstream-response", HeaderValue::from_static("1"));
     }
-    fn deliver(&self, resp: &mut Response<Body>) {
+    fn deliver(&self, resp: &mut Response<Body>, _cx: &Cx) {
         self.note("deliver");
         resp.headers_mut()
             .insert("x-step-deliver", HeaderValue::from_static("1"));
     }
-    fn log(&self, resp: &Response<Body>) {
+    fn log(&self, resp: &Response<Body>, _cx: &Cx) {
         assert!(resp.headers().contains_key("x-step-deliver"), "④ before ⑤");
         self.note("log");
     }
@@ -134,7 +134,7 @@ addr = "127.0.0.1:1"
         if r.path.0 == "/plain/" {
             Vec::new()
         } else {
-            vec![Arc::clone(&step)]
+            vec![Arc::clone(&step).into()]
         }
     });
 
@@ -197,16 +197,16 @@ addr = "127.0.0.1:1"
 async fn an_answer_at_the_request_phase_skips_the_handler() {
     struct Refuse(Arc<Mutex<Vec<&'static str>>>);
     impl Step for Refuse {
-        fn request(&self, _req: &mut Request<RequestBody>) -> Option<Response<Body>> {
+        fn request(&self, _req: &mut Request<RequestBody>, _cx: &mut Cx) -> Verdict {
             self.0.lock().unwrap().push("request");
             let mut r = Response::new(Body::empty());
             *r.status_mut() = http::StatusCode::FORBIDDEN;
-            Some(r)
+            Verdict::Answer(r)
         }
-        fn deliver(&self, _resp: &mut Response<Body>) {
+        fn deliver(&self, _resp: &mut Response<Body>, _cx: &Cx) {
             self.0.lock().unwrap().push("deliver");
         }
-        fn log(&self, _resp: &Response<Body>) {
+        fn log(&self, _resp: &Response<Body>, _cx: &Cx) {
             self.0.lock().unwrap().push("log");
         }
     }
@@ -221,10 +221,90 @@ async fn an_answer_at_the_request_phase_skips_the_handler() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let step: Arc<dyn Step> = Arc::new(Refuse(Arc::clone(&seen)));
     let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, None, &pools, |_| {
-        vec![Arc::clone(&step)]
+        vec![Arc::clone(&step).into()]
     });
     let (r, phases) = through(&router, &seen, "GET", "/a").await;
     assert_eq!(r.status(), 403);
     assert_eq!(phases, ["request", "deliver", "log"]);
     assert_eq!(origin.hits(), 0);
+}
+
+/// A step that must wait at ① (a subrequest, the fleet's Redis) makes the rest of ① and the
+/// handler one future: its edit reaches the later steps and the origin; its answer ends the
+/// request. Steps whose conditions do not hold run at no phase.
+#[tokio::test]
+async fn a_waiting_step_and_conditions() {
+    struct Later;
+    impl Step for Later {
+        fn request(&self, req: &mut Request<RequestBody>, _cx: &mut Cx) -> Verdict {
+            let refuse = req.uri().path() == "/refused";
+            Verdict::Wait(Box::pin(async move {
+                tokio::task::yield_now().await;
+                if refuse {
+                    let mut r = Response::new(Body::empty());
+                    *r.status_mut() = http::StatusCode::UNAUTHORIZED;
+                    return Err(r);
+                }
+                let edit: larder::phases::Edit = Box::new(|req, cx| {
+                    req.headers_mut()
+                        .insert("x-waited", HeaderValue::from_static("yes"));
+                    cx.notes.push(("user", "ann".into()));
+                });
+                Ok(Some(edit))
+            }))
+        }
+    }
+    /// Applies to paths under /only/.
+    struct Only;
+    impl Applies for Only {
+        fn applies(&self, req: &Request<RequestBody>, _cx: &mut Cx) -> bool {
+            req.uri().path().starts_with("/only/")
+        }
+    }
+    let origin = Origin::start(|_, _| Reply::ok("hello")).await;
+    let text = format!(
+        "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\npath = \"/\"\nproxy = {{ upstream = \"{}\" }}\n",
+        origin.url()
+    );
+    let cfg = larder::config::Config::parse(&text, "t").unwrap();
+    let cache = larder::cache::Cache::new(cfg.cache.clone(), cfg.compression.clone());
+    let pools = larder::upstream::Pools::build(&cfg.pools, None).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let recorder: Arc<dyn Step> = Arc::new(Recorder(Arc::clone(&seen)));
+    let router = Router::with_steps(&cfg.listeners[0], &cfg.admin, &cache, None, &pools, |_| {
+        vec![
+            Guarded::from(Arc::new(Later) as Arc<dyn Step>),
+            Guarded {
+                when: Some(Box::new(Only)),
+                step: Arc::clone(&recorder),
+            },
+        ]
+    });
+    let (r, phases) = through(&router, &seen, "GET", "/only/a").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        phases,
+        [
+            "request",
+            "upstream_request",
+            "upstream_response",
+            "deliver",
+            "log"
+        ]
+    );
+    let sent = origin.seen();
+    assert_eq!(
+        sent[0].headers["x-waited"], "yes",
+        "the waited edit reached the origin"
+    );
+    assert_eq!(sent[0].headers["x-step-request"], "1");
+    // The recorder's conditions do not hold: it runs at no phase.
+    let (r, phases) = through(&router, &seen, "GET", "/elsewhere").await;
+    assert_eq!(r.status(), 200);
+    assert!(phases.is_empty(), "{phases:?}");
+    assert!(!r.headers().contains_key("x-step-deliver"));
+    // The waiting step's answer ends the request.
+    let (r, _) = through(&router, &seen, "GET", "/refused").await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(origin.hits(), 2);
 }

@@ -9,6 +9,7 @@ use super::net::{HostPattern, PathPrefix};
 use super::proxy::ProxyConfig;
 use super::push::PushConfig;
 use super::respond::RespondConfig;
+use super::rules::RuleConfig;
 use super::static_files::StaticConfig;
 use super::tls::{HstsConfig, RedirectConfig, TlsConfig};
 
@@ -33,6 +34,8 @@ pub struct RouteConfig {
     pub handler: HandlerConfig,
     /// `Strict-Transport-Security` for the route's responses (TLS listeners only).
     pub hsts: Option<HstsConfig>,
+    /// The route's own rules (`[[listener.route.rule]]`), in order (docs/rules.md).
+    pub rules: Vec<RuleConfig>,
 }
 
 /// What serves the requests of a route.
@@ -62,6 +65,8 @@ struct RawRoute {
     push: Option<PushConfig>,
     redirect_https: Option<RedirectConfig>,
     hsts: Option<HstsConfig>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<RuleConfig>,
 }
 
 impl TryFrom<RawRoute> for RouteConfig {
@@ -98,6 +103,7 @@ impl TryFrom<RawRoute> for RouteConfig {
             path: r.path,
             handler: handlers.pop().expect("one handler"),
             hsts: r.hsts,
+            rules: r.rules,
         })
     }
 }

@@ -48,6 +48,7 @@ pub mod pool;
 mod proxy;
 pub mod push;
 mod respond;
+pub mod rules;
 mod server;
 mod static_files;
 pub mod tiers;
@@ -72,6 +73,7 @@ pub use pool::{
 pub use proxy::{ProxyConfig, RequestCacheControl};
 pub use push::{GroupConfig, IdPattern, JwtConfig, PushConfig};
 pub use respond::RespondConfig;
+pub use rules::{Action, Policies, RuleConfig, When};
 pub use server::{Layout, ServerConfig, Threading};
 pub use static_files::{Bundle, StaticConfig};
 pub use tiers::{DiskConfig, DiskWrite, SharedConfig};
@@ -107,6 +109,9 @@ pub struct Config {
     /// a route asks for it).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Named policies routes use (`[[policy.NAME]]`, each a list of rules; docs/rules.md).
+    #[serde(default, rename = "policy")]
+    pub policies: Policies,
     /// One line per request, when set.
     #[serde(default)]
     pub access_log: Option<AccessLogConfig>,
@@ -426,6 +431,7 @@ impl Config {
             }
         }
         self.check_pools()?;
+        self.check_rules()?;
         let cache = &self.cache;
         if cache.max_object_size.0 > cache.max_size.0 {
             return Err(src.error(
@@ -445,6 +451,28 @@ impl Config {
         if let Some(shared) = &cache.shared {
             if let Err(why) = shared.check() {
                 return Err(src.error(&[&[Key("cache"), Key("shared")]], why));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rules: every `use` names a policy that does not use itself, and no route runs more than
+    /// [`rules::MAX_RULES`].
+    fn check_rules(&self) -> Result<(), Error> {
+        let src = &self.source;
+        for (name, rules) in &self.policies {
+            if let Err((k, why)) = rules::expand(rules, &self.policies) {
+                let at = [Key("policy"), Key(name), Index(k)];
+                return Err(src.error(&[&[&at[..], &[Key("use")]].concat(), &at], why));
+            }
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, r) in l.routes.iter().enumerate() {
+                if let Err((k, why)) = rules::expand(&r.rules, &self.policies) {
+                    let at = [Key("listener"), Index(i), Key("route"), Index(j)];
+                    let rule = [&at[..], &[Key("rule"), Index(k)]].concat();
+                    return Err(src.error(&[&[&rule[..], &[Key("use")]].concat(), &rule, &at], why));
+                }
             }
         }
         Ok(())
@@ -552,6 +580,7 @@ impl Config {
             admin: AdminConfig::default(),
             access_log: None,
             tracing: None,
+            policies: Policies::new(),
             listeners: vec![ListenerConfig {
                 addr: listen,
                 tls: None,
@@ -560,6 +589,7 @@ impl Config {
                     path: PathPrefix("/".into()),
                     handler,
                     hsts: None,
+                    rules: Vec::new(),
                 }],
             }],
             pools: Default::default(),

@@ -133,6 +133,21 @@ pub enum HostPattern {
     Suffix(String),
 }
 
+impl HostPattern {
+    /// Whether `host` (without a port) matches, ignoring ASCII case.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Any => true,
+            HostPattern::Exact(h) => h.eq_ignore_ascii_case(host),
+            HostPattern::Suffix(s) => {
+                host.len() > s.len()
+                    && host.is_char_boundary(host.len() - s.len())
+                    && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
+            }
+        }
+    }
+}
+
 impl FromStr for HostPattern {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -36,6 +36,7 @@ use crate::cache::{CacheKey, Entry, Lease, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
 use crate::http::fields::{self, VIA};
+use crate::phases::Cx;
 use crate::upstream::{FetchError, UpstreamBody};
 
 /// Conditional request fields a fill never forwards (the fill must get a full response).
@@ -110,7 +111,7 @@ impl Proxy {
         let (mut rparts, rbody) = resp.into_parts();
         fields::strip_hop_by_hop(&mut rparts.headers);
         if let Some(p) = &fill.proxy.0.phases {
-            p.upstream_response(&mut rparts);
+            p.upstream_response(&mut rparts, Cx::of(&fill.req.client));
         }
         if let Some(old) = fill.req.stale.clone() {
             match fill.revalidate(&old, rparts, &ctx) {
@@ -641,6 +642,10 @@ pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
         .version(p.version);
     if let Some(h) = b.headers_mut() {
         *h = p.headers.clone();
+    }
+    // The request's context on a route with steps, for ② and ③.
+    if let Some(cx) = Cx::of(p) {
+        b = b.extension(Arc::clone(cx));
     }
     b.body(()).expect("parts are valid").into_parts().0
 }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use crate::body::RequestBody;
+use crate::phases::Cx;
 use http::header;
 use http::{Method, Request, Response};
 
@@ -74,6 +75,7 @@ impl Proxy {
         let me = &self.0;
         let (mut parts, body) = req.into_parts();
         let asked = Asked::of(&parts.method, &parts.headers);
+        let cx = me.phases.as_ref().and_then(|_| Cx::of(&parts).cloned());
         if let Some(p) = &me.phases {
             p.upstream_request(&mut parts);
         }
@@ -120,7 +122,7 @@ impl Proxy {
                     let (mut rparts, rbody) = resp.into_parts();
                     fields::strip_hop_by_hop(&mut rparts.headers);
                     if let Some(p) = &me.phases {
-                        p.upstream_response(&mut rparts);
+                        p.upstream_response(&mut rparts, cx.as_ref());
                     }
                     me.pass_on(rparts, Body::stream(rbody), &asked, status)
                 }

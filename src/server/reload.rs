@@ -53,7 +53,18 @@ impl RouterParts {
         alt_svc: Option<&HeaderValue>,
     ) -> Router {
         let pools = self.pools.read().expect("not poisoned");
-        let mut router = Router::new(l, &config.admin, &self.cache, self.fleet.as_ref(), &pools);
+        let env = crate::rules::Env {
+            pools: &pools,
+            fleet: self.fleet.as_ref(),
+        };
+        let mut router = Router::with_steps(
+            l,
+            &config.admin,
+            &self.cache,
+            self.fleet.as_ref(),
+            &pools,
+            |r| crate::rules::compile(r, &config.policies, &env),
+        );
         if self.metrics.is_some() || self.access_log.is_some() || self.spans.is_some() {
             router.observe_into(
                 self.metrics.as_ref(),

@@ -1,0 +1,69 @@
+//! Rules (docs/rules.md): what a route does besides its handler, compiled from its
+//! `[[listener.route.rule]]` and the `[[policy.NAME]]`s it uses into steps at the request
+//! phases ([`crate::phases`]). Each rule is a condition ([`when`]) and one action, a file per
+//! kind of action:
+//!
+//! - [`access`]: allow / deny by the client's address;
+//! - [`headers`]: request and response header edits, values from templates ([`vars`]);
+//! - [`answer`]: fixed answers.
+//!
+//! Compiled once when a router is built (at start and on every reload), so a reload applies
+//! rule changes; the configuration checked what can be checked (patterns, templates, policy
+//! names) when it was read.
+
+pub mod access;
+pub mod answer;
+pub mod headers;
+pub mod vars;
+pub mod when;
+
+use std::sync::Arc;
+
+use crate::config::rules::{expand, Action, Policies};
+use crate::config::RouteConfig;
+use crate::fleet::Fleet;
+use crate::phases::{Guarded, Step};
+use crate::upstream::Pools;
+
+/// What rules may use besides their configuration: the running pools (forward auth, splits,
+/// mirrors) and the fleet's Redis (fleet-wide limits).
+pub struct Env<'a> {
+    pub pools: &'a Pools,
+    pub fleet: Option<&'a Arc<Fleet>>,
+}
+
+/// A route's rules as steps, in order: its own, each `use` replaced by its policy's.
+pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<Guarded> {
+    let _ = env;
+    let rules = expand(&route.rules, policies)
+        .unwrap_or_else(|(_, why)| unreachable!("checked when the configuration is read: {why}"));
+    rules
+        .into_iter()
+        .map(|e| {
+            let mut whens = e.outer;
+            whens.extend(e.rule.when.as_ref());
+            Guarded {
+                when: when::Matcher::of(whens),
+                step: step(&e.rule.action),
+            }
+        })
+        .collect()
+}
+
+/// The step of one action.
+fn step(action: &Action) -> Arc<dyn Step> {
+    match action {
+        Action::Use(_) => unreachable!("expanded"),
+        Action::Allow(nets) => Arc::new(access::ByAddress {
+            nets: nets.clone(),
+            allow: true,
+        }),
+        Action::Deny(nets) => Arc::new(access::ByAddress {
+            nets: nets.clone(),
+            allow: false,
+        }),
+        Action::RequestHeaders(e) => Arc::new(headers::RequestHeaders::new(e)),
+        Action::ResponseHeaders(e) => Arc::new(headers::ResponseHeaders::new(e)),
+        Action::Respond(r) => Arc::new(answer::Answer::new(r)),
+    }
+}
