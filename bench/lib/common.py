@@ -40,6 +40,11 @@ PORTS = {
     "origin2": 18097,
     "origin3": 18098,
     "origin-b": 18099,
+    # scenario rules: a hit behind basic auth, a rate limit and header rules, and the same
+    # hit on a twin without rules
+    "larder-rules": 18102,
+    "larder-bare": 18103,
+    "nginx-rules": 18104,
 }
 # Ports that speak HTTPS (the harness's own requests to them skip certificate checks: the
 # certificates are made per run for 127.0.0.1, and nothing here leaves loopback).
@@ -49,7 +54,7 @@ LOAD_CPU = 1  # wrk (and the origin)
 WRK_THREADS = 1
 NOFILE = 65536
 BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
-SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls", "pools"]
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls", "pools", "rules"]
 SUITE_BUDGET_S = 15 * 60
 WARMUP_S = 1
 MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to

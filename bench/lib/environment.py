@@ -309,6 +309,32 @@ class Env:
             raise SkipSystem(f"/ping answered {st} {body[:80]!r}")
         return s
 
+    # -- rules (scenario rules) ---------------------------------------------------
+    def _htpasswd(self):
+        """The members' file larder-rules and nginx-rules share: user `bench`, password
+        `bench`, bcrypt as Apache's `htpasswd -B` writes it (cost 5, the lowest it offers
+        bar 4: each nginx request pays one check)."""
+        path = self.run / "bench.htpasswd"
+        if not path.exists():
+            if not shutil.which("htpasswd"):
+                raise SkipSystem("htpasswd (apache2-utils) not installed")
+            out = sh(["htpasswd", "-nbB", "-C", "5", "bench", "bench"], timeout=30).strip()
+            if not out.startswith("bench:$2"):
+                raise SkipSystem(f"htpasswd -nbB wrote {out[:40]!r}")
+            path.write_text(out + "\n")
+        return path
+
+    def _start_larder_rules(self):
+        self._htpasswd()
+        return self._larder("larder-rules", "larder-rules.toml", "/bench-static/small.html")
+
+    def _start_larder_bare(self):
+        return self._larder("larder-bare", "larder.toml", "/ping")
+
+    def _start_nginx_rules(self):
+        self._htpasswd()
+        return self._nginx("nginx-rules", "nginx-rules.conf")
+
     # -- pools (scenario pools) ---------------------------------------------------
     def _start_larder_pool(self):
         self.start_origin_b()

@@ -197,6 +197,25 @@ def scenario_cells(name):
               goals=[G("pools failover: no request lost when a backend dies", "lost"),
                      G("pools failover: req/s against nginx (no goal)", "rps", ["nginx-pool"])]),
         ]
+    if name == "rules":
+        # `bench:bench`, the user of the members' file both systems read
+        auth = {"Authorization": "Basic YmVuY2g6YmVuY2g="}
+        return [
+            C("rules-8k-edge", "/edge/page.html 8 KB hit behind basic auth + a rate limit + "
+              "3 header rules (larder-bare: /page.html, the same hit without rules)", 100,
+              ["larder-rules", "larder-bare", "nginx-rules", "ceiling"],
+              {"larder-rules": "/edge/page.html", "larder-bare": "/page.html",
+               "nginx-rules": "/edge/page.html"}, "hit", auth, None,
+              goals=[G("rules 8 KB hit behind auth + limit + headers: larder >= 0.9x the same "
+                       "hit without rules", "rps", ["larder-bare"], 0.9),
+                     G("rules: CPU per request against the same hit without rules (no goal)",
+                       "cpu", ["larder-bare"]),
+                     G("rules 8 KB hit: larder >= 1.3x nginx auth_basic + limit_req + "
+                       "add_header", "rps", ["nginx-rules"], 1.3),
+                     G("rules: CPU per request against nginx (no goal)", "cpu",
+                       ["nginx-rules"]),
+                     ceiling_goal("rules 8 KB hit", None)]),
+        ]
     raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
 
