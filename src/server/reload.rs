@@ -147,8 +147,16 @@ impl Reloader {
     }
 
     /// Applies `new`: what it changes that needs a restart comes back (those parts keep
-    /// running as they are); an error changes nothing.
-    pub fn reload(&self, mut new: Config) -> Result<Vec<String>, String> {
+    /// running as they are); an error changes nothing. The service manager is told a reload
+    /// is under way (RELOADING), and ready again once it is over, applied or refused.
+    pub fn reload(&self, new: Config) -> Result<Vec<String>, String> {
+        crate::service::reloading();
+        let done = self.apply(new);
+        crate::service::ready();
+        done
+    }
+
+    fn apply(&self, mut new: Config) -> Result<Vec<String>, String> {
         let mut guard = self.state.lock().expect("not poisoned");
         let state = &mut *guard;
         let old = &state.config;

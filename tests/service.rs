@@ -1,0 +1,384 @@
+//! larder installed as a service, with the real binary: its shell completions and man page,
+//! systemd's notifications (READY once listening, WATCHDOG pings, RELOADING/READY around a
+//! reload, STOPPING at SIGTERM) read from a datagram socket as systemd would, the PID file,
+//! giving up root for `[server] user`, and the unit dist/ ships.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{free_port, larder_command, which, Child};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = larder_command().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "larder {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn completions_name_the_subcommands_and_flags() {
+    let bash = stdout_of(&["completions", "bash"]);
+    for word in [
+        "check",
+        "stats",
+        "reload",
+        "completions",
+        "manpage",
+        "--config",
+        "--upstream",
+    ] {
+        assert!(bash.contains(word), "bash completion lacks {word}");
+    }
+    assert!(bash.contains("complete -F"), "a bash completion script");
+    // bash loads it and completes `larder ch` to `check` with it.
+    if let Some(shell) = which("bash") {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("larder.bash");
+        std::fs::write(&script, &bash).unwrap();
+        let probe = "source \"$0\"; COMP_WORDS=(larder ch); COMP_CWORD=1; COMP_LINE='larder ch'; \
+                     COMP_POINT=9; _larder larder ch larder; printf '%s\\n' \"${COMPREPLY[@]}\"";
+        let out = Command::new(shell)
+            .args(["-c", probe])
+            .arg(&script)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.lines().any(|l| l == "check"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let zsh = stdout_of(&["completions", "zsh"]);
+    assert!(
+        zsh.starts_with("#compdef larder"),
+        "{}",
+        &zsh[..80.min(zsh.len())]
+    );
+    let fish = stdout_of(&["completions", "fish"]);
+    assert!(fish.contains("complete -c larder"));
+    // An unknown shell is refused with the ones there are.
+    let out = larder_command()
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bash"));
+}
+
+#[test]
+fn man_page_holds_the_options_and_renders() {
+    let page = stdout_of(&["manpage"]);
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq") || page.contains(".TH larder 1"),
+        "{page:.200}"
+    );
+    assert!(page.contains(".TH larder 1"), "a section-1 page");
+    for word in [
+        "\\-\\-config",
+        "\\-\\-upstream",
+        "\\-\\-log\\-format",
+        "completions",
+        "manpage",
+    ] {
+        assert!(page.contains(word), "the page lacks {word}");
+    }
+    // Rendered by man itself, where it is installed.
+    let Some(man) = which("man") else {
+        eprintln!("man is not installed: the page was checked as roff only");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("larder.1");
+    std::fs::write(&file, &page).unwrap();
+    let out = Command::new(man)
+        .args(["-P", "cat", "-l"])
+        .arg(&file)
+        .env("MANWIDTH", "100")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "man -l: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // man-db may render hyphens as U+2010; compare without them.
+    let plain = text.replace('\u{2010}', "-").replace('\u{2212}', "-");
+    assert!(
+        plain.contains("--config") && plain.contains("larder"),
+        "{plain}"
+    );
+}
+
+/// A socket where larder sends its notifications, as systemd's NOTIFY_SOCKET.
+struct Notify {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    sock: UnixDatagram,
+}
+
+impl Notify {
+    fn new() -> Notify {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        // Reachable by a larder that gave up root, as systemd's own socket is.
+        use std::os::unix::fs::PermissionsExt;
+        let open =
+            |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+        open(dir.path(), 0o755).unwrap();
+        open(&path, 0o777).unwrap();
+        // A real wait on a datagram: a failing larder would otherwise hang the test.
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Notify {
+            _dir: dir,
+            path,
+            sock,
+        }
+    }
+
+    /// The datagrams up to and with the first that holds `line` (a whole line of it).
+    fn until(&self, line: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match self.sock.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) => panic!("no {line} ({e}); got {seen:?}"),
+            };
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let found = msg.lines().any(|l| l == line);
+            seen.push(msg);
+            if found {
+                return seen;
+            }
+        }
+    }
+}
+
+/// A configuration answering "ok" on a free port, with `server` keys; (its directory, path,
+/// address).
+fn config(server: &str) -> (tempfile::TempDir, PathBuf, std::net::SocketAddr) {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let path = dir.path().join("larder.toml");
+    let text = format!(
+        "[server]\nworkers = 1\n{server}\n[[listener]]\naddr = \"{addr}\"\n[[listener.route]]\nrespond = {{ body = \"ok\" }}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    (dir, path, addr)
+}
+
+/// Starts larder on `cfg` with NOTIFY_SOCKET (and WATCHDOG_USEC, with WATCHDOG_PID its own
+/// process id as systemd sets it, when `watchdog` is given).
+fn start(cfg: &Path, notify: &Notify, watchdog: Option<Duration>) -> Child {
+    let mut cmd = Command::new("sh");
+    let script = match watchdog {
+        Some(d) => format!(
+            "WATCHDOG_USEC={} WATCHDOG_PID=$$ exec \"$0\" \"$@\"",
+            d.as_micros()
+        ),
+        None => "exec \"$0\" \"$@\"".to_string(),
+    };
+    cmd.arg("-c")
+        .arg(script)
+        .arg(larder_command().get_program())
+        .arg("--config")
+        .arg(cfg)
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    Child(cmd.spawn().unwrap())
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: a signal to our own child, which the Child guard keeps from being reaped.
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, sig) }, 0);
+}
+
+/// `GET /` on `addr`: the response's text.
+fn get(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn systemd_is_told_ready_watchdog_reloading_and_stopping() {
+    let notify = Notify::new();
+    let (_dir, cfg, addr) = config("");
+    let mut child = start(&cfg, &notify, Some(Duration::from_millis(200)));
+    let first = notify.until("READY=1");
+    // Ready means listening.
+    assert!(get(addr).ends_with("ok"));
+    // Pings at half of WATCHDOG_USEC: two in a row arrive.
+    notify.until("WATCHDOG=1");
+    notify.until("WATCHDOG=1");
+    // A reload (SIGHUP) is bracketed by RELOADING=1 (with the monotonic time) and READY=1.
+    signal(&child, libc::SIGHUP);
+    let reloading = notify.until("RELOADING=1");
+    let msg = reloading.last().unwrap();
+    assert!(msg.contains("MONOTONIC_USEC="), "{msg}");
+    notify.until("READY=1");
+    signal(&child, libc::SIGTERM);
+    notify.until("STOPPING=1");
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        !first.iter().any(|m| m.contains("STOPPING")),
+        "nothing before READY but READY: {first:?}"
+    );
+}
+
+#[test]
+fn without_a_watchdog_no_pings() {
+    let notify = Notify::new();
+    let (_dir, cfg, _addr) = config("");
+    let child = start(&cfg, &notify, None);
+    notify.until("READY=1");
+    signal(&child, libc::SIGTERM);
+    let rest = notify.until("STOPPING=1");
+    assert!(
+        !rest.iter().any(|m| m.contains("WATCHDOG")),
+        "pinged with no WATCHDOG_USEC: {rest:?}"
+    );
+}
+
+#[test]
+fn pid_file_is_written_once_listening_and_removed_at_exit() {
+    let notify = Notify::new();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("larder.pid");
+    let (_cfgdir, cfg, _addr) = config(&format!("pid_file = {:?}", pid_file.to_str().unwrap()));
+    let mut child = start(&cfg, &notify, None);
+    notify.until("READY=1");
+    let text = std::fs::read_to_string(&pid_file).unwrap();
+    assert_eq!(text, format!("{}\n", child.0.id()));
+    signal(&child, libc::SIGTERM);
+    assert!(child.0.wait().unwrap().success());
+    assert!(!pid_file.exists(), "the PID file is removed at exit");
+}
+
+/// The ids of one `Uid:` or `Gid:` line of /proc/PID/status (real, effective, saved, fs).
+fn ids(status: &str, key: &str) -> Vec<u32> {
+    let line = (status.lines())
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in {status}"));
+    line[key.len()..]
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn started_as_root_it_runs_as_the_configured_user() {
+    // SAFETY: geteuid touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run as root: the drop to [server] user cannot be tested here");
+        return;
+    }
+    let nobody = larder::config::lookup_user("nobody").expect("a user nobody");
+    let notify = Notify::new();
+    let (_dir, cfg, addr) = config("user = \"nobody\"");
+    let child = start(&cfg, &notify, None);
+    notify.until("READY=1");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();
+    assert_eq!(ids(&status, "Uid:"), [nobody.uid; 4], "{status}");
+    assert_eq!(ids(&status, "Gid:"), [nobody.gid; 4], "{status}");
+    assert_eq!(ids(&status, "Groups:"), [nobody.gid], "{status}");
+    // Every thread, not only the main one.
+    for task in std::fs::read_dir(format!("/proc/{}/task", child.0.id())).unwrap() {
+        let s = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        assert_eq!(ids(&s, "Uid:"), [nobody.uid; 4], "{s}");
+    }
+    // Still serving on the port bound as root.
+    assert!(get(addr).ends_with("ok"));
+}
+
+#[test]
+fn a_user_or_group_that_does_not_exist_is_named_with_its_line() {
+    let check = |server: &str| {
+        let (_dir, cfg, _) = config(server);
+        let out = larder_command().arg("check").arg(&cfg).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, msg) = check("user = \"no-such-larder-user\"");
+    assert!(!ok);
+    assert!(
+        msg.contains("line 3, key `server.user`") && msg.contains("no user `no-such-larder-user`"),
+        "{msg}"
+    );
+    let (ok, msg) = check("user = \"nobody\"\ngroup = \"no-such-larder-group\"");
+    assert!(!ok);
+    assert!(msg.contains("line 4, key `server.group`"), "{msg}");
+    let (ok, msg) = check("user = \"nobody\"");
+    assert!(ok, "{msg}");
+}
+
+/// dist/larder.service: notify type with a watchdog, the directories and the hardening; and
+/// `systemd-analyze verify` finds nothing to say of it, where systemd-analyze is installed.
+#[test]
+fn the_unit_is_a_notify_service_and_verifies() {
+    let unit = std::fs::read_to_string(Path::new(ROOT).join("dist/larder.service")).unwrap();
+    let lines: Vec<&str> = unit.lines().map(str::trim).collect();
+    for want in [
+        "Type=notify",
+        "NotifyAccess=main",
+        "ExecStart=/usr/bin/larder --config /etc/larder/larder.toml",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "StateDirectory=larder",
+        "CacheDirectory=larder",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+        "CapabilityBoundingSet=CAP_NET_BIND_SERVICE",
+        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
+        "ProtectClock=yes",
+        "RestrictSUIDSGID=yes",
+        "SystemCallFilter=@system-service",
+    ] {
+        assert!(lines.contains(&want), "the unit lacks {want}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("WatchdogSec=")));
+    let Some(analyze) = which("systemd-analyze") else {
+        eprintln!("systemd-analyze is not installed: the unit was not verified (a lint)");
+        return;
+    };
+    // Verified with the binary built here in place of /usr/bin/larder (verify checks that
+    // each command exists), and without looking for the man page (the package installs it).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = larder_command().get_program().to_str().unwrap().to_string();
+    let here = dir.path().join("larder.service");
+    std::fs::write(&here, unit.replace("/usr/bin/larder", &bin)).unwrap();
+    let out = Command::new(analyze)
+        .args(["verify", "--man=no"])
+        .arg(&here)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    // Unknown keys and bad values are only warnings: none may be said.
+    assert_eq!(said.trim(), "", "systemd-analyze verify: {said}");
+}
