@@ -1,7 +1,8 @@
 //! larder installed as a service, with the real binary: its shell completions and man page,
 //! systemd's notifications (READY once listening, WATCHDOG pings, RELOADING/READY around a
 //! reload, STOPPING at SIGTERM) read from a datagram socket as systemd would, the PID file,
-//! giving up root for `[server] user`, and the unit dist/ ships.
+//! giving up root for `[server] user`, and the files dist/ ships (the unit, the Containerfile,
+//! the Debian package's metadata).
 
 mod common;
 
@@ -381,4 +382,159 @@ fn the_unit_is_a_notify_service_and_verifies() {
     assert!(out.status.success(), "{said}");
     // Unknown keys and bad values are only warnings: none may be said.
     assert_eq!(said.trim(), "", "systemd-analyze verify: {said}");
+}
+
+/// The instructions of a Containerfile: (instruction, its arguments), continuation lines
+/// joined, comments left out.
+fn instructions(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('#') || (t.is_empty() && pending.is_empty()) {
+            continue;
+        }
+        if let Some(head) = t.strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(t);
+        let (i, rest) = pending.split_once(' ').unwrap_or((&pending, ""));
+        out.push((i.to_uppercase(), rest.trim().to_string()));
+        pending.clear();
+    }
+    out
+}
+
+/// dist/Containerfile: no container engine runs in this sandbox (no daemon for docker, and no
+/// base image can be pulled), so it is checked as text: a base image, the binary copied from
+/// the build argument, a non-root user, port 8080, larder as the entry point on the shipped
+/// configuration, which `larder check` accepts.
+#[test]
+fn the_containerfile_copies_the_binary_and_runs_as_a_user() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("dist/Containerfile")).unwrap();
+    let all = instructions(&text);
+    let known = [
+        "FROM",
+        "ARG",
+        "RUN",
+        "COPY",
+        "USER",
+        "WORKDIR",
+        "VOLUME",
+        "EXPOSE",
+        "STOPSIGNAL",
+        "ENTRYPOINT",
+        "CMD",
+        "ENV",
+        "LABEL",
+        "HEALTHCHECK",
+    ];
+    for (i, args) in &all {
+        assert!(
+            known.contains(&i.as_str()),
+            "unknown instruction {i} {args}"
+        );
+    }
+    let of = |name: &str| -> Vec<&str> {
+        all.iter()
+            .filter(|(i, _)| i == name)
+            .map(|(_, a)| a.as_str())
+            .collect()
+    };
+    assert_eq!(all[0].0, "FROM", "a Containerfile starts FROM a base");
+    assert!(of("FROM")[0].starts_with("debian:bookworm-slim"));
+    assert!(of("ARG").iter().any(|a| a.starts_with("LARDER_BIN=")));
+    assert!(
+        of("COPY").contains(&"${LARDER_BIN} /usr/bin/larder"),
+        "{:?}",
+        of("COPY")
+    );
+    let user = of("USER");
+    assert!(
+        user.len() == 1 && !["root", "0"].contains(&user[0]),
+        "{user:?}"
+    );
+    // USER comes before the entry point runs anything.
+    let pos = |name: &str| all.iter().position(|(i, _)| i == name).unwrap();
+    assert!(pos("USER") < pos("ENTRYPOINT"));
+    assert_eq!(of("EXPOSE"), ["8080"]);
+    assert_eq!(of("ENTRYPOINT"), ["[\"/usr/bin/larder\"]"]);
+    let cmd: Vec<String> = serde_json::from_str(of("CMD")[0]).unwrap();
+    assert_eq!(cmd, ["--config", "/etc/larder/larder.toml"]);
+    // The configuration copied in is dist/larder.toml, and it checks.
+    assert!(of("COPY").contains(&"dist/larder.toml /etc/larder/larder.toml"));
+    let out = larder_command()
+        .arg("check")
+        .arg(Path::new(ROOT).join("dist/larder.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `[package.metadata.deb]`: every asset it packages exists, or is one `dist/deb` makes
+/// (under target/release/); the shipped configuration (dist/larder.toml) is
+/// /etc/larder/larder.toml, a conffile; the unit and the maintainer scripts are there, and the
+/// scripts parse.
+#[test]
+fn the_debian_package_metadata_names_files_that_exist() {
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).unwrap())
+            .unwrap();
+    let deb = manifest["package"]["metadata"]["deb"].as_table().unwrap();
+    let assets = deb["assets"].as_array().unwrap();
+    let script = std::fs::read_to_string(Path::new(ROOT).join("dist/deb")).unwrap();
+    let mut targets = Vec::new();
+    for a in assets {
+        let a = a.as_array().unwrap();
+        let (src, dst) = (a[0].as_str().unwrap(), a[1].as_str().unwrap());
+        targets.push(dst.to_string());
+        match src.strip_prefix("target/release/") {
+            // The binary from the release build, the rest from dist/deb.
+            Some("larder") => {}
+            Some(made) => assert!(
+                script.contains(&format!("$out/{}", made.trim_start_matches("assets/"))),
+                "dist/deb does not make {src}"
+            ),
+            None => assert!(Path::new(ROOT).join(src).exists(), "no {src}"),
+        }
+    }
+    for want in [
+        "usr/bin/",
+        "etc/larder/larder.toml",
+        "usr/share/man/man1/larder.1.gz",
+        "usr/share/bash-completion/completions/larder",
+    ] {
+        assert!(
+            targets.iter().any(|t| t == want),
+            "the package lacks {want}"
+        );
+    }
+    let conf: Vec<&str> = (deb["conf-files"].as_array().unwrap().iter())
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(conf, ["/etc/larder/larder.toml"]);
+    let units = deb["systemd-units"].as_table().unwrap();
+    let dir = Path::new(ROOT).join(units["unit-scripts"].as_str().unwrap());
+    assert!(dir.join("larder.service").exists());
+    let scripts = Path::new(ROOT).join(deb["maintainer-scripts"].as_str().unwrap());
+    for name in ["postinst", "postrm"] {
+        let path = scripts.join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // cargo-deb puts the unit's steps where this token stands.
+        assert!(text.contains("#DEBHELPER#"), "{name}");
+        let ok = Command::new("sh").arg("-n").arg(&path).status().unwrap();
+        assert!(ok.success(), "{name} does not parse");
+    }
+    assert!(
+        std::fs::read_to_string(scripts.join("postinst"))
+            .unwrap()
+            .contains("adduser --system --group"),
+        "postinst makes the larder user"
+    );
 }
