@@ -115,7 +115,7 @@ fn man_page_holds_the_options_and_renders() {
         String::from_utf8_lossy(&out.stderr)
     );
     // man-db may render hyphens as U+2010; compare without them.
-    let plain = text.replace('\u{2010}', "-").replace('\u{2212}', "-");
+    let plain = text.replace(['\u{2010}', '\u{2212}'], "-");
     assert!(
         plain.contains("--config") && plain.contains("larder"),
         "{plain}"
