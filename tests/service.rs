@@ -526,8 +526,10 @@ fn the_debian_package_metadata_names_files_that_exist() {
     for name in ["postinst", "postrm"] {
         let path = scripts.join(name);
         let text = std::fs::read_to_string(&path).unwrap();
-        // cargo-deb puts the unit's steps where this token stands.
-        assert!(text.contains("#DEBHELPER#"), "{name}");
+        // cargo-deb puts the unit's steps where this token stands: once, on a line of its own
+        // (the first one found is replaced, in a comment too).
+        assert_eq!(text.matches("#DEBHELPER#").count(), 1, "{name}");
+        assert!(text.lines().any(|l| l == "#DEBHELPER#"), "{name}");
         let ok = Command::new("sh").arg("-n").arg(&path).status().unwrap();
         assert!(ok.success(), "{name} does not parse");
     }
@@ -537,4 +539,165 @@ fn the_debian_package_metadata_names_files_that_exist() {
             .contains("adduser --system --group"),
         "postinst makes the larder user"
     );
+}
+
+/// A package removed (purged) when dropped, so that a failing test leaves nothing installed.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg")
+            .args(["--purge", "larder"])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+/// The Debian package, made by cargo-deb from `[package.metadata.deb]` out of the binary under
+/// test (the debug build: `--profile dev`; dist/deb makes the release one), installed with
+/// `dpkg -i`: `larder --version` and `larder check` of the shipped configuration work, the
+/// man page, completions, unit and conffile are where Debian keeps them, the `larder` user
+/// exists; then purged. Needs root (dpkg), as CI and tests/provision run.
+#[test]
+fn the_debian_package_installs_and_runs() {
+    // SAFETY: geteuid touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run as root: dpkg -i cannot be tested here");
+        return;
+    }
+    if Path::new("/usr/bin/larder").exists() && !installed_by_dpkg() {
+        panic!("/usr/bin/larder exists and is not the package's: not overwriting it");
+    }
+    let cargo_deb = common::cargo_deb_dir();
+    // One install at a time on this machine (two test runs, two clones).
+    let lock = std::fs::File::create("/tmp/larder-deb-test.lock").unwrap();
+    // SAFETY: flock on a file this test holds open.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) },
+        0
+    );
+
+    // The assets dist/deb makes from the binary, in the debug build's directory.
+    let bin = PathBuf::from(larder_command().get_program());
+    let profile_dir = bin.parent().unwrap();
+    let target_dir = profile_dir.parent().unwrap();
+    let assets = profile_dir.join("assets");
+    std::fs::create_dir_all(&assets).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(assets.join("larder.1.gz")).unwrap(),
+        flate2::Compression::best(),
+    );
+    gz.write_all(stdout_of(&["manpage"]).as_bytes()).unwrap();
+    gz.finish().unwrap();
+    for (shell, file) in [
+        ("bash", "larder.bash"),
+        ("zsh", "_larder"),
+        ("fish", "larder.fish"),
+    ] {
+        std::fs::write(assets.join(file), stdout_of(&["completions", shell])).unwrap();
+    }
+    let out_dir = tempfile::tempdir().unwrap();
+    let deb = out_dir.path().join("larder.deb");
+    let path = format!(
+        "{}:{}",
+        cargo_deb.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let made = Command::new(env!("CARGO"))
+        .args([
+            "deb",
+            "--no-build",
+            "--profile",
+            "dev",
+            "--fast",
+            "--output",
+        ])
+        .arg(&deb)
+        .current_dir(ROOT)
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "cargo deb: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+
+    let _installed = Installed;
+    let dpkg = Command::new("dpkg")
+        .arg("-i")
+        .arg(&deb)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .unwrap();
+    assert!(
+        dpkg.status.success(),
+        "dpkg -i: {}{}",
+        String::from_utf8_lossy(&dpkg.stdout),
+        String::from_utf8_lossy(&dpkg.stderr)
+    );
+    let run = |args: &[&str]| {
+        let out = Command::new("/usr/bin/larder").args(args).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "larder {args:?}: {said}");
+        said
+    };
+    assert_eq!(run(&["--version"]), stdout_of(&["--version"]));
+    assert!(run(&["check", "/etc/larder/larder.toml"]).contains(": ok ("));
+    let files = String::from_utf8(
+        Command::new("dpkg")
+            .args(["-L", "larder"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for want in [
+        "/usr/bin/larder",
+        "/etc/larder/larder.toml",
+        "/usr/share/man/man1/larder.1.gz",
+        "/usr/share/bash-completion/completions/larder",
+        "/usr/share/doc/larder/examples/larder.example.toml",
+        "/etc/logrotate.d/larder",
+    ] {
+        assert!(files.lines().any(|l| l == want), "no {want} in:\n{files}");
+    }
+    assert!(
+        files
+            .lines()
+            .any(|l| l.ends_with("/systemd/system/larder.service")),
+        "no unit in:\n{files}"
+    );
+    let conffiles = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Conffiles}", "larder"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&conffiles.stdout).contains("/etc/larder/larder.toml"),
+        "a conffile"
+    );
+    assert!(
+        larder::config::lookup_user("larder").is_some(),
+        "postinst made the larder user"
+    );
+    // Enabled at install (deb-systemd-helper's link, made without a running systemd too).
+    assert!(
+        Path::new("/etc/systemd/system/multi-user.target.wants/larder.service").exists(),
+        "the unit is enabled"
+    );
+    drop(_installed);
+    assert!(!Path::new("/usr/bin/larder").exists(), "purged");
+    assert!(!Path::new("/etc/larder/larder.toml").exists(), "purged");
+}
+
+/// Whether dpkg knows a package `larder` (one left by an earlier run of this test).
+fn installed_by_dpkg() -> bool {
+    Command::new("dpkg")
+        .args(["-s", "larder"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
