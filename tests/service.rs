@@ -206,6 +206,65 @@ fn start(cfg: &Path, notify: &Notify, watchdog: Option<Duration>) -> Child {
     Child(cmd.spawn().unwrap())
 }
 
+/// A reload of an unchanged file, when flags override `[server]` keys (`--state-dir`,
+/// `--log-format`, `--log-level`): nothing needs a restart. (The flags' values differed from the
+/// file's, and the reload named `[server]` and the self-signed listener's `[listener.tls]`.)
+#[test]
+fn a_reload_keeps_what_the_flags_set() {
+    let notify = Notify::new();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let cfg = dir.path().join("larder.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[listener]]\naddr = \"{addr}\"\n  [listener.tls]\n  self_signed = true\n  \
+             [[listener.route]]\n  respond = {{ body = \"ok\" }}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Child(
+        larder_command()
+            .arg("--config")
+            .arg(&cfg)
+            .args([
+                "--state-dir",
+                "kept",
+                "--log-format",
+                "json",
+                "--log-level",
+                "info",
+            ])
+            .current_dir(dir.path())
+            .env("NOTIFY_SOCKET", &notify.path)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    notify.until("READY=1");
+    assert!(dir.path().join("kept/tls/self-signed.pem").exists());
+    signal(&child, libc::SIGHUP);
+    notify.until("RELOADING=1");
+    notify.until("READY=1");
+    signal(&child, libc::SIGTERM);
+    let mut out = String::new();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.0.wait().unwrap().success());
+    let reloaded: Vec<&str> = (out.lines())
+        .filter(|l| l.contains("SIGHUP: configuration reloaded"))
+        .collect();
+    assert_eq!(reloaded.len(), 1, "{out}");
+    assert!(!reloaded[0].contains("needs_restart"), "{}", reloaded[0]);
+}
+
 fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: a signal to our own child, which the Child guard keeps from being reaped.
     assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, sig) }, 0);

@@ -162,13 +162,19 @@ impl Reloader {
         let old = &state.config;
         let mut restart = Vec::new();
         // What a running process keeps. [server] is compared without the values the command
-        // line and the open-files limit set.
+        // line and the open-files limit set (`--workers`, `--state-dir`, `--log-format`,
+        // `--log-level` override their keys).
         let mut server = new.server.clone();
         server.workers = old.server.workers;
         server.max_connections = old.server.max_connections;
+        server.state_dir = old.server.state_dir.clone();
+        server.log_format = old.server.log_format;
+        server.log_level = old.server.log_level;
         if server != old.server {
             restart.push("[server]".to_string());
         }
+        // The state directory stays as started, the listeners' self-signed certificates in it.
+        new.set_state_dir(old.server.state_dir.clone());
         new.server = old.server.clone();
         for (changed, name) in [
             (new.cache != old.cache, "[cache]"),
