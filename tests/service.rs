@@ -392,6 +392,12 @@ fn a_user_or_group_that_does_not_exist_is_named_with_its_line() {
     let (ok, msg) = check("user = \"nobody\"\ngroup = \"no-such-larder-group\"");
     assert!(!ok);
     assert!(msg.contains("line 4, key `server.group`"), "{msg}");
+    let (ok, msg) = check("group = \"nogroup\"");
+    assert!(!ok);
+    assert!(
+        msg.contains("line 3, key `server.group`") && msg.contains("needs [server] user"),
+        "{msg}"
+    );
     let (ok, msg) = check("user = \"nobody\"");
     assert!(ok, "{msg}");
 }
