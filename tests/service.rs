@@ -202,7 +202,7 @@ fn start(cfg: &Path, notify: &Notify, watchdog: Option<Duration>) -> Child {
         .env_remove("WATCHDOG_USEC")
         .env_remove("WATCHDOG_PID")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::inherit());
     Child(cmd.spawn().unwrap())
 }
 
@@ -371,6 +371,38 @@ fn started_as_root_it_runs_as_the_configured_user() {
     }
     // Still serving on the port bound as root.
     assert!(get(addr).ends_with("ok"));
+}
+
+/// Root that cannot change user (CAP_SETUID and CAP_SETGID taken out of its bounding set by
+/// setpriv, from util-linux): larder binds, fails to give up root, and exits rather than serve
+/// as root.
+#[test]
+fn root_that_cannot_change_user_does_not_run_on() {
+    // SAFETY: geteuid touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run as root: the refused drop cannot be tested here");
+        return;
+    }
+    let setpriv = common::apt("setpriv", "util-linux");
+    let (_dir, cfg, addr) = config("user = \"nobody\"");
+    // Bounded: a larder that ran on would be stopped after 20 s (exit code 124).
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(setpriv)
+        .args(["--bounding-set=-setuid,-setgid", "--"])
+        .arg(larder_command().get_program())
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot change to user `nobody`") && err.contains("does not run on as root"),
+        "{err}"
+    );
+    // It stopped: the port is free again.
+    assert!(std::net::TcpListener::bind(addr).is_ok());
 }
 
 #[test]
