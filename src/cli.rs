@@ -1,11 +1,12 @@
 //! The command line: which configuration to run (a file, the embedded default, or one built from
 //! flags), how the process logs (`--log-format`, `--log-level`), the version line (with the
-//! commit and build date build.rs sets), and the subcommands.
+//! commit and build date build.rs sets), and the subcommands; shell completion scripts and the
+//! man page, generated from this same definition (clap_complete, clap_mangen).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, CommandFactory, Parser, Subcommand};
 
 use crate::config::{
     self, Config, HandlerConfig, ImagesConfig, ProxyConfig, PushConfig, StaticConfig, TlsConfig,
@@ -23,38 +24,9 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-/// How the process log is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum LogFormat {
-    /// One line of text per event (coloured on a terminal unless NO_COLOR is set).
-    #[default]
-    Text,
-    /// One JSON object per line (`timestamp`, `level`, `fields`), for log shippers.
-    Json,
-}
-
-/// The most detailed level the process log shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
-
-impl LogLevel {
-    /// The level's name as tracing's filters spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Error => "error",
-            LogLevel::Warn => "warn",
-            LogLevel::Info => "info",
-            LogLevel::Debug => "debug",
-            LogLevel::Trace => "trace",
-        }
-    }
-}
+/// The process log's format and level: the same settings as `[server] log_format` and
+/// `log_level`, which the flags override.
+pub use crate::config::{LogLevel, ProcessLogFormat as LogFormat};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -112,9 +84,10 @@ pub struct Cli {
     /// under --state-dir (its path is printed, for `curl --cacert`).
     #[arg(long, requires = "quick")]
     pub tls_self_signed: bool,
-    /// Where larder keeps what it makes (the self-signed certificate).
-    #[arg(long, value_name = "DIR", default_value = "larder-state")]
-    pub state_dir: PathBuf,
+    /// Where larder keeps what it makes (the self-signed certificate); overrides
+    /// `[server] state_dir` (default `larder-state`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Serve the admin API (status, purge, /metrics) on this address, beside any other flags
     /// (bind it to loopback unless the network in front is trusted).
     #[arg(long, value_name = "ADDR")]
@@ -126,11 +99,12 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     pub workers: Option<config::Workers>,
     /// The process log's format: `text` (coloured only on a terminal, never with NO_COLOR set)
-    /// or `json` (one object a line).
-    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
-    /// The process log's level (error, warn, info, debug, trace); without it RUST_LOG is
-    /// honoured (a level or tracing filter directives such as `larder=debug`), else `info`.
+    /// or `json` (one object a line); overrides `[server] log_format` (default `text`).
+    #[arg(long, value_name = "FORMAT", value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
+    /// The process log's level (error, warn, info, debug, trace); overrides `[server]
+    /// log_level`; without either RUST_LOG is honoured (a level or tracing filter directives
+    /// such as `larder=debug`), else `info`.
     #[arg(long, value_name = "LEVEL", value_enum, global = true)]
     pub log_level: Option<LogLevel>,
     #[command(subcommand)]
@@ -170,6 +144,28 @@ pub enum Command {
         #[arg(long, value_name = "TOKEN", env = "LARDER_ADMIN_TOKEN")]
         token: String,
     },
+    /// Print the completion script of a shell for larder (packages install it, e.g. bash's
+    /// into /usr/share/bash-completion/completions/larder).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print larder's manual page (roff, section 1): `larder manpage > larder.1`, or read it
+    /// at once with `larder manpage | man -l -`.
+    Manpage,
+}
+
+/// Writes the completion script of `shell` for the whole command line (subcommands, flags,
+/// their values) to `out`.
+pub fn write_completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "larder", out);
+}
+
+/// Writes the man page (roff) of the command line to `out`: every flag and subcommand with
+/// the help text above.
+pub fn write_manpage(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    clap_mangen::Man::new(Cli::command()).render(out)
 }
 
 /// Which configuration a command line selects.
@@ -243,6 +239,15 @@ impl Cli {
         if let Some(w) = self.workers {
             cfg.server.workers = w;
         }
+        if let Some(dir) = &self.state_dir {
+            cfg.set_state_dir(dir.clone());
+        }
+        if let Some(f) = self.log_format {
+            cfg.server.log_format = f;
+        }
+        if let Some(l) = self.log_level {
+            cfg.server.log_level = Some(l);
+        }
         if let Some(addr) = self.admin {
             cfg.admin.listen = Some(addr);
             if let Some(t) = &self.admin_token {
@@ -302,7 +307,7 @@ impl Cli {
         if !self.tls_self_signed {
             return Ok(None);
         }
-        let (cert, key) = crate::tls::self_signed(&self.state_dir.join("tls"))?;
+        let (cert, key) = crate::tls::self_signed(&cfg.server.state_dir.join("tls"))?;
         cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key));
         Ok(Some(cert))
     }

@@ -71,6 +71,9 @@
 //! tests move it instead of sleeping) and a coarse monotonic clock for deadlines that tolerate
 //! milliseconds (the request-head deadline, the static re-stat).
 //!
+//! [`service`] is larder as a service of the system: systemd's notifications (ready, watchdog,
+//! reloading, stopping), giving up root after binding, the PID file.
+//!
 //! [`upgrade`] hands an HTTP/1.1 connection, after its 101, from the server to the handler that
 //! answered it (WebSocket pass-through, push's WebSocket sessions).
 //!
@@ -92,7 +95,7 @@
 //!    sockets with `send`/`sendmsg`); [`clock`].
 //! 2. [`http`] (body); [`phases`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
-//!    (config, metrics).
+//!    (config, metrics); [`service`] (config).
 //! 3. [`fleet`] (config).
 //! 4. [`cache`] (compress, config, http, inbound, metrics, clock, fleet); [`upstream`] (body,
 //!    config, http, interim, metrics, socket, upgrade).
@@ -102,8 +105,8 @@
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
 //!    http, inbound, respond, fleet, upstream).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
-//!    tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics, access_log, otel,
-//!    upstream, socket, clock, fleet), [`cli`] (config, tls).
+//!    tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics,
+//!    access_log, otel, upstream, socket, clock, fleet, service), [`cli`] (config, tls).
 //!
 //! Within every folder too, no file imports a sibling that imports it back (its `mod.rs` aside;
 //! the `layout` test checks).
@@ -133,6 +136,7 @@ pub mod respond;
 pub mod route;
 pub mod rules;
 pub mod server;
+pub mod service;
 pub mod socket;
 pub mod static_files;
 pub mod stats;

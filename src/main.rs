@@ -1,32 +1,35 @@
 //! The larder binary: parse the command line, set up the process log, load the configuration,
-//! run until a signal. Errors are printed as `error: ...` on stderr (as cargo and rustc do).
+//! run until a signal, as a service (the PID file, root given up after binding, systemd told
+//! of readiness and stop); or print the shell completions or the man page. Errors are printed
+//! as `error: ...` on stderr (as cargo and rustc do).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use larder::cli::{Cli, Command, LogFormat, Source};
+use larder::cli::{Cli, Command, LogFormat, LogLevel, Source};
 use larder::config::Config;
 use larder::server;
+use larder::service;
 
 /// jemalloc, not glibc's malloc: see docs/design.md "Allocator". The library leaves the
 /// allocator to its binary (its tests count heap bytes with allocators of their own).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// The process log, on standard output: `--log-level`, else RUST_LOG, else `info`; text
-/// coloured only when standard output is a terminal and NO_COLOR is unset or empty
-/// (no-color.org), or JSON (one object a line).
-fn init_log(cli: &Cli) {
+/// The process log, on standard output: `--log-level` (or `[server] log_level`), else
+/// RUST_LOG, else `info`; text coloured only when standard output is a terminal and NO_COLOR is
+/// unset or empty (no-color.org), or JSON (one object a line).
+fn init_log(format: LogFormat, level: Option<LogLevel>) {
     use tracing_subscriber::EnvFilter;
-    let filter = match cli.log_level {
+    let filter = match level {
         Some(level) => EnvFilter::new(level.as_str()),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
-    match cli.log_format {
+    match format {
         LogFormat::Json => builder.json().with_ansi(false).init(),
         LogFormat::Text => {
             let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
@@ -39,17 +42,27 @@ fn init_log(cli: &Cli) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_log(&cli);
-    let json_log = cli.log_format == LogFormat::Json;
-    // What larder tells the operator at start (tokens, URLs, what to try): printed as lines of
-    // their own, or as log events when the log is JSON (so every line of it parses).
-    let say = move |line: String| {
-        if json_log {
-            tracing::info!("{line}");
-        } else {
-            println!("{line}");
+    // What is printed from the command line's definition alone, before any log is set up.
+    match &cli.command {
+        Some(Command::Completions { shell }) => {
+            larder::cli::write_completions(*shell, &mut std::io::stdout());
+            return ExitCode::SUCCESS;
         }
-    };
+        Some(Command::Manpage) => {
+            return match larder::cli::write_manpage(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
+    // The subcommands log with the flags' settings; a run with its configuration's (below).
+    if cli.command.is_some() {
+        init_log(cli.log_format.unwrap_or_default(), cli.log_level);
+    }
 
     if let Some(Command::Stats {
         admin,
@@ -137,6 +150,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_log(cfg.server.log_format, cfg.server.log_level);
+    let json_log = cfg.server.log_format == LogFormat::Json;
+    // What larder tells the operator at start (tokens, URLs, what to try): printed as lines of
+    // their own, or as log events when the log is JSON (so every line of it parses).
+    let say = move |line: String| {
+        if json_log {
+            tracing::info!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let (user, group, pid_path) = (
+        cfg.server.user.clone(),
+        cfg.server.group.clone(),
+        cfg.server.pid_file.clone(),
+    );
     let generated_token = cli.generated_admin_token(&mut cfg);
     let push_tokens = cli.generated_push_tokens(&mut cfg, &source);
     let self_signed = match cli.self_signed(&mut cfg) {
@@ -182,6 +211,34 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // Listening: the PID file is written (while still root, where /run is writable), then
+        // root is given up for `[server] user`; failing that, larder does not run on.
+        let _pid_file = match &pid_path {
+            None => None,
+            Some(path) => match service::PidFile::write(path) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("error: cannot write the PID file {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        if let Some(user) = &user {
+            if service::is_root() {
+                match service::drop_to(user, group.as_deref()) {
+                    Ok(ids) => tracing::info!(user, uid = ids.uid, gid = ids.gid, "running as {user}"),
+                    Err(e) => {
+                        eprintln!("error: {e}: larder does not run on as root");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                tracing::info!(user, "not started as root: [server] user left aside");
+            }
+        }
+        if let Some(every) = service::watchdog_interval() {
+            tokio::spawn(service::watchdog(every));
+        }
         for ((addr, router), scheme) in handle.addrs.iter().zip(&handle.routers).zip(&schemes) {
             for (host, prefix, what) in router.describe() {
                 tracing::info!("{scheme}://{addr}  host {host}  {prefix}  → {what}");
@@ -223,7 +280,8 @@ fn main() -> ExitCode {
             say(format!("  curl -s --compressed http://{a}/ "));
         }
         // SIGHUP reloads the configuration file (routes, pools, listeners; certificates
-        // re-read), or without a file re-reads the TLS certificates.
+        // re-read; the service manager told RELOADING, then READY), or without a file re-reads
+        // the TLS certificates.
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             Ok(s) => Some(s),
@@ -234,6 +292,8 @@ fn main() -> ExitCode {
         };
         let stop = server::shutdown_signal();
         tokio::pin!(stop);
+        // Bound, the operator told, the signals handled: ready (systemd's Type=notify).
+        service::ready();
         loop {
             let hup_received = async {
                 match hup.as_mut() {
@@ -255,6 +315,7 @@ fn main() -> ExitCode {
                 } },
             }
         }
+        service::stopping();
         tracing::info!("shutting down; finishing in-flight requests");
         let left = handle.shutdown().await;
         if left > 0 {

@@ -506,9 +506,20 @@ fn regression_a_wrong_type_is_said_in_the_files_words() {
 /// larder from `config` (a file in `dir`, where it runs), until it prints a line holding
 /// `until`: the child (killed when dropped) and what it printed so far.
 fn start_in(dir: &std::path::Path, config: &str, until: &str) -> (Child, String) {
+    start_in_with(dir, config, &[], until)
+}
+
+/// [`start_in`] with more arguments.
+fn start_in_with(
+    dir: &std::path::Path,
+    config: &str,
+    args: &[&str],
+    until: &str,
+) -> (Child, String) {
     std::fs::write(dir.join("larder.toml"), config).unwrap();
     let mut child = larder_command()
         .args(["--config", "larder.toml"])
+        .args(args)
         .current_dir(dir)
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
@@ -594,6 +605,53 @@ fn the_dashboards_url_is_printed_at_start() {
     let (_larder, said) = start_in(dir.path(), &config, "dashboard at");
     assert!(
         said.contains(&format!("dashboard at http://{admin}/_larder/dashboard")),
+        "{said}"
+    );
+}
+
+/// The quick start's `--state-dir`, `--log-format` and `--log-level` had no keys in the file:
+/// `[server] state_dir`, `log_format` and `log_level` say the same, and a flag overrides its
+/// key.
+#[test]
+fn state_dir_and_the_log_have_keys_in_the_file_and_flags_override_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let config = format!(
+        "[server]\nstate_dir = \"kept\"\nlog_format = \"json\"\nlog_level = \"info\"\n\
+         [[listener]]\naddr = \"{addr}\"\n  [listener.tls]\n  self_signed = true\n  \
+         [[listener.route]]\n  respond = {{ body = \"pong\" }}\n"
+    );
+    let (larder, said) = start_in(dir.path(), &config, "→");
+    assert!(
+        dir.path().join("kept/tls/self-signed.pem").exists(),
+        "the certificate under state_dir: {said}"
+    );
+    assert!(!dir.path().join("larder-state").exists());
+    for line in said.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["level"], "INFO", "{line}");
+    }
+    drop(larder);
+
+    // The flags win over the file's keys.
+    let args = [
+        "--log-format",
+        "text",
+        "--log-level",
+        "info",
+        "--state-dir",
+        "other",
+    ];
+    let (_larder, said) = start_in_with(
+        dir.path(),
+        &config.replace("\"info\"", "\"error\""),
+        &args,
+        "→",
+    );
+    assert!(said.contains(" INFO ") && !said.contains("{\""), "{said}");
+    assert!(
+        dir.path().join("other/tls/self-signed.pem").exists(),
         "{said}"
     );
 }

@@ -74,7 +74,9 @@ pub use proxy::{ProxyConfig, RequestCacheControl};
 pub use push::{GroupConfig, IdPattern, JwtConfig, PushConfig};
 pub use respond::RespondConfig;
 pub use rules::{Action, Policies, RuleConfig, When};
-pub use server::{Layout, ServerConfig, Threading};
+pub use server::{
+    lookup_group, lookup_user, Layout, LogLevel, ProcessLogFormat, ServerConfig, Threading, UserIds,
+};
 pub use static_files::{Bundle, StaticConfig};
 pub use tiers::{DiskConfig, DiskWrite, SharedConfig};
 pub use tls::{
@@ -203,7 +205,19 @@ impl Config {
         };
         cfg.check_semantics()?;
         cfg.name_inline_pools();
+        cfg.set_state_dir(cfg.server.state_dir.clone());
         Ok(cfg)
+    }
+
+    /// Sets `[server] state_dir` (as `--state-dir` does), and with it where the listeners'
+    /// `self_signed` certificates are kept (its `tls/`).
+    pub fn set_state_dir(&mut self, dir: PathBuf) {
+        for l in &mut self.listeners {
+            if let Some(tls) = &mut l.tls {
+                tls.self_signed_dir = dir.join("tls");
+            }
+        }
+        self.server.state_dir = dir;
     }
 
     /// Moves every route's inline pool (`upstream = ...`) into [`Config::pools`], named
@@ -246,7 +260,33 @@ impl Config {
         let mut cfg = Self::parse(&text, &path.display().to_string())?;
         cfg.source.path = Some(path.to_path_buf());
         cfg.check_directories()?;
+        cfg.check_user()?;
         Ok(cfg)
+    }
+
+    /// `[server] user` and `group` exist on this machine: starting as root would otherwise
+    /// fail after binding.
+    fn check_user(&self) -> Result<(), Error> {
+        let s = &self.server;
+        if let Some(user) = s.user.as_deref().filter(|u| lookup_user(u).is_none()) {
+            return Err(self.source.error(
+                &[&[Key("server"), Key("user")]],
+                format!("no user `{user}` on this system"),
+            ));
+        }
+        if let Some(group) = s.group.as_deref().filter(|g| lookup_group(g).is_none()) {
+            return Err(self.source.error(
+                &[&[Key("server"), Key("group")]],
+                format!("no group `{group}` on this system"),
+            ));
+        }
+        if s.group.is_some() && s.user.is_none() {
+            return Err(self.source.error(
+                &[&[Key("server"), Key("group")]],
+                "needs [server] user: larder changes group only with its user",
+            ));
+        }
+        Ok(())
     }
 
     /// Each static route's `root` is a directory here: one that does not exist (a typo, a

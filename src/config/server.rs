@@ -1,5 +1,8 @@
-//! The `[server]` section: worker threads and their layout, connection limits, timeouts.
+//! The `[server]` section: worker threads and their layout, connection limits, timeouts; the
+//! process as a service (the user it runs as, its PID file, state directory, process log), with
+//! the look-up of a user or group by name that checking those keys needs.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -44,6 +47,107 @@ pub struct ServerConfig {
     /// How often the configuration file is checked for changes, reloaded when it changed (as
     /// SIGHUP does); "0s": never.
     pub watch_config: Dur<0, HOUR_MS>,
+    /// Started as root, larder binds its listeners, then runs as this user (as nginx's
+    /// `user`): with its primary group, or `group`. It refuses to run on as root when the change
+    /// fails. Ignored when not started as root.
+    pub user: Option<String>,
+    /// The group with `user` (instead of the user's primary group).
+    pub group: Option<String>,
+    /// A file larder writes its process id to once listening, and removes at exit (its
+    /// directory must stay writable by `user` for the removal, e.g. /run/larder/).
+    pub pid_file: Option<PathBuf>,
+    /// Where larder keeps what it makes for itself (the self-signed certificate, under `tls/`);
+    /// `--state-dir` overrides it.
+    pub state_dir: PathBuf,
+    /// The process log's format, `text` or `json`; `--log-format` overrides it.
+    pub log_format: ProcessLogFormat,
+    /// The process log's level (error, warn, info, debug, trace); `--log-level` overrides it,
+    /// and without either RUST_LOG is honoured, else `info`.
+    pub log_level: Option<LogLevel>,
+}
+
+/// How the process log is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessLogFormat {
+    /// One line of text per event (coloured on a terminal unless NO_COLOR is set).
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`), for log shippers.
+    Json,
+}
+
+/// The most detailed level the process log shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The level's name as tracing's filters spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// A user's ids, as the system's user database has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserIds {
+    pub uid: libc::uid_t,
+    pub gid: libc::gid_t,
+}
+
+/// Looks user `name` up in the system's user database (getpwnam_r: /etc/passwd, or NSS).
+pub fn lookup_user(name: &str) -> Option<UserIds> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: zeroed is a valid passwd (null pointers, zero ids); getpwnam_r fills it with
+    // pointers into `buf`, which outlives the reads below (only the ids are read).
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    (rc == 0 && !found.is_null()).then_some(UserIds {
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+    })
+}
+
+/// Looks group `name` up in the system's group database (getgrnam_r).
+pub fn lookup_group(name: &str) -> Option<libc::gid_t> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: as in lookup_user: the result points into `buf`; only the id is read.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    (rc == 0 && !found.is_null()).then_some(grp.gr_gid)
 }
 
 impl ServerConfig {
@@ -106,6 +210,12 @@ impl Default for ServerConfig {
             threading: Threading::Auto,
             global_queue_interval: Bounded(2),
             watch_config: Dur(Duration::ZERO),
+            user: None,
+            group: None,
+            pid_file: None,
+            state_dir: PathBuf::from("larder-state"),
+            log_format: ProcessLogFormat::Text,
+            log_level: None,
         }
     }
 }

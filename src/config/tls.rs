@@ -53,10 +53,14 @@ pub struct TlsConfig {
     /// with `cert`, `certificates` or `acme`.
     #[serde(default)]
     pub self_signed: bool,
+    /// Where `self_signed` keeps its certificate: `[server] state_dir` plus `tls`, set by
+    /// [`super::Config::set_state_dir`] (empty: [`SELF_SIGNED_DIR`]).
+    #[serde(skip)]
+    pub self_signed_dir: PathBuf,
 }
 
-/// Where `self_signed = true` keeps its certificate and key (relative to the working
-/// directory; `--tls-self-signed`'s default `--state-dir` plus `tls`).
+/// Where `self_signed = true` keeps its certificate and key when no state directory was set
+/// (relative to the working directory; the default `[server] state_dir` plus `tls`).
 pub const SELF_SIGNED_DIR: &str = "larder-state/tls";
 
 /// A listener's `[listener.tls.acme]`: larder obtains a certificate for `domains` from the CA,
@@ -146,6 +150,7 @@ impl TlsConfig {
             session_tickets: true,
             acme: None,
             self_signed: false,
+            self_signed_dir: PathBuf::new(),
         }
     }
 

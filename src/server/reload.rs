@@ -158,20 +158,34 @@ impl Reloader {
     }
 
     /// Applies `new`: what it changes that needs a restart comes back (those parts keep
-    /// running as they are); an error changes nothing.
-    pub fn reload(&self, mut new: Config) -> Result<Vec<String>, String> {
+    /// running as they are); an error changes nothing. The service manager is told a reload
+    /// is under way (RELOADING), and ready again once it is over, applied or refused.
+    pub fn reload(&self, new: Config) -> Result<Vec<String>, String> {
+        crate::service::reloading();
+        let done = self.apply(new);
+        crate::service::ready();
+        done
+    }
+
+    fn apply(&self, mut new: Config) -> Result<Vec<String>, String> {
         let mut guard = self.state.lock().expect("not poisoned");
         let state = &mut *guard;
         let old = &state.config;
         let mut restart = Vec::new();
         // What a running process keeps. [server] is compared without the values the command
-        // line and the open-files limit set.
+        // line and the open-files limit set (`--workers`, `--state-dir`, `--log-format`,
+        // `--log-level` override their keys).
         let mut server = new.server.clone();
         server.workers = old.server.workers;
         server.max_connections = old.server.max_connections;
+        server.state_dir = old.server.state_dir.clone();
+        server.log_format = old.server.log_format;
+        server.log_level = old.server.log_level;
         if server != old.server {
             restart.push("[server]".to_string());
         }
+        // The state directory stays as started, the listeners' self-signed certificates in it.
+        new.set_state_dir(old.server.state_dir.clone());
         new.server = old.server.clone();
         for (changed, name) in [
             (new.cache != old.cache, "[cache]"),

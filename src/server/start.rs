@@ -749,21 +749,18 @@ pub fn runtime(cfg: &ServerConfig) -> io::Result<tokio::runtime::Runtime> {
     }
 }
 
-/// Resolves when SIGTERM or SIGINT arrives.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("install SIGTERM handler");
+/// A future that resolves when SIGTERM or SIGINT arrives. The handlers are installed by this
+/// call, not at the first poll: a signal that comes right after (once the service manager was
+/// told larder is ready) is caught, not left to its default action of ending the process.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    async move {
         tokio::select! {
-            _ = ctrl_c => {},
+            _ = int.recv() => {},
             _ = term.recv() => {},
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
     }
 }
 

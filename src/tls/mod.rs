@@ -108,7 +108,12 @@ impl Acceptor {
         let provider = provider();
         let mut all = cfg.all();
         if cfg.self_signed {
-            let (cert, key) = self_signed(std::path::Path::new(SELF_SIGNED_DIR))?;
+            let dir = if cfg.self_signed_dir.as_os_str().is_empty() {
+                std::path::Path::new(SELF_SIGNED_DIR)
+            } else {
+                cfg.self_signed_dir.as_path()
+            };
+            let (cert, key) = self_signed(dir)?;
             tracing::info!(
                 "self-signed certificate for localhost in {} (curl --cacert {} ...)",
                 cert.display(),

@@ -121,6 +121,23 @@ pub fn pip(packages: &[&str]) -> PathBuf {
     python
 }
 
+/// The cargo-deb version tests/provision installs (its `CARGO_DEB_VERSION`).
+pub const CARGO_DEB_VERSION: &str = "3.8.0";
+
+/// A directory holding `cargo-deb` (cargo install'ed into the tools directory), to put on
+/// PATH so that `cargo deb` finds it.
+pub fn cargo_deb_dir() -> PathBuf {
+    let bin = tools_dir().join("cargo/bin");
+    let version = std::fs::read_to_string(bin.join("cargo-deb.version")).unwrap_or_default();
+    if !bin.join("cargo-deb").is_file() || version.trim() != CARGO_DEB_VERSION {
+        missing(&format!(
+            "cargo-deb {CARGO_DEB_VERSION} in {} (cargo install)",
+            bin.display()
+        ));
+    }
+    bin
+}
+
 /// redis-server from Debian's packages (redis-cli comes with it, in redis-tools).
 pub fn redis_server_binary() -> PathBuf {
     apt("redis-server", "redis-server")
