@@ -10,12 +10,13 @@
 //!
 //! What the origin is told (X-Forwarded-For, see [`crate::http::fields::add_forwarding`]): from a
 //! trusted peer, the chain received with the peer's own address appended (marked on the request
-//! by [`Hop`]); from a peer not trusted, only the peer's address: the chain it sent is its own
-//! claim, and is dropped.
+//! by [`Hop`]); when the field read is Forwarded or X-Real-IP, the client found and the peer
+//! (the X-Forwarded-For that came through is not what the proxy vouches for); from a peer not
+//! trusted, only the peer's address: the chain it sent is its own claim, and is dropped.
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Request;
 
 use crate::config::{Cidr, RealIpConfig, RealIpHeader};
@@ -56,19 +57,33 @@ impl RealIp {
 
     /// The client of `req`, which came from `peer`. From a trusted peer the request is marked
     /// with the peer's address ([`Hop`], appended to X-Forwarded-For upstream) when the client
-    /// is another; from a peer not trusted its X-Forwarded-For is removed.
+    /// is another, and when the field read is not X-Forwarded-For, the X-Forwarded-For that came
+    /// is replaced by the client found; from a peer not trusted its X-Forwarded-For is removed.
     pub fn client<B>(&self, req: &mut Request<B>, peer: SocketAddr) -> SocketAddr {
         if !self.trusts(peer.ip()) {
             req.headers_mut().remove(X_FORWARDED_FOR);
             return peer;
         }
-        match self.walk(req.headers()) {
+        let client = match self.walk(req.headers()) {
             Some(client) if client.ip() != peer.ip() => {
                 req.extensions_mut().insert(Hop(peer.ip()));
                 client
             }
             _ => peer,
+        };
+        if self.kind != RealIpHeader::XForwardedFor {
+            // The proxy vouches for another field: the X-Forwarded-For that came through it is
+            // not its word, and is replaced by the client it names (the peer is appended
+            // upstream).
+            let h = req.headers_mut();
+            h.remove(X_FORWARDED_FOR);
+            if client != peer {
+                if let Ok(v) = HeaderValue::from_str(&client.ip().to_string()) {
+                    h.insert(X_FORWARDED_FOR, v);
+                }
+            }
         }
+        client
     }
 
     /// The client named by the field in `headers` (None: no field, or no good address in it).
@@ -133,7 +148,6 @@ fn forwarded_for(element: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     fn real_ip(from: &[&str], header: RealIpHeader) -> RealIp {
         RealIp::new(&RealIpConfig {
@@ -286,9 +300,24 @@ mod tests {
             let (c, _) = client(&r, "127.0.0.1:1", &[("forwarded", f)]);
             assert_eq!(c.ip(), "10.1.2.3".parse::<IpAddr>().unwrap(), "{f}");
         }
-        // Not the field configured: X-Forwarded-For is not read.
-        let (c, _) = client(&r, "127.0.0.1:1", &[("x-forwarded-for", "198.51.100.9")]);
+        // Not the field configured: X-Forwarded-For is not read, nor passed on.
+        let (c, req) = client(&r, "127.0.0.1:1", &[("x-forwarded-for", "198.51.100.9")]);
         assert_eq!(c.port(), 1);
+        assert!(req.headers().get("x-forwarded-for").is_none());
+        // With a client found, the X-Forwarded-For upstream starts from it.
+        let (_, req) = client(
+            &r,
+            "127.0.0.1:1",
+            &[
+                ("x-forwarded-for", "6.6.6.6"),
+                ("forwarded", "for=192.0.2.60"),
+            ],
+        );
+        assert_eq!(req.headers()["x-forwarded-for"], "192.0.2.60");
+        assert_eq!(
+            req.extensions().get::<Hop>(),
+            Some(&Hop("127.0.0.1".parse().unwrap()))
+        );
     }
 
     #[test]

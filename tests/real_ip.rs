@@ -29,6 +29,21 @@ async fn lines(path: &Path, n: usize) -> Vec<String> {
     }
 }
 
+/// The log's lines (`{remote} {uri} {status}`) once it has `n`, each URI as its path (an
+/// HTTP/2 request's target is absolute).
+async fn logged(path: &Path, n: usize) -> Vec<String> {
+    let path_of = |uri: &str| match uri.split_once("://") {
+        Some((_, rest)) => rest[rest.find('/').unwrap_or(rest.len())..].to_string(),
+        None => uri.to_string(),
+    };
+    (lines(path, n).await.iter())
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            format!("{} {} {}", w[0], path_of(w[1]), w[2])
+        })
+        .collect()
+}
+
 /// One listener proxying to `origin`, each request logged as `{remote} {uri} {status}` in
 /// `log`; `listener` holds more keys of the `[[listener]]` table and its subtables.
 fn config(origin: &str, log: &Path, listener: &str) -> String {
@@ -124,7 +139,7 @@ async fn haproxy_send_proxy_v2_names_its_client() {
     let resp = h2.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);
-    let l = lines(&log, 2).await;
+    let l = logged(&log, 2).await;
     assert_eq!(l, ["127.0.0.2 /h1 200", "127.0.0.3 /h2 200"]);
     assert_eq!(forwarded_for(&origin, "/h1"), "127.0.0.2");
     assert_eq!(forwarded_for(&origin, "/h2"), "127.0.0.3");
@@ -170,7 +185,7 @@ async fn proxy_headers_name_the_client_and_a_connection_without_one_is_closed() 
     raw.write("PROXY TCP4 not-an-address 127.0.0.1 1 2\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
     assert!(raw.read_to_end(Duration::from_secs(5)).await.is_empty());
-    let l = lines(&log, 5).await;
+    let l = logged(&log, 5).await;
     assert_eq!(
         l,
         [
@@ -215,7 +230,7 @@ async fn a_proxy_header_precedes_the_tls_handshake() {
         assert_eq!(got[0].status, 200);
     }
     assert_eq!(
-        lines(&log, 2).await,
+        logged(&log, 2).await,
         ["203.0.113.8 /tls 200", "203.0.113.9 /tls 200"]
     );
 }
@@ -233,16 +248,31 @@ async fn trusted_proxies_fields_name_the_client() {
     let xff = "X-Forwarded-For: 198.51.100.9, 10.1.2.3\r\n";
     let mut trusted = Raw::connect(larder.addr).await;
     assert_eq!(get_on(&mut trusted, "/trusted", xff).await.status, 200);
+    // A conditional request: the proxy fetches with a copy of its head (without the
+    // conditionals), which keeps the hop to append.
+    let conditional = format!("{xff}If-None-Match: \"v1\"\r\n");
+    assert_eq!(
+        get_on(&mut trusted, "/conditional", &conditional)
+            .await
+            .status,
+        200
+    );
     let mut untrusted = Raw::connect_from("127.0.0.2".parse().unwrap(), larder.addr).await;
     assert_eq!(get_on(&mut untrusted, "/untrusted", xff).await.status, 200);
     assert_eq!(
-        lines(&log, 2).await,
-        ["198.51.100.9 /trusted 200", "127.0.0.2 /untrusted 200"]
+        logged(&log, 3).await,
+        [
+            "198.51.100.9 /trusted 200",
+            "198.51.100.9 /conditional 200",
+            "127.0.0.2 /untrusted 200"
+        ]
     );
-    assert_eq!(
-        forwarded_for(&origin, "/trusted"),
-        "198.51.100.9, 10.1.2.3, 127.0.0.1"
-    );
+    for path in ["/trusted", "/conditional"] {
+        assert_eq!(
+            forwarded_for(&origin, path),
+            "198.51.100.9, 10.1.2.3, 127.0.0.1"
+        );
+    }
     assert_eq!(forwarded_for(&origin, "/untrusted"), "127.0.0.2");
 }
 
@@ -257,7 +287,7 @@ async fn a_forwarded_field_is_read() {
     let mut raw = Raw::connect(larder.addr).await;
     let field = "Forwarded: for=\"[2001:db8::1]:4711\";proto=https\r\n";
     assert_eq!(get_on(&mut raw, "/fwd", field).await.status, 200);
-    assert_eq!(lines(&log, 1).await, ["2001:db8::1 /fwd 200"]);
+    assert_eq!(logged(&log, 1).await, ["2001:db8::1 /fwd 200"]);
     assert_eq!(forwarded_for(&origin, "/fwd"), "2001:db8::1, 127.0.0.1");
 }
 
@@ -280,7 +310,7 @@ async fn the_proxy_headers_source_is_the_peer_trusted_and_haproxys_forwardfor_is
     raw.write(v2(1, "192.0.2.77:1", larder.addr)).await;
     assert_eq!(get_on(&mut raw, "/untrusted-source", xff).await.status, 200);
     assert_eq!(
-        lines(&log, 2).await,
+        logged(&log, 2).await,
         [
             "198.51.100.30 /both 200",
             "192.0.2.77 /untrusted-source 200"
@@ -301,6 +331,6 @@ async fn the_proxy_headers_source_is_the_peer_trusted_and_haproxys_forwardfor_is
     ));
     let mut raw = Raw::from(tcp_from("127.0.0.4", haproxy.addr).await);
     assert_eq!(get_on(&mut raw, "/http-mode", "").await.status, 200);
-    assert_eq!(lines(&log2, 1).await, ["127.0.0.4 /http-mode 200"]);
+    assert_eq!(logged(&log2, 1).await, ["127.0.0.4 /http-mode 200"]);
     assert_eq!(forwarded_for(&origin, "/http-mode"), "127.0.0.4, 127.0.0.1");
 }
