@@ -334,3 +334,39 @@ async fn the_proxy_headers_source_is_the_peer_trusted_and_haproxys_forwardfor_is
     assert_eq!(logged(&log2, 1).await, ["127.0.0.4 /http-mode 200"]);
     assert_eq!(forwarded_for(&origin, "/http-mode"), "127.0.0.4, 127.0.0.1");
 }
+
+/// The settings are the listener's router's: a reload turns the PROXY protocol and the trusted
+/// proxies on for connections and requests from then on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_turns_them_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let origin = origin().await;
+    let larder = Larder::start(&config(&origin.url(), &log, "")).await;
+    let xff = "X-Forwarded-For: 198.51.100.9\r\n";
+    let mut before = Raw::connect(larder.addr).await;
+    assert_eq!(get_on(&mut before, "/before", xff).await.status, 200);
+    // The same configured address: the same listener, its router replaced.
+    let keys = "proxy_protocol = true\n  [listener.real_ip]\n  from = [\"203.0.113.0/24\"]\n";
+    larder.reload(&config(&origin.url(), &log, keys)).unwrap();
+    // A connection opened before the reload was not asked for a header, and is not now.
+    assert_eq!(get_on(&mut before, "/before-again", "").await.status, 200);
+    let mut after = Raw::connect(larder.addr).await;
+    after.write(v2(1, "203.0.113.10:1", larder.addr)).await;
+    assert_eq!(get_on(&mut after, "/after", xff).await.status, 200);
+    let mut bare = Raw::connect(larder.addr).await;
+    bare.write("GET /bare HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(bare.read_to_end(Duration::from_secs(5)).await.is_empty());
+    assert_eq!(
+        logged(&log, 3).await,
+        [
+            "127.0.0.1 /before 200",
+            "127.0.0.1 /before-again 200",
+            "198.51.100.9 /after 200"
+        ]
+    );
+    assert_eq!(
+        forwarded_for(&origin, "/after"),
+        "198.51.100.9, 203.0.113.10"
+    );
+}

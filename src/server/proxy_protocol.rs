@@ -211,4 +211,58 @@ mod tests {
         big.resize(MAX_HEADER, 0);
         assert_eq!(parse(&big), Parsed::Invalid);
     }
+
+    /// A connected pair of loopback sockets: (client, server side, the client's address).
+    async fn pair() -> (TcpStream, TcpStream, SocketAddr) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, peer) = l.accept().await.unwrap();
+        (client, server, peer)
+    }
+
+    /// A header in two writes is read whole; exactly its bytes are consumed, what follows stays
+    /// in the socket.
+    #[tokio::test]
+    async fn a_header_in_pieces_is_read_and_what_follows_stays() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut server, peer) = pair().await;
+        let src: SocketAddr = "203.0.113.7:4711".parse().unwrap();
+        let header = v2(1, (src, peer).into());
+        let (a, b) = header.split_at(10);
+        client.write_all(a).await.unwrap();
+        let rest = [b, &b"GET / HTTP/1.1\r\n"[..]].concat();
+        let writer = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            client.write_all(&rest).await.unwrap();
+            client
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(read_header(&mut server, peer, deadline).await, Ok(src));
+        let _client = writer.await.unwrap();
+        let mut after = [0u8; 16];
+        server.read_exact(&mut after).await.unwrap();
+        assert_eq!(&after, b"GET / HTTP/1.1\r\n");
+    }
+
+    /// A header still incomplete at the deadline is given up (the deadline is now: the test
+    /// waits for nothing); a peer that closes, at once.
+    #[tokio::test]
+    async fn a_header_never_completed_times_out() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut server, peer) = pair().await;
+        client.write_all(b"PROXY TCP4 203.0.113.7").await.unwrap();
+        // Its bytes are there before the deadline is.
+        server.peek(&mut [0u8; 1]).await.unwrap();
+        let deadline = Instant::now();
+        assert_eq!(
+            read_header(&mut server, peer, deadline).await,
+            Err(Refused::TimedOut)
+        );
+        let (client, mut server, peer) = pair().await;
+        drop(client);
+        assert_eq!(
+            read_header(&mut server, peer, Instant::now() + Duration::from_secs(10)).await,
+            Err(Refused::Closed)
+        );
+    }
 }
