@@ -274,16 +274,18 @@ async fn protocol(
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Opened<TcpStream> {
-    let start = tokio::time::Instant::now();
-    let peer = match proxied {
-        true => proxied_client(&mut stream, peer, timeout, &mut shutdown).await?,
-        false => peer,
+    // The PROXY header and the first bytes after it share the request-head deadline.
+    let (peer, left) = match proxied {
+        true => {
+            let start = tokio::time::Instant::now();
+            let client = proxied_client(&mut stream, peer, timeout, &mut shutdown).await?;
+            (client, timeout.saturating_sub(start.elapsed()))
+        }
+        false => (peer, timeout),
     };
     if !h2c {
         return Some((stream, Protocol::Http1, shutdown, peer));
     }
-    // The PROXY header and the first bytes after it share the request-head deadline.
-    let left = timeout.saturating_sub(start.elapsed());
     let h2 = tokio::select! {
         r = sniff_h2(&stream, left) => r?,
         _ = shutdown.changed() => return None,
