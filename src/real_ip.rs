@@ -12,7 +12,8 @@
 //! trusted peer, the chain received with the peer's own address appended (marked on the request
 //! by [`Hop`]); when the field read is Forwarded or X-Real-IP, the client found and the peer
 //! (the X-Forwarded-For that came through is not what the proxy vouches for); from a peer not
-//! trusted, only the peer's address: the chain it sent is its own claim, and is dropped.
+//! trusted, only the peer's address: the chain it sent is its own claim, and is dropped (the
+//! field configured too).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -58,10 +59,16 @@ impl RealIp {
     /// The client of `req`, which came from `peer`. From a trusted peer the request is marked
     /// with the peer's address ([`Hop`], appended to X-Forwarded-For upstream) when the client
     /// is another, and when the field read is not X-Forwarded-For, the X-Forwarded-For that came
-    /// is replaced by the client found; from a peer not trusted its X-Forwarded-For is removed.
+    /// is replaced by the client found; from a peer not trusted its X-Forwarded-For (and the
+    /// field configured) is removed.
     pub fn client<B>(&self, req: &mut Request<B>, peer: SocketAddr) -> SocketAddr {
         if !self.trusts(peer.ip()) {
-            req.headers_mut().remove(X_FORWARDED_FOR);
+            // Its own claims: not passed on for an origin to believe.
+            let h = req.headers_mut();
+            h.remove(X_FORWARDED_FOR);
+            if self.kind != RealIpHeader::XForwardedFor {
+                h.remove(&self.name);
+            }
             return peer;
         }
         let client = match self.walk(req.headers()) {
@@ -323,7 +330,16 @@ mod tests {
     #[test]
     fn x_real_ip_is_read() {
         let r = real_ip(TRUSTED, RealIpHeader::XRealIp);
-        let (c, _) = client(&r, "10.0.0.1:1", &[("x-real-ip", "198.51.100.9")]);
+        let (c, req) = client(&r, "10.0.0.1:1", &[("x-real-ip", "198.51.100.9")]);
         assert_eq!(c.ip(), "198.51.100.9".parse::<IpAddr>().unwrap());
+        assert_eq!(req.headers()["x-real-ip"], "198.51.100.9");
+        // From a peer not trusted, the field is its own claim: dropped with X-Forwarded-For.
+        let fields = [
+            ("x-real-ip", "198.51.100.9"),
+            ("x-forwarded-for", "6.6.6.6"),
+        ];
+        let (c, req) = client(&r, "192.0.2.1:1", &fields);
+        assert_eq!(c, "192.0.2.1:1".parse().unwrap());
+        assert!(req.headers().is_empty());
     }
 }

@@ -276,7 +276,7 @@ async fn trusted_proxies_fields_name_the_client() {
     assert_eq!(forwarded_for(&origin, "/untrusted"), "127.0.0.2");
 }
 
-/// RFC 7239's Forwarded, its IPv6 node quoted with a port.
+/// RFC 7239's Forwarded, its IPv6 node quoted with a port; from a peer not trusted, dropped.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forwarded_field_is_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -287,8 +287,30 @@ async fn a_forwarded_field_is_read() {
     let mut raw = Raw::connect(larder.addr).await;
     let field = "Forwarded: for=\"[2001:db8::1]:4711\";proto=https\r\n";
     assert_eq!(get_on(&mut raw, "/fwd", field).await.status, 200);
-    assert_eq!(logged(&log, 1).await, ["2001:db8::1 /fwd 200"]);
+    // From a peer not trusted the field is ignored, and not passed on.
+    let mut untrusted = Raw::connect_from("127.0.0.2".parse().unwrap(), larder.addr).await;
+    assert_eq!(
+        get_on(&mut untrusted, "/fwd-untrusted", field).await.status,
+        200
+    );
+    assert_eq!(
+        logged(&log, 2).await,
+        ["2001:db8::1 /fwd 200", "127.0.0.2 /fwd-untrusted 200"]
+    );
     assert_eq!(forwarded_for(&origin, "/fwd"), "2001:db8::1, 127.0.0.1");
+    assert_eq!(forwarded_for(&origin, "/fwd-untrusted"), "127.0.0.2");
+    let seen = origin.seen();
+    let forwarded = |path: &str| {
+        let s = seen.iter().find(|s| s.path == path).unwrap();
+        s.headers
+            .get("forwarded")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(
+        forwarded("/fwd").as_deref(),
+        Some("for=\"[2001:db8::1]:4711\";proto=https")
+    );
+    assert_eq!(forwarded("/fwd-untrusted"), None);
 }
 
 /// Both at once: the PROXY header's source is the immediate peer the trust is decided on; and
