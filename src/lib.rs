@@ -12,6 +12,8 @@
 //!   forwarded to HTTP/1.1 clients, through the server's IO wrapper) and [`memory`] (returning
 //!   freed memory) sit low, since handlers use them too.
 //! - [`inbound`]: what every request must satisfy before routing; its one authority (Host).
+//!   [`real_ip`]: who the client is behind trusted proxies (their X-Forwarded-For, Forwarded or
+//!   X-Real-IP), per request; behind a PROXY protocol header, per connection (the accept loop).
 //! - [`route`]: pick the handler by host and path prefix, and run the route's [`phases`]
 //!   around it, the same for every handler:
 //!
@@ -94,6 +96,7 @@
 //!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
 //!    sockets with `send`/`sendmsg`); [`clock`].
 //! 2. [`http`] (body); [`phases`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
+//!    [`real_ip`] (config, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics); [`service`] (config).
 //! 3. [`fleet`] (config).
@@ -105,7 +108,7 @@
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
 //!    http, inbound, respond, fleet, upstream).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
-//!    tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics,
+//!    real_ip, tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics,
 //!    access_log, otel, upstream, socket, clock, fleet, service), [`cli`] (config, tls).
 //!
 //! Within every folder too, no file imports a sibling that imports it back (its `mod.rs` aside;
@@ -132,6 +135,7 @@ pub mod phases;
 pub mod proxy;
 pub mod push;
 pub mod range;
+pub mod real_ip;
 pub mod respond;
 pub mod route;
 pub mod rules;

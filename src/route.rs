@@ -1,6 +1,7 @@
 //! Routing: which handler serves a request, by host and path prefix; and where a route's
 //! phases run around its handler ([`crate::phases`]: ① request and ④ deliver in
-//! [`Router::dispatch_route`], ⑤ log in [`Observed::finish`]).
+//! [`Router::dispatch_route`], ⑤ log in [`Observed::finish`]); and who a request's client is
+//! ([`Router::client`]: the listener's trusted proxies, [`crate::real_ip`]).
 //!
 //! Order (documented in docs/config.md): routes with an exact host first, then wildcard hosts
 //! (`*.example.com`, longest suffix first), then routes for any host; within each group the
@@ -209,6 +210,10 @@ pub struct Router {
     logged: Option<Arc<crate::access_log::AccessLog>>,
     /// The server's span exporter, when requests are traced.
     traced: Option<Arc<crate::otel::Spans>>,
+    /// The listener's trusted proxies (`[listener.real_ip]`): who the client is ([`Router::client`]).
+    real_ip: Option<crate::real_ip::RealIp>,
+    /// The listener's connections begin with a PROXY header (`proxy_protocol`).
+    proxy_protocol: bool,
 }
 
 /// What is noted of a request at its start to count and log it when its response is ready
@@ -343,6 +348,11 @@ impl Live {
     pub fn load_full(&self) -> Arc<Router> {
         self.current.load_full()
     }
+
+    /// Whether connections accepted now begin with a PROXY header (the router in force says).
+    pub fn proxy_protocol(&self) -> bool {
+        self.current.load().proxy_protocol
+    }
 }
 
 /// A connection's copy of its listener's router: one atomic load per request sees whether a
@@ -453,6 +463,8 @@ impl Router {
             counted: None,
             logged: None,
             traced: None,
+            real_ip: listener.real_ip.as_ref().map(crate::real_ip::RealIp::new),
+            proxy_protocol: listener.proxy_protocol,
         }
     }
 
@@ -474,6 +486,8 @@ impl Router {
             counted: None,
             logged: None,
             traced: None,
+            real_ip: None,
+            proxy_protocol: false,
         }
     }
 
@@ -502,6 +516,22 @@ impl Router {
         self.counted = metrics.cloned();
         self.logged = log.cloned();
         self.traced = spans.cloned();
+    }
+
+    /// The client of `req`, which came from `peer` (the socket's, or its PROXY header's source):
+    /// `peer` itself, or on a listener with `[listener.real_ip]` the address its trusted proxies
+    /// name ([`crate::real_ip`]). What [`Router::observe`] and [`Router::dispatch`] get.
+    #[inline]
+    pub fn client<B>(&self, req: &mut Request<B>, peer: SocketAddr) -> SocketAddr {
+        match &self.real_ip {
+            Some(r) => r.client(req, peer),
+            None => peer,
+        }
+    }
+
+    /// Whether the listener's connections begin with a PROXY header.
+    pub fn proxy_protocol(&self) -> bool {
+        self.proxy_protocol
     }
 
     /// At a request's start: what its completion will count and log (None: neither is on).

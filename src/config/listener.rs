@@ -1,11 +1,12 @@
-//! The `[[listener]]` tables: a listening socket, its routes, and the handler of each route.
+//! The `[[listener]]` tables: a listening socket, its routes, and the handler of each route; how
+//! the client's real address is found on it (`proxy_protocol`, `[listener.real_ip]`).
 
 use std::net::SocketAddr;
 
 use serde::Deserialize;
 
 use super::images::ImagesConfig;
-use super::net::{HostPattern, PathPrefix};
+use super::net::{Cidr, HostPattern, PathPrefix};
 use super::proxy::ProxyConfig;
 use super::push::PushConfig;
 use super::respond::RespondConfig;
@@ -21,9 +22,80 @@ pub struct ListenerConfig {
     /// HTTPS on this listener: its certificates (see [`TlsConfig`]).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Every connection begins with a PROXY protocol header (v1 or v2), whose source address is
+    /// the connection's client.
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// The client's address taken from a field that trusted proxies set (see [`RealIpConfig`]).
+    #[serde(default)]
+    pub real_ip: Option<RealIpConfig>,
     #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
 }
+
+/// `[listener.real_ip]`: as nginx's `set_real_ip_from` + `real_ip_header` with
+/// `real_ip_recursive on`. Only when the immediate peer (the socket's, or the PROXY header's
+/// source) lies in `from` is `header` read: its addresses right to left, the trusted ones
+/// skipped, the first one not trusted is the client.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawRealIp")]
+pub struct RealIpConfig {
+    /// The trusted proxies (never empty).
+    pub from: Vec<Cidr>,
+    pub header: RealIpHeader,
+}
+
+/// The field the client's address is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum RealIpHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`.
+    #[serde(rename = "forwarded")]
+    Forwarded,
+    /// `X-Real-IP: client`.
+    #[serde(rename = "x-real-ip")]
+    XRealIp,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRealIp {
+    from: Vec<Cidr>,
+    #[serde(default = "default_real_ip_header")]
+    header: RealIpHeader,
+}
+
+fn default_real_ip_header() -> RealIpHeader {
+    RealIpHeader::XForwardedFor
+}
+
+impl TryFrom<RawRealIp> for RealIpConfig {
+    type Error = String;
+    fn try_from(r: RawRealIp) -> Result<Self, String> {
+        if r.from.is_empty() {
+            return Err(
+                "`from` lists no trusted proxy (a field nobody is trusted to set is never read)"
+                    .into(),
+            );
+        }
+        if r.from.len() > MAX_TRUSTED {
+            return Err(format!(
+                "`from` lists {} networks, at most {MAX_TRUSTED}",
+                r.from.len()
+            ));
+        }
+        Ok(RealIpConfig {
+            from: r.from,
+            header: r.header,
+        })
+    }
+}
+
+/// Trusted networks at most in `real_ip.from` (each address of a field is checked against
+/// every one).
+pub const MAX_TRUSTED: usize = 1024;
 
 /// A route: which requests (host, path prefix) go to which handler.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -111,6 +183,20 @@ impl TryFrom<RawRoute> for RouteConfig {
 #[cfg(test)]
 mod tests {
     use crate::config::tests::err;
+
+    #[test]
+    fn real_ip_needs_a_trusted_proxy_and_a_known_field() {
+        let base = "[[listener]]\naddr = \"127.0.0.1:1\"\n[listener.real_ip]\n";
+        let route = "[[listener.route]]\nrespond = { body = \"x\" }\n";
+        let e = err(&format!("{base}from = []\n{route}"));
+        assert!(e.contains("no trusted proxy") && e.contains("line"), "{e}");
+        let e = err(&format!(
+            "{base}from = [\"10.0.0.0/8\"]\nheader = \"via\"\n{route}"
+        ));
+        assert!(e.contains("x-forwarded-for") && e.contains("line 5"), "{e}");
+        let e = err(&format!("{base}from = [\"10.0.0.0/33\"]\n{route}"));
+        assert!(e.contains("10.0.0.0/33") && e.contains("line 4"), "{e}");
+    }
 
     #[test]
     fn route_needs_one_handler() {

@@ -63,7 +63,7 @@ pub use error::Error;
 use error::{Index, Key, Locator, Seg};
 pub use headers::{HeaderNameCfg, HeaderValueCfg};
 pub use images::ImagesConfig;
-pub use listener::{HandlerConfig, ListenerConfig, RouteConfig};
+pub use listener::{HandlerConfig, ListenerConfig, RealIpConfig, RealIpHeader, RouteConfig};
 pub use net::{ports_collide, Cidr, HostPattern, PathPrefix, Upstream};
 pub use otel::TracingConfig;
 pub use pool::{
@@ -624,6 +624,8 @@ impl Config {
             listeners: vec![ListenerConfig {
                 addr: listen,
                 tls: None,
+                proxy_protocol: false,
+                real_ip: None,
                 routes: vec![RouteConfig {
                     host: None,
                     path: PathPrefix("/".into()),

@@ -1,5 +1,6 @@
 //! The fields a proxy removes or adds on the way through (RFC 9110 §7.6): hop-by-hop fields,
-//! Via, and the X-Forwarded-* fields telling the origin about the client.
+//! Via, and the X-Forwarded-* fields telling the origin about the client (and [`Hop`], the
+//! proxy that connected to larder when the client's address came from its field).
 
 use std::net::IpAddr;
 
@@ -86,12 +87,20 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
     HeaderValue::from_bytes(&b[..n]).expect("digits and dots")
 }
 
+/// On a request whose client's address was taken from a trusted proxy's field
+/// (`[listener.real_ip]`, `crate::real_ip`): the address of the proxy that connected to larder.
+/// X-Forwarded-For upstream is the chain received with this appended (as nginx's
+/// `$proxy_add_x_forwarded_for`), so the origin sees every hop and can walk it the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hop(pub IpAddr);
+
 /// The Via value larder adds (RFC 9110 §7.6.3).
 pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
 
 /// Adds what the origin is told about a request forwarded from `client`: X-Forwarded-Host (the
 /// request's authority, when it has one), X-Forwarded-For (appended to the list a proxy before
-/// larder started), X-Forwarded-Proto, and Via.
+/// larder started), X-Forwarded-Proto, and Via. `client` is the address appended: whoever
+/// connected to larder (the [`Hop`] when the request has one, else its client).
 pub fn add_forwarding(h: &mut HeaderMap, host: Option<&HeaderValue>, client: IpAddr) {
     // Names checked at compile time (`from_static` at run time validates every byte).
     const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");

@@ -633,8 +633,9 @@ async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
     })
 }
 
-/// A copy of a request's head (method, URI, version, fields) without its extensions: what a
-/// background refresh or a retried fetch sends again.
+/// A copy of a request's head (method, URI, version, fields) without its extensions but the
+/// one the origin's request reads ([`crate::http::fields::Hop`]): what a background refresh or
+/// a retried fetch sends again.
 pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
     let mut b = Request::builder()
         .method(p.method.clone())
@@ -643,7 +644,11 @@ pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
     if let Some(h) = b.headers_mut() {
         *h = p.headers.clone();
     }
-    // The request's context on a route with steps, for ② and ③.
+    // The extensions the origin's request is built from: X-Forwarded-For's last hop, and the
+    // request's context on a route with steps (for ② and ③).
+    if let Some(hop) = p.extensions.get::<fields::Hop>() {
+        b = b.extension(*hop);
+    }
     if let Some(cx) = Cx::of(p) {
         b = b.extension(Arc::clone(cx));
     }

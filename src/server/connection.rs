@@ -112,7 +112,7 @@ pub struct Idle {
 }
 
 /// A connection as its acceptor hands it over: the stream, the protocol to speak on it and the
-/// peer's address.
+/// peer's address (the socket's, or its PROXY header's source).
 pub struct Accepted<S> {
     pub stream: S,
     pub protocol: Protocol,
@@ -155,6 +155,8 @@ pub fn serve_connection<T: Stream>(
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
         // The router in force now serves this request to its end, whatever reloads come.
         let router = routers.current();
+        // The client: the connection's peer, or who the listener's trusted proxies name.
+        let peer = router.client(&mut req, peer);
         let mut observed = router.observe(&mut req, peer);
         // Every handler gets the request with its one authority (or it is refused here).
         let (serving, route) = match crate::inbound::admit(&mut req, max_headers) {

@@ -118,6 +118,9 @@ async fn request(
 ) {
     let head_only = req.method() == Method::HEAD;
     let mut req = req;
+    // The client: the QUIC peer, or who the listener's trusted proxies name (no PROXY header
+    // over UDP).
+    let peer = router.client(&mut req, peer);
     let observed = router.observe(&mut req, peer);
     let mut req = req.map(|()| RequestBody::Stream(upload(recv).boxed()));
     let (mut response, route) = match crate::inbound::admit(&mut req, max_headers) {

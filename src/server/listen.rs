@@ -1,6 +1,7 @@
 //! Listening and accepting: binding the TCP sockets, the accept loop with the connection bound,
-//! the protocol of a new connection (plain TCP: HTTP/1.1, or h2c by prior knowledge, told apart
-//! by peeking; TLS: the handshake, then what ALPN chose), and the open-files limit that
+//! the opening of a new connection (its PROXY header first on a `proxy_protocol` listener, see
+//! `proxy_protocol.rs`; then its protocol: plain TCP: HTTP/1.1, or h2c by prior knowledge, told
+//! apart by peeking; TLS: the handshake, then what ALPN chose), and the open-files limit that
 //! accepting runs into.
 //!
 //! A semaphore bounds open connections: at the bound, each accept loop holds the one connection
@@ -147,46 +148,56 @@ pub async fn accept_loop(
             max_conns: server.max_connections.get() as usize,
         };
         let (router, builder) = (Arc::clone(&router), Arc::clone(&builder));
+        // Read per connection from the router in force: a reload may turn it on or off.
+        let proxied = router.proxy_protocol();
         if let Some(tls) = &tls {
-            let (tls, shutdown) = (Arc::clone(tls), shutdown.clone());
+            let (tls, mut shutdown) = (Arc::clone(tls), shutdown.clone());
             let timeout = builder.header_read_timeout;
             let handshake = async move {
+                let mut stream = stream;
+                // The PROXY header comes before the TLS handshake.
+                let peer = match proxied {
+                    true => proxied_client(&mut stream, peer, timeout, &mut shutdown).await?,
+                    false => peer,
+                };
                 let (stream, h2) = tls.accept(stream, timeout).await?;
                 let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
-                Some((stream, protocol, shutdown))
+                Some((stream, protocol, shutdown, peer))
             };
             tokio::spawn(Task::opening(handshake, move |opened| {
-                served(opened, peer, router, builder, idle, permit)
+                served(opened, router, builder, idle, permit)
             }));
             continue;
         }
         let found = protocol(
             stream,
+            peer,
+            proxied,
             builder.h2c,
             builder.header_read_timeout,
             shutdown.clone(),
         );
         // One task: the protocol is found, then the connection served.
         tokio::spawn(Task::opening(found, move |opened| {
-            served(opened, peer, router, builder, idle, permit)
+            served(opened, router, builder, idle, permit)
         }));
     }
 }
 
-/// What a connection's opening (h2c sniff or TLS handshake) hands on: the stream, the protocol
-/// to speak on it and the shutdown signal; None when there is nothing to serve.
-type Opened<S> = Option<(S, Protocol, watch::Receiver<bool>)>;
+/// What a connection's opening (PROXY header, h2c sniff or TLS handshake) hands on: the
+/// stream, the protocol to speak on it, the shutdown signal and the peer (the socket's, or its
+/// PROXY header's source); None when there is nothing to serve.
+type Opened<S> = Option<(S, Protocol, watch::Receiver<bool>, SocketAddr)>;
 
 /// The second step of a connection's [`Task`]: serves what its opening found.
 fn served<S: super::io::Stream>(
     opened: Opened<S>,
-    peer: SocketAddr,
     router: LiveRouter,
     builder: Arc<Builders>,
     idle: Idle,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Option<impl Future<Output = ()> + Send + Unpin + 'static> {
-    let (stream, protocol, shutdown) = opened?;
+    let (stream, protocol, shutdown, peer) = opened?;
     let accepted = Accepted {
         stream,
         protocol,
@@ -252,23 +263,58 @@ where
 }
 
 /// A new plain-TCP connection's protocol: HTTP/2 when h2c is on and the client starts with
-/// the HTTP/2 preface, else HTTP/1.1. None: the peer closed, sent nothing within `timeout`, or
-/// the server is shutting down.
+/// the HTTP/2 preface, else HTTP/1.1; after its PROXY header when `proxied`. None: the peer
+/// closed, sent nothing within `timeout`, sent no valid PROXY header, or the server is
+/// shutting down.
 async fn protocol(
-    stream: TcpStream,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    proxied: bool,
     h2c: bool,
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Opened<TcpStream> {
+    // The PROXY header and the first bytes after it share the request-head deadline.
+    let (peer, left) = match proxied {
+        true => {
+            let start = tokio::time::Instant::now();
+            let client = proxied_client(&mut stream, peer, timeout, &mut shutdown).await?;
+            (client, timeout.saturating_sub(start.elapsed()))
+        }
+        false => (peer, timeout),
+    };
     if !h2c {
-        return Some((stream, Protocol::Http1, shutdown));
+        return Some((stream, Protocol::Http1, shutdown, peer));
     }
     let h2 = tokio::select! {
-        r = sniff_h2(&stream, timeout) => r?,
+        r = sniff_h2(&stream, left) => r?,
         _ = shutdown.changed() => return None,
     };
     let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
-    Some((stream, protocol, shutdown))
+    Some((stream, protocol, shutdown, peer))
+}
+
+/// The client of a connection on a `proxy_protocol` listener: the source its PROXY header
+/// names (or `peer`, for a health check's `LOCAL` header and addresses that are not IP). None:
+/// no valid header within `timeout` (the connection is closed), or the server is shutting down.
+async fn proxied_client(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    timeout: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<SocketAddr> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let read = tokio::select! {
+        r = super::proxy_protocol::read_header(stream, peer, deadline) => r,
+        _ = shutdown.changed() => return None,
+    };
+    match read {
+        Ok(client) => Some(client),
+        Err(why) => {
+            tracing::debug!(%peer, ?why, "connection closed: no valid PROXY protocol header");
+            None
+        }
+    }
 }
 
 /// Whether a new connection starts with the HTTP/2 connection preface (`PRI * HTTP/2.0`),

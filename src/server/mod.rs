@@ -15,6 +15,8 @@
 //! - `gauges.rs`: the figures `/metrics` reads at scrape time (connections, cache, TLS, ...).
 //! - `listen.rs`: binding, the accept loop and the connection bound, a plain-TCP connection's
 //!   protocol (h2c sniffing), the open-files limit.
+//! - `proxy_protocol.rs`: the PROXY header (v1/v2) a `proxy_protocol` listener's connections
+//!   begin with, read before the h2c sniff or the TLS handshake: the connection's client.
 //! - `connection.rs`: one connection's life over any [`Stream`]: hyper, the watchdog, parking.
 //! - `io.rs`: the [`Stream`] trait, the IO wrapper hyper reads and writes through (HTTP/2's
 //!   writes batched per poll), the watchdog's per-connection state.
@@ -33,6 +35,7 @@ mod gauges;
 mod h3;
 mod io;
 mod listen;
+mod proxy_protocol;
 mod reload;
 mod start;
 

@@ -340,7 +340,12 @@ pub fn upstream_request(
     if let Some(v) = host_field {
         h.insert(header::HOST, v);
     }
-    fields::add_forwarding(&mut h, host.as_ref(), peer.ip());
+    // Behind a trusted proxy, the proxy is the hop larder appends (see `fields::Hop`).
+    let hop = src
+        .extensions
+        .get::<fields::Hop>()
+        .map_or(peer.ip(), |h| h.0);
+    fields::add_forwarding(&mut h, host.as_ref(), hop);
     let mut r = Request::new(());
     *r.method_mut() = src.method.clone();
     *r.uri_mut() = Uri::builder()
@@ -385,6 +390,22 @@ mod tests {
         assert_eq!(parts.headers["x-forwarded-host"], "example.com");
         assert_eq!(parts.headers["via"], "1.1 larder");
         assert!(!parts.headers.contains_key("connection"));
+    }
+
+    /// Behind a trusted proxy (`crate::real_ip`) the chain gets the proxy appended, not the
+    /// client found in it.
+    #[test]
+    fn the_hop_is_appended_rather_than_the_client() {
+        let mut b = Request::builder().uri("/");
+        b = b.header("x-forwarded-for", "198.51.100.9, 10.1.2.3");
+        b = b.extension(fields::Hop("127.0.0.1".parse().unwrap()));
+        let (parts, _) = b.body(()).unwrap().into_parts();
+        let up: Upstream = "http://127.0.0.1:9".parse().unwrap();
+        let p = upstream_request(&parts, &up, "198.51.100.9:0".parse().unwrap());
+        assert_eq!(
+            p.headers["x-forwarded-for"],
+            "198.51.100.9, 10.1.2.3, 127.0.0.1"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The real components some tests need beside larder (redis-server, an ACME test server,
-//! headless Chromium, ...), found where `tests/provision` installs them. Nothing is installed
+//! The real components some tests need beside larder (redis-server, haproxy, an ACME test
+//! server, headless Chromium, ...), found where `tests/provision` installs them. Nothing is installed
 //! from inside `cargo test`: a test that needs a missing component fails at once with a message
 //! naming the command that installs it (`tests/provision`, then `cargo test` again). A test
 //! that needs a component gets its path or fails; it never skips.
@@ -271,4 +271,68 @@ pub fn redis_cluster(n: usize) -> Vec<RedisServer> {
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
     panic!("the cluster did not come up");
+}
+
+/// haproxy from Debian's packages.
+pub fn haproxy_binary() -> PathBuf {
+    apt("haproxy", "haproxy")
+}
+
+/// An haproxy of the test's own, in the foreground, running the configuration the test wrote;
+/// killed when dropped.
+pub struct Haproxy {
+    /// Where its frontend listens (`{listen}` in the configuration).
+    pub addr: std::net::SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// Starts haproxy with `config`, whose `{listen}` is replaced by a free loopback address
+    /// (its frontend's `bind`); returns once that address accepts connections. A configuration
+    /// haproxy refuses fails the test with haproxy's words.
+    pub fn start(config: &str) -> Haproxy {
+        let addr = super::free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, config.replace("{listen}", &addr.to_string())).unwrap();
+        let check = Command::new(haproxy_binary())
+            .args(["-c", "-q", "-f"])
+            .arg(&path)
+            .output()
+            .expect("run haproxy -c");
+        assert!(
+            check.status.success(),
+            "haproxy refuses the configuration: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let child = Command::new(haproxy_binary())
+            // -db: in the foreground, not as a daemon (killed with the test).
+            .args(["-db", "-f"])
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start haproxy");
+        let h = Haproxy {
+            addr,
+            child,
+            _dir: dir,
+        };
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return h;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("haproxy did not listen on {addr}");
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
