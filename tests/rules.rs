@@ -154,3 +154,42 @@ fn a_bad_rule_is_named_with_its_line() {
         .to_string();
     assert!(e.contains("uses itself"), "{e}");
 }
+
+/// Address rules read the client's real address: behind a trusted proxy, the one its
+/// X-Forwarded-For names, not the proxy's.
+#[tokio::test(flavor = "multi_thread")]
+async fn address_rules_use_the_real_client_address() {
+    let origin = echo().await;
+    let larder = Larder::start(&format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [listener.real_ip]
+  from = ["127.0.0.1"]
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{origin}" }}
+    [[listener.route.rule]]
+    when = {{ path = "/internal/**" }}
+    allow = ["10.0.0.0/8"]
+    [[listener.route.rule]]
+    request_headers = {{ set = {{ "x-client" = "$remote_addr" }} }}
+"#,
+        origin = origin.url()
+    ))
+    .await;
+    let c = client();
+    let inside = [("x-forwarded-for", "198.51.100.1, 10.1.2.3")];
+    let r = get(&c, &larder.url("/internal/a"), &inside).await;
+    assert_eq!(
+        r.status, 200,
+        "10.1.2.3 is the client the trusted proxy names"
+    );
+    assert!(r.text().contains("x-client: 10.1.2.3"), "{}", r.text());
+    let outside = [("x-forwarded-for", "10.1.2.3, 198.51.100.1")];
+    assert_eq!(
+        get(&c, &larder.url("/internal/a"), &outside).await.status,
+        403
+    );
+    assert_eq!(get(&c, &larder.url("/internal/a"), &[]).await.status, 403);
+}
