@@ -24,14 +24,11 @@ fn check(text: &str) -> (bool, String) {
 
 #[test]
 fn example_config_checks_ok() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/larder.example.toml");
-    // Its static route serves `./public`: a directory where it runs.
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("public")).unwrap();
+    // As its first line says, from the repository's root (its static route serves
+    // examples/public, relative to the working directory).
     let out = larder_command()
-        .arg("check")
-        .arg(example)
-        .current_dir(dir.path())
+        .args(["check", "larder.example.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
     assert!(
@@ -61,6 +58,41 @@ fn example_config_sets_every_documented_key() {
     };
     assert_eq!(push.history.0, 100_000);
     assert_eq!(push.groups[0].max.map(|m| m.0), Some(1000));
+}
+
+/// larder.example.toml shows every setting docs/config.md documents (set, or commented out
+/// with its default): each key of the reference's tables appears in it as `key =` or as a
+/// table `[....key]`.
+#[test]
+fn example_config_shows_every_key_the_reference_lists() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let doc = std::fs::read_to_string(format!("{root}/docs/config.md")).unwrap();
+    let example = std::fs::read_to_string(format!("{root}/larder.example.toml")).unwrap();
+    let shown = |key: &str| {
+        example.lines().any(|line| {
+            let line = line.trim_start_matches([' ', '#']);
+            let assigned = line
+                .split([' ', '{', ',', '('])
+                .any(|w| w == key || w.strip_suffix('=') == Some(key))
+                && line.contains(&format!("{key} ="));
+            let table = line.starts_with('[')
+                && (line.split(']').next()).is_some_and(|t| t.ends_with(&format!(".{key}")));
+            assigned || table
+        })
+    };
+    let missing: Vec<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split_once("` |").map(|(k, _)| k))
+        .filter(|k| {
+            k.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+        .filter(|k| !shown(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/config.md keys missing from larder.example.toml: {missing:?}"
+    );
 }
 
 #[test]
