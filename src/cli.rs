@@ -144,6 +144,19 @@ pub enum Command {
         #[arg(long, value_name = "TOKEN", env = "LARDER_ADMIN_TOKEN")]
         token: String,
     },
+    /// Check that a running larder answers: `GET PATH` on ADDR (plain HTTP), exit status 0 on
+    /// a 2xx or 3xx answer within the timeout, 1 otherwise (a container's HEALTHCHECK).
+    Probe {
+        /// The listener's address.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+        addr: SocketAddr,
+        /// The path asked for.
+        #[arg(long, value_name = "PATH", default_value = "/ping")]
+        path: String,
+        /// The longest wait for the answer's head, in milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 2000)]
+        timeout_ms: u64,
+    },
     /// Print the completion script of a shell for larder (packages install it, e.g. bash's
     /// into /usr/share/bash-completion/completions/larder).
     Completions {

@@ -89,6 +89,30 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Probe {
+        addr,
+        path,
+        timeout_ms,
+    }) = &cli.command
+    {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return ExitCode::FAILURE;
+        };
+        let timeout = std::time::Duration::from_millis(*timeout_ms);
+        return match rt.block_on(larder::stats::probe(*addr, path, timeout)) {
+            Ok(said) => {
+                println!("{said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Reload { admin, token }) = &cli.command {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -1,6 +1,8 @@
 //! `larder stats`: a running larder's statistics from its admin API, as varnishstat shows
 //! Varnish's: totals and per-second rates of requests by cache result, the hit ratio,
 //! connections and the cache, refreshed every second; or the status JSON once, for scripts.
+//! Beside it, `larder probe`: a health check of a running larder (a container's HEALTHCHECK,
+//! which has no curl).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -232,5 +234,35 @@ mod tests {
             table.contains("saved                   4500        1500"),
             "{table}"
         );
+    }
+}
+
+/// `larder probe`: `GET path` from the listener at `addr` (plain HTTP), within `timeout`:
+/// Ok with the status line when it answers 2xx or 3xx, else why not.
+pub async fn probe(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String, String> {
+    let ask = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("cannot reach {addr}: {e}"))?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = http::Request::builder()
+            .uri(path)
+            .header(http::header::HOST, addr.to_string())
+            .header(http::header::USER_AGENT, "larder-probe")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("`{path}`: {e}"))?;
+        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(resp.status())
+    };
+    let status = tokio::time::timeout(timeout, ask)
+        .await
+        .map_err(|_| format!("{addr} did not answer within {timeout:?}"))??;
+    if status.is_success() || status.is_redirection() {
+        Ok(format!("{addr}{path}: {status}"))
+    } else {
+        Err(format!("{addr}{path} answered {status}"))
     }
 }

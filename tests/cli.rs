@@ -687,3 +687,46 @@ fn state_dir_and_the_log_have_keys_in_the_file_and_flags_override_them() {
         "{said}"
     );
 }
+
+/// `larder probe` (the container image's HEALTHCHECK): exit 0 when the listener answers the
+/// path with 2xx or 3xx, 1 (and why) when it answers otherwise or nothing listens.
+#[tokio::test(flavor = "multi_thread")]
+async fn probe_says_whether_a_running_larder_answers() {
+    let larder = common::Larder::start(
+        "[[listener]]\naddr = \"127.0.0.1:0\"\n[[listener.route]]\npath = \"/ping\"\nrespond = { body = \"pong\" }\n[[listener.route]]\npath = \"/down\"\nrespond = { status = 503 }\n",
+    )
+    .await;
+    let probe = |path: &str, addr: SocketAddr| {
+        larder_command()
+            .args([
+                "probe",
+                "--addr",
+                &addr.to_string(),
+                "--path",
+                path,
+                "--timeout-ms",
+                "2000",
+            ])
+            .output()
+            .unwrap()
+    };
+    let addr = larder.addr;
+    let (up, down) =
+        tokio::task::spawn_blocking(move || (probe("/ping", addr), probe("/down", addr)))
+            .await
+            .unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert!(String::from_utf8_lossy(&up.stdout).contains("200 OK"));
+    assert_eq!(down.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&down.stderr).contains("503"));
+    let closed = free_port();
+    let nobody = tokio::task::spawn_blocking(move || probe("/ping", closed))
+        .await
+        .unwrap();
+    assert_eq!(nobody.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("cannot reach"));
+}

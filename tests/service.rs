@@ -506,9 +506,10 @@ fn instructions(text: &str) -> Vec<(String, String)> {
 
 /// dist/Containerfile: no container can start in this sandbox (docker has no daemon; podman
 /// builds the image from a local base but crun cannot start it: setrlimit refused, cgroups in
-/// hybrid mode; and no base image can be pulled), so it is checked as text: a base image, the
-/// binary copied from the build argument, a non-root user, port 8080, larder as the entry
-/// point on the shipped configuration, which `larder check` accepts.
+/// hybrid mode; and no base image can be pulled), so it is checked as text: the build stage
+/// and the runtime stage, the binary from either, a non-root user, port 8080, the volumes, the
+/// health check (`larder probe`, run for real in tests/cli.rs), larder as the entry point on
+/// the shipped configuration, which `larder check` accepts.
 #[test]
 fn the_containerfile_copies_the_binary_and_runs_as_a_user() {
     let text = std::fs::read_to_string(Path::new(ROOT).join("dist/Containerfile")).unwrap();
@@ -544,13 +545,45 @@ fn the_containerfile_copies_the_binary_and_runs_as_a_user() {
     // Only ARGs (those FROM reads) may come before FROM.
     let first = all.iter().find(|(i, _)| i != "ARG").unwrap();
     assert_eq!(first.0, "FROM", "a Containerfile starts FROM a base");
-    assert_eq!(of("FROM"), ["${BASE}"]);
-    assert!(of("ARG").contains(&"BASE=debian:bookworm-slim"));
+    // Multi-stage: larder built from the source tree, a runtime stage, the two ways of putting
+    // the binary in it; the last stage (the default target) takes stage 1's.
+    assert_eq!(
+        of("FROM"),
+        [
+            "${BUILDER} AS build",
+            "${BASE} AS runtime",
+            "runtime AS prebuilt",
+            "runtime AS image"
+        ]
+    );
+    assert!(of("ARG").contains(&"BASE=docker.io/library/debian:bookworm-slim"));
+    assert!(of("ARG").iter().any(|a| a.starts_with("BUILDER=")));
+    assert!(of("RUN")
+        .iter()
+        .any(|r| r.contains("cargo build --release --locked")));
     assert!(of("ARG").iter().any(|a| a.starts_with("LARDER_BIN=")));
-    assert!(
-        of("COPY").contains(&"${LARDER_BIN} /usr/bin/larder"),
-        "{:?}",
-        of("COPY")
+    assert_eq!(
+        all.last().unwrap(),
+        &(
+            "COPY".to_string(),
+            "--from=build /out/larder /usr/bin/larder".to_string()
+        )
+    );
+    assert!(of("COPY").contains(&"${LARDER_BIN} /usr/bin/larder"));
+    // The health check is `larder probe` of /ping (the image has no curl), with the runtime
+    // stage's user; state and cache are volumes.
+    let check = of("HEALTHCHECK");
+    assert_eq!(check.len(), 1);
+    let cmd = check[0]
+        .split_once("CMD ")
+        .expect("HEALTHCHECK ... CMD [...]")
+        .1;
+    let cmd: Vec<String> = serde_json::from_str(cmd).unwrap();
+    assert_eq!(cmd[..2], ["/usr/bin/larder", "probe"]);
+    assert!(cmd.contains(&"/ping".to_string()));
+    assert_eq!(
+        of("VOLUME"),
+        ["[\"/var/lib/larder\", \"/var/cache/larder\"]"]
     );
     let user = of("USER");
     assert!(
@@ -561,6 +594,10 @@ fn the_containerfile_copies_the_binary_and_runs_as_a_user() {
     let pos = |name: &str| all.iter().position(|(i, _)| i == name).unwrap();
     assert!(pos("USER") < pos("ENTRYPOINT"));
     assert_eq!(of("EXPOSE"), ["8080"]);
+    assert!(
+        text.contains("127.0.0.1:8080"),
+        "the probe asks the port exposed"
+    );
     assert_eq!(of("ENTRYPOINT"), ["[\"/usr/bin/larder\"]"]);
     let cmd: Vec<String> = serde_json::from_str(of("CMD")[0]).unwrap();
     assert_eq!(cmd, ["--config", "/etc/larder/larder.toml"]);
