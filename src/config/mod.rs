@@ -49,6 +49,7 @@ mod proxy;
 pub mod push;
 mod respond;
 pub mod rules;
+pub mod rules_limits;
 mod server;
 mod static_files;
 pub mod tiers;
