@@ -185,6 +185,15 @@ addr = "127.0.0.1:0"
         .expect("refused")
         .to_string();
     assert!(e.contains("not a limit key"), "{e}");
+    let toml = toml.replace("key = \"nonsense\"", "fleet = true");
+    let e = larder::config::Config::parse(&toml, "t.toml")
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("line 8") && e.contains("needs [cache.shared]"),
+        "{e}"
+    );
 }
 
 /// An origin whose answers stream: the head and a first chunk at once, the end only when the
@@ -274,7 +283,9 @@ addr = "127.0.0.1:0"
 async fn limit_rate_delivers_the_whole_body() {
     let body: Vec<u8> = (0..96 * 1024).map(|i| (i % 251) as u8).collect();
     let sent = body.clone();
-    let origin = Origin::start(move |_, _| Reply::ok(sent.clone())).await;
+    let origin =
+        Origin::start(move |_, _| Reply::ok(sent.clone()).header("cache-control", "max-age=60"))
+            .await;
     let larder = Larder::start(&route(
         &origin,
         r#"
