@@ -398,6 +398,19 @@ timeout = "3s"
     }
     assert_eq!(get(&c, &a.url("/f"), &[]).await.status, 429);
 
+    // Twenty at once on both nodes: the script decides each atomically, five pass.
+    clock.advance(Duration::from_secs(1));
+    let mut racing = Vec::new();
+    for i in 0..20 {
+        let (c, url) = (c.clone(), [&a, &b][i % 2].url("/f"));
+        racing.push(tokio::spawn(async move { get(&c, &url, &[]).await.status }));
+    }
+    let mut passed = 0;
+    for r in racing {
+        passed += usize::from(r.await.unwrap() == 200);
+    }
+    assert_eq!(passed, 5);
+
     // Redis gone: each node decides alone, with its own bucket.
     redis.kill();
     clock.advance(Duration::from_secs(1));

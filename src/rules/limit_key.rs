@@ -25,7 +25,23 @@ pub struct KeyOf {
 /// A request's key: its kind (`c`: a client's address, `k`: the configured key) and value.
 pub struct Key {
     pub kind: u8,
-    pub value: Vec<u8>,
+    pub value: Value,
+}
+
+/// A key's bytes: an address inline (no allocation for the common key), anything else owned.
+pub enum Value {
+    Address([u8; 16], usize),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Value {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Address(a, n) => &a[..*n],
+            Value::Owned(v) => v,
+        }
+    }
 }
 
 impl KeyOf {
@@ -39,12 +55,22 @@ impl KeyOf {
 
     /// The request's key; None: the rule skips it (its key is missing and `missing = "skip"`).
     pub fn of(&self, req: &Request<RequestBody>, cx: &Cx) -> Option<Key> {
-        let client = || Key {
-            kind: b'c',
-            value: match cx.client.ip() {
-                std::net::IpAddr::V4(a) => a.octets().to_vec(),
-                std::net::IpAddr::V6(a) => a.octets().to_vec(),
-            },
+        let client = || {
+            let mut a = [0; 16];
+            let n = match cx.client.ip() {
+                std::net::IpAddr::V4(v4) => {
+                    a[..4].copy_from_slice(&v4.octets());
+                    4
+                }
+                std::net::IpAddr::V6(v6) => {
+                    a = v6.octets();
+                    16
+                }
+            };
+            Key {
+                kind: b'c',
+                value: Value::Address(a, n),
+            }
         };
         let found: Option<Vec<u8>> = match &self.key {
             LimitKey::Client => return Some(client()),
@@ -64,7 +90,10 @@ impl KeyOf {
             }
         };
         match (found, self.missing) {
-            (Some(value), _) => Some(Key { kind: b'k', value }),
+            (Some(value), _) => Some(Key {
+                kind: b'k',
+                value: Value::Owned(value),
+            }),
             (None, Missing::Client) => Some(client()),
             (None, Missing::Skip) => None,
         }

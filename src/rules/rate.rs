@@ -133,6 +133,9 @@ struct Inner {
     /// In microseconds, for the fleet's.
     fleet_gcra: Gcra,
     policy: HeaderValue,
+    /// The rule's name as a structured-field string (`"api"`), which each `RateLimit` field
+    /// starts with.
+    quoted: String,
     local: Cache<u64, u64>,
     clock: Clock,
     fleet: Option<Arc<Fleet>>,
@@ -188,6 +191,7 @@ impl RateLimit {
             gcra: Gcra::new(cfg, NS),
             fleet_gcra: Gcra::new(cfg, US),
             policy: HeaderValue::from_str(&policy).expect("serialized structured field"),
+            quoted: sf_item_unit(name, &[], None),
             local: Cache::new(cfg.max_keys.as_usize().max(1)),
             clock: clock.clone(),
             fleet: if cfg.fleet { fleet.cloned() } else { None },
@@ -242,7 +246,8 @@ impl Inner {
             true => (g.remaining(d), secs_up(d.debt, unit)),
             false => (0, secs_up(d.wait, unit)),
         };
-        let v = sf_item(&self.name, &[("r", r as i64), ("t", t as i64)]);
+        // The name serialized once; two integers after it (what `sf_item` would write).
+        let v = format!("{};r={r};t={t}", self.quoted);
         HeaderValue::from_str(&v).expect("serialized structured field")
     }
 
