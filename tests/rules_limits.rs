@@ -357,25 +357,31 @@ async fn two_nodes_share_one_fleet_limit_and_decide_alone_without_redis() {
     let mut redis = RedisServer::start();
     let clock = larder::clock::Clock::manual();
     let origin = plain().await;
-    let toml = format!(
-        r#"
+    let toml = |admin: u16| {
+        format!(
+            r#"
+[admin]
+listen = "127.0.0.1:{admin}"
+token = "s3cret"
+
 [cache.shared]
 url = "{}"
 timeout = "3s"
 
 {}"#,
-        redis.url(),
-        route(
-            &origin,
-            r#"
+            redis.url(),
+            route(
+                &origin,
+                r#"
     [[listener.route.rule]]
     name = "fleet"
     rate_limit = { rate = "5/s", fleet = true }
 "#
+            )
         )
-    );
-    let a = Larder::start_at(&toml, clock.clone()).await;
-    let b = Larder::start_at(&toml, clock.clone()).await;
+    };
+    let a = Larder::start_at(&toml(free_port().port()), clock.clone()).await;
+    let b = Larder::start_at(&toml(free_port().port()), clock.clone()).await;
     let c = client();
     let statuses = |r: Vec<Got>| r.iter().map(|g| g.status.as_u16()).collect::<Vec<_>>();
     let mut got = Vec::new();
@@ -419,6 +425,17 @@ timeout = "3s"
     }
     assert_eq!(get(&c, &a.url("/f"), &[]).await.status, 429);
     assert_eq!(get(&c, &b.url("/f"), &[]).await.status, 200);
+    let metrics = get(
+        &c,
+        &a.admin_url("/metrics"),
+        &[("authorization", "Bearer s3cret")],
+    )
+    .await
+    .text();
+    let local = (metrics.lines())
+        .find_map(|l| l.strip_prefix("larder_rate_limit_local_decisions_total{tier=\"shared\"} "))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert_eq!(local, "6", "counted: {metrics}");
 }
 
 /// examples/edge.toml as it is written (its addresses aside): `/api/` takes 5 requests a

@@ -20,10 +20,10 @@
 //! (the same GCRA, the TAT under `NS:rl:NAME:KEY` with a lifetime of the TAT's distance), a
 //! wait at ①, on the nodes' wall clocks (they agree within NTP's milliseconds). When Redis is
 //! not connected or does not answer within `[cache.shared]`'s `timeout` (100 ms unless set),
-//! the node decides alone with its local limiter (logged once, counted in
-//! [`RateLimit::fallbacks`]).
+//! the node decides alone with its local limiter (logged once, counted in the fleet's
+//! `local_decisions`: `larder_rate_limit_local_decisions_total` in /metrics).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -139,8 +139,6 @@ struct Inner {
     local: Cache<u64, u64>,
     clock: Clock,
     fleet: Option<Arc<Fleet>>,
-    /// Decisions made locally because the fleet's Redis was away.
-    fallbacks: AtomicU64,
     warned: AtomicBool,
 }
 
@@ -195,14 +193,8 @@ impl RateLimit {
             local: Cache::new(cfg.max_keys.as_usize().max(1)),
             clock: clock.clone(),
             fleet: if cfg.fleet { fleet.cloned() } else { None },
-            fallbacks: AtomicU64::new(0),
             warned: AtomicBool::new(false),
         }))
-    }
-
-    /// Decisions made on this node alone since it started because the fleet's Redis was away.
-    pub fn fallbacks(&self) -> u64 {
-        self.0.fallbacks.load(Ordering::Relaxed)
     }
 
     fn id(&self) -> usize {
@@ -279,7 +271,9 @@ impl Inner {
     }
 
     fn fell_back(&self) {
-        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = &self.fleet {
+            f.counts.local_decisions.fetch_add(1, Ordering::Relaxed);
+        }
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 rule = self.name.as_str(),
