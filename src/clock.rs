@@ -1,6 +1,7 @@
 //! Clocks. [`Clock`]: the wall clock the cache and its handlers read for freshness, age, the
 //! stale windows, purge bans and the lower tiers' lifetimes, handed to them where they are built
-//! (by [`crate::server::start_with`]), so that a test can move it forward instead of sleeping.
+//! (by [`crate::server::start_with`]), so that a test can move it forward instead of sleeping;
+//! and, moved by the same offset, a monotonic reading ([`Clock::monotonic_ns`]) for rate limits.
 //! Beside it, a coarse monotonic clock for deadlines that tolerate a few milliseconds of error.
 //!
 //! `Instant::now()` reads the TSC through the vDSO: about 29 ns per call in this VM under load
@@ -14,19 +15,25 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The wall clock of the cache: `SystemTime::now()`, or, for a clock made with
-/// [`Clock::adjustable`], that plus how far it was moved with [`Clock::advance`]. Cheap to clone
+/// [`Clock::adjustable`], that plus how far it was moved with [`Clock::advance`] ([`Clock::manual`]:
+/// the time it was made plus that). Cheap to clone
 /// and to read: the system clock is `SystemTime::now()` behind one branch; an adjustable one adds
 /// a relaxed atomic load (no lock, no allocation, no dynamic call).
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
     /// Nanoseconds added to the system time (shared by every clone); `None`: the system clock.
     offset: Option<Arc<AtomicU64>>,
+    /// A clock that stands still but when moved ([`Clock::manual`]): the time it was made.
+    still: Option<(SystemTime, Instant)>,
 }
 
 impl Clock {
     /// The system's wall clock, as it is.
     pub fn system() -> Clock {
-        Clock { offset: None }
+        Clock {
+            offset: None,
+            still: None,
+        }
     }
 
     /// A clock that reads the system's time until moved forward with [`Clock::advance`]; its
@@ -34,16 +41,29 @@ impl Clock {
     pub fn adjustable() -> Clock {
         Clock {
             offset: Some(Arc::new(AtomicU64::new(0))),
+            still: None,
+        }
+    }
+
+    /// A clock that stands still at the time it was made until moved forward with
+    /// [`Clock::advance`] (its clones move with it): for tests of rates, where the time a
+    /// loaded machine takes between two requests must not count.
+    pub fn manual() -> Clock {
+        Clock {
+            offset: Some(Arc::new(AtomicU64::new(0))),
+            still: Some((SystemTime::now(), Instant::now())),
         }
     }
 
     /// The time now.
     #[inline]
     pub fn now(&self) -> SystemTime {
-        let now = SystemTime::now();
         match &self.offset {
-            None => now,
-            Some(o) => now + Duration::from_nanos(o.load(Ordering::Relaxed)),
+            None => SystemTime::now(),
+            Some(o) => {
+                let now = self.still.map_or_else(SystemTime::now, |(at, _)| at);
+                now + Duration::from_nanos(o.load(Ordering::Relaxed))
+            }
         }
     }
 
@@ -54,6 +74,22 @@ impl Clock {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         o.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(by))
             .is_ok()
+    }
+
+    /// Nanoseconds of the monotonic clock (`Instant`, from an origin of the process's), plus how
+    /// far this clock was moved forward: what rate limits measure intervals on (a step of the
+    /// wall clock does not refill or drain them), and what a test moves with [`Clock::advance`].
+    #[inline]
+    pub fn monotonic_ns(&self) -> u64 {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        let origin = ORIGIN.get_or_init(Instant::now);
+        let at = self.still.map_or_else(Instant::now, |(_, at)| at);
+        let ns =
+            u64::try_from(at.saturating_duration_since(*origin).as_nanos()).unwrap_or(u64::MAX);
+        match &self.offset {
+            None => ns,
+            Some(o) => ns.saturating_add(o.load(Ordering::Relaxed)),
+        }
     }
 }
 
@@ -110,6 +146,26 @@ mod tests {
         // An offset that would overflow is refused, not wrapped.
         assert!(!clock.advance(Duration::MAX));
         assert!(clock.now() >= before + Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn the_monotonic_reading_moves_with_the_offset() {
+        let clock = Clock::adjustable();
+        let a = clock.monotonic_ns();
+        assert!(clock.advance(Duration::from_secs(5)));
+        let b = clock.monotonic_ns();
+        assert!(b - a >= 5_000_000_000, "{a} {b}");
+        assert!(b - a < 65_000_000_000, "{a} {b}");
+        let system = Clock::system();
+        assert!(system.monotonic_ns() <= clock.monotonic_ns());
+        // A manual clock stands still until moved.
+        let manual = Clock::manual();
+        let (t, m) = (manual.now(), manual.monotonic_ns());
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!((manual.now(), manual.monotonic_ns()), (t, m));
+        assert!(manual.advance(Duration::from_millis(1)));
+        assert_eq!(manual.now(), t + Duration::from_millis(1));
+        assert_eq!(manual.monotonic_ns(), m + 1_000_000);
     }
 
     #[test]

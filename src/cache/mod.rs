@@ -522,6 +522,12 @@ impl Cache {
                 |c| c.purges_received,
                 true,
             ),
+            family(
+                "larder_rate_limit_local_decisions",
+                "Fleet-wide rate limits (fleet = true) decided on this node alone: Redis was away.",
+                |c| c.local_decisions,
+                true,
+            ),
         ]
     }
 

@@ -103,6 +103,7 @@ impl Storage for Shared {
             refused: get(&f.refused),
             purges_sent: get(&f.purges_sent),
             purges_received: get(&f.purges_received),
+            local_decisions: get(&f.local_decisions),
             connected: Some(self.fleet.is_connected()),
             ..self.stats.snapshot(Tier::Shared)
         }

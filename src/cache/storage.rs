@@ -79,6 +79,8 @@ pub struct TierCounts {
     pub purges_received: u64,
     /// Values refused for their signature (shared, with `shared_key`).
     pub refused: u64,
+    /// Fleet-wide rate limits decided on this node alone, Redis away (shared).
+    pub local_decisions: u64,
     /// Whether the client is connected now (shared).
     pub connected: Option<bool>,
 }
@@ -106,6 +108,7 @@ impl Stats {
             purges_sent: 0,
             purges_received: 0,
             refused: 0,
+            local_decisions: 0,
             connected: None,
         }
     }

@@ -49,6 +49,7 @@ mod proxy;
 pub mod push;
 mod respond;
 pub mod rules;
+pub mod rules_limits;
 mod server;
 mod static_files;
 pub mod tiers;
@@ -472,6 +473,7 @@ impl Config {
         }
         self.check_pools()?;
         self.check_rules()?;
+        self.check_limits()?;
         let cache = &self.cache;
         if cache.max_object_size.0 > cache.max_size.0 {
             return Err(src.error(
@@ -512,6 +514,39 @@ impl Config {
                     let at = [Key("listener"), Index(i), Key("route"), Index(j)];
                     let rule = [&at[..], &[Key("rule"), Index(k)]].concat();
                     return Err(src.error(&[&[&rule[..], &[Key("use")]].concat(), &rule, &at], why));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Limits (issue #41 item 4): a fleet-wide rate limit needs the fleet's Redis.
+    fn check_limits(&self) -> Result<(), Error> {
+        if self.cache.shared.is_some() {
+            return Ok(());
+        }
+        let fleet = |r: &RuleConfig| matches!(&r.action, Action::RateLimit(l) if l.fleet);
+        let why = "`fleet = true` needs [cache.shared]: there is no Redis to decide in";
+        for (name, rules) in &self.policies {
+            if let Some(k) = rules.iter().position(fleet) {
+                let at = [Key("policy"), Key(name), Index(k)];
+                let key = [&at[..], &[Key("rate_limit"), Key("fleet")]].concat();
+                return Err(self.source.error(&[&key, &at], why));
+            }
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, r) in l.routes.iter().enumerate() {
+                if let Some(k) = r.rules.iter().position(fleet) {
+                    let at = [
+                        Key("listener"),
+                        Index(i),
+                        Key("route"),
+                        Index(j),
+                        Key("rule"),
+                        Index(k),
+                    ];
+                    let key = [&at[..], &[Key("rate_limit"), Key("fleet")]].concat();
+                    return Err(self.source.error(&[&key, &at], why));
                 }
             }
         }

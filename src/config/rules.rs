@@ -13,6 +13,8 @@ use serde::Deserialize;
 use super::headers::is_token;
 use super::net::{Cidr, HostPattern};
 use super::respond::RespondConfig;
+use super::rules_limits::{default_max_keys, LimitRateConfig, LimitStatus, MaxKeys, Missing, Rate};
+use super::units::{Bounded, ByteSize};
 
 /// One rule: when it applies (every request of the route, without `when`) and what it does.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -40,6 +42,16 @@ pub enum Action {
     ResponseHeaders(HeaderEdits),
     /// `respond = { status, body, content_type }`: a fixed answer (a mock, a maintenance page).
     Respond(RespondConfig),
+    // Limits (issue #41 item 4; docs/rules.md "Limits").
+    /// `rate_limit = { rate = "5/s", burst, key, delay, status, fleet, max_keys }` (nginx's
+    /// `limit_req`).
+    RateLimit(RateLimitConfig),
+    /// `in_flight = { max = 10, key }` (nginx's `limit_conn`): requests in flight per key.
+    InFlight(InFlightConfig),
+    /// `limit_rate = { rate = "100KiB/s", after = "1MiB" }`: bytes per second per response.
+    LimitRate(LimitRateConfig),
+    /// `max_body = "1MiB"` (nginx's `client_max_body_size`): 413 past it.
+    MaxBody(ByteSize),
 }
 
 #[derive(Deserialize)]
@@ -54,6 +66,11 @@ struct RawRule {
     request_headers: Option<HeaderEdits>,
     response_headers: Option<HeaderEdits>,
     respond: Option<RespondConfig>,
+    // Limits.
+    rate_limit: Option<RateLimitConfig>,
+    in_flight: Option<InFlightConfig>,
+    limit_rate: Option<LimitRateConfig>,
+    max_body: Option<ByteSize>,
 }
 
 impl TryFrom<RawRule> for RuleConfig {
@@ -66,6 +83,11 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.request_headers.map(Action::RequestHeaders));
         actions.extend(r.response_headers.map(Action::ResponseHeaders));
         actions.extend(r.respond.map(Action::Respond));
+        // Limits.
+        actions.extend(r.rate_limit.map(Action::RateLimit));
+        actions.extend(r.in_flight.map(Action::InFlight));
+        actions.extend(r.limit_rate.map(Action::LimitRate));
+        actions.extend(r.max_body.map(Action::MaxBody));
         if actions.len() != 1 {
             return Err(format!(
                 "a rule needs exactly one action ({}), found {}",
@@ -89,6 +111,11 @@ const ACTIONS: &[&str] = &[
     "request_headers",
     "response_headers",
     "respond",
+    // Limits.
+    "rate_limit",
+    "in_flight",
+    "limit_rate",
+    "max_body",
 ];
 
 impl Action {
@@ -101,6 +128,11 @@ impl Action {
             Action::RequestHeaders(_) => "request_headers",
             Action::ResponseHeaders(_) => "response_headers",
             Action::Respond(_) => "respond",
+            // Limits.
+            Action::RateLimit(_) => "rate_limit",
+            Action::InFlight(_) => "in_flight",
+            Action::LimitRate(_) => "limit_rate",
+            Action::MaxBody(_) => "max_body",
         }
     }
 }
@@ -113,6 +145,15 @@ impl Action {
             Action::RequestHeaders(e) | Action::ResponseHeaders(e) => {
                 e.set.values().chain(e.add.values()).collect()
             }
+            // Limits.
+            Action::RateLimit(RateLimitConfig {
+                key: LimitKey::Template(t),
+                ..
+            })
+            | Action::InFlight(InFlightConfig {
+                key: LimitKey::Template(t),
+                ..
+            }) => vec![t],
             _ => Vec::new(),
         }
     }
@@ -589,6 +630,100 @@ fn walk<'a>(
     }
     using.pop();
     Ok(())
+}
+
+// Limits (issue #41 item 4): the rules that take a key; the rest is in `rules_limits.rs`.
+
+/// What a limit counts requests by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LimitKey {
+    /// `"client"`: the client's address (the real one behind trusted proxies).
+    Client,
+    /// `"header:NAME"`: a request header's value.
+    Header(FieldName),
+    /// `"claim:NAME"`: a claim of the verified token (a `jwt` rule verifies it).
+    Claim(String),
+    /// `"api_key"`: the API key an `api_key` rule accepted (its note `api_key`).
+    ApiKey,
+    /// `"cookie:NAME"`.
+    Cookie(String),
+    /// `"$..."`: a template (`"$http_x_tenant:$arg_plan"`); empty when rendered: missing.
+    Template(Template),
+}
+
+impl<'de> Deserialize<'de> for LimitKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let named = |p: &str| s.strip_prefix(p).filter(|r| !r.is_empty());
+        if s == "client" {
+            Ok(LimitKey::Client)
+        } else if s == "api_key" {
+            Ok(LimitKey::ApiKey)
+        } else if let Some(h) = named("header:") {
+            FieldName::deserialize(de::value::StrDeserializer::<D::Error>::new(h))
+                .map(LimitKey::Header)
+        } else if let Some(c) = named("claim:") {
+            Ok(LimitKey::Claim(c.to_string()))
+        } else if let Some(c) = named("cookie:") {
+            Ok(LimitKey::Cookie(c.to_string()))
+        } else if s.contains('$') {
+            Template::parse(&s)
+                .map(LimitKey::Template)
+                .map_err(de::Error::custom)
+        } else {
+            Err(de::Error::custom(format!(
+                "`{s}` is not a limit key: \"client\", \"header:NAME\", \"claim:NAME\", \"api_key\", \"cookie:NAME\" or a template with `$`"
+            )))
+        }
+    }
+}
+
+/// `rate_limit = { ... }`: requests per key at most at `rate`, with `burst` more at once
+/// (GCRA: a bucket of `count + burst` requests refilled at `rate`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub rate: Rate,
+    /// Requests beyond the rate's count that may come at once (rejected, or delayed with
+    /// `delay`).
+    #[serde(default = "no_burst")]
+    pub burst: Bounded<0, 1_000_000_000>,
+    #[serde(default = "client_key")]
+    pub key: LimitKey,
+    #[serde(default)]
+    pub missing: Missing,
+    /// Requests beyond the rate's count, within the burst, wait their turn instead of being
+    /// answered (nginx's `delay`); without it they pass at once (`nodelay`).
+    #[serde(default)]
+    pub delay: bool,
+    #[serde(default)]
+    pub status: LimitStatus,
+    /// Decided in the fleet's Redis (`[cache.shared]`), for every node together.
+    #[serde(default)]
+    pub fleet: bool,
+    #[serde(default = "default_max_keys")]
+    pub max_keys: MaxKeys,
+}
+
+/// `in_flight = { max = 10, key }`: requests of one key being served at once.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InFlightConfig {
+    pub max: Bounded<1, 1_000_000_000>,
+    #[serde(default = "client_key")]
+    pub key: LimitKey,
+    #[serde(default)]
+    pub missing: Missing,
+    #[serde(default)]
+    pub status: LimitStatus,
+}
+
+fn client_key() -> LimitKey {
+    LimitKey::Client
+}
+
+fn no_burst() -> Bounded<0, 1_000_000_000> {
+    Bounded(0)
 }
 
 #[cfg(test)]

@@ -93,6 +93,9 @@ pub struct Counts {
     /// Purges sent to and received from the other nodes.
     pub purges_sent: AtomicU64,
     pub purges_received: AtomicU64,
+    /// Fleet-wide rate limits decided on this node alone because Redis was away
+    /// (`rules/rate.rs`).
+    pub local_decisions: AtomicU64,
 }
 
 /// Why the connection could not be set up.

@@ -28,10 +28,14 @@ pub enum FetchError {
     /// being forwarded.
     #[error("request body broke off: {0}")]
     RequestBody(String),
+    /// The client's request body went past the route's `max_body` while it was being
+    /// forwarded (a body without a length, counted as it streamed).
+    #[error("request body larger than the route's max_body")]
+    RequestTooLarge,
 }
 
 impl FetchError {
-    /// 504 for a timeout, 400 for the client's broken body, 502 for everything else, with a
+    /// 504 for a timeout, 400 for the client's broken body, 413 for one too large, 502 for everything else, with a
     /// short text that names the failure and nothing of hyper's or the network's.
     pub fn response(&self) -> Response<Body> {
         let (status, text) = match self {
@@ -50,6 +54,9 @@ impl FetchError {
                 "the upstream's response stalled\n",
             ),
             FetchError::RequestBody(_) => (StatusCode::BAD_REQUEST, "request body broken off\n"),
+            FetchError::RequestTooLarge => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+            }
         };
         text_response(status, text)
     }

@@ -5,7 +5,10 @@
 //!
 //! - [`access`]: allow / deny by the client's address;
 //! - [`headers`]: request and response header edits, values from templates ([`vars`]);
-//! - [`answer`]: fixed answers.
+//! - [`answer`]: fixed answers;
+//! - limits: [`rate`] (requests per key, GCRA, locally or in the fleet's Redis), [`in_flight`]
+//!   (requests in flight per key), [`pace`] (bytes per second per response), [`max_body`]
+//!   (request body size), the keys they count by in [`limit_key`].
 //!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
@@ -14,27 +17,34 @@
 pub mod access;
 pub mod answer;
 pub mod headers;
+pub mod in_flight;
+pub mod limit_key;
+pub mod max_body;
+pub mod pace;
+pub mod rate;
 pub mod vars;
 pub mod when;
 
 use std::sync::Arc;
 
-use crate::config::rules::{expand, Action, Policies};
+use crate::clock::Clock;
+use crate::config::rules::{expand, Action, Policies, RuleConfig};
 use crate::config::RouteConfig;
 use crate::fleet::Fleet;
 use crate::phases::{Guarded, Step};
 use crate::upstream::Pools;
 
 /// What rules may use besides their configuration: the running pools (forward auth, splits,
-/// mirrors) and the fleet's Redis (fleet-wide limits).
+/// mirrors), the fleet's Redis (fleet-wide limits) and the server's clock (rate limits: tests
+/// move it).
 pub struct Env<'a> {
     pub pools: &'a Pools,
     pub fleet: Option<&'a Arc<Fleet>>,
+    pub clock: &'a Clock,
 }
 
 /// A route's rules as steps, in order: its own, each `use` replaced by its policy's.
 pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<Guarded> {
-    let _ = env;
     let rules = expand(&route.rules, policies)
         .unwrap_or_else(|(_, why)| unreachable!("checked when the configuration is read: {why}"));
     rules
@@ -44,15 +54,15 @@ pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<G
             whens.extend(e.rule.when.as_ref());
             Guarded {
                 when: when::Matcher::of(whens),
-                step: step(&e.rule.action),
+                step: step(e.rule, env),
             }
         })
         .collect()
 }
 
-/// The step of one action.
-fn step(action: &Action) -> Arc<dyn Step> {
-    match action {
+/// The step of one rule's action.
+fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
+    match &rule.action {
         Action::Use(_) => unreachable!("expanded"),
         Action::Allow(nets) => Arc::new(access::ByAddress {
             nets: nets.clone(),
@@ -65,5 +75,12 @@ fn step(action: &Action) -> Arc<dyn Step> {
         Action::RequestHeaders(e) => Arc::new(headers::RequestHeaders::new(e)),
         Action::ResponseHeaders(e) => Arc::new(headers::ResponseHeaders::new(e)),
         Action::Respond(r) => Arc::new(answer::Answer::new(r)),
+        // Limits.
+        Action::RateLimit(r) => {
+            Arc::new(rate::RateLimit::new(rule.label(), r, env.clock, env.fleet))
+        }
+        Action::InFlight(f) => Arc::new(in_flight::InFlight::new(rule.label(), f)),
+        Action::LimitRate(l) => Arc::new(pace::LimitRate::new(l)),
+        Action::MaxBody(m) => Arc::new(max_body::MaxBody(m.0)),
     }
 }

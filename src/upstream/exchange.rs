@@ -74,6 +74,13 @@ pub fn send(
                 );
             }
             None => (FetchError::Timeout(timeout), false),
+            Some(Err(_))
+                if upload
+                    .as_ref()
+                    .is_some_and(|u| u.too_large.load(Ordering::Relaxed)) =>
+            {
+                (FetchError::RequestTooLarge, false)
+            }
             Some(Err(e))
                 if upload
                     .as_ref()
@@ -88,7 +95,9 @@ pub fn send(
             ),
         };
         match &error {
-            FetchError::RequestBody(_) => tracing::debug!(error = %error, "request not forwarded"),
+            FetchError::RequestBody(_) | FetchError::RequestTooLarge => {
+                tracing::debug!(error = %error, "request not forwarded")
+            }
             // The caller resends it or logs it.
             _ if resend => tracing::debug!(error = %error, "pooled upstream connection was closed"),
             _ => tracing::warn!(error = %error, "upstream request failed"),
@@ -134,6 +143,8 @@ struct Upload {
     last: AtomicU64,
     /// The body failed (the client's side broke off).
     failed: AtomicBool,
+    /// It failed by going past the route's `max_body` (http-body-util's `Limited`).
+    too_large: AtomicBool,
 }
 
 impl Upload {
@@ -142,6 +153,7 @@ impl Upload {
             start: Instant::now(),
             last: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            too_large: AtomicBool::new(false),
         }
     }
 
@@ -172,7 +184,12 @@ impl http_body::Body for Uploading {
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Err(_))) => self.progress.failed.store(true, Ordering::Relaxed),
+            Poll::Ready(Some(Err(e))) => {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    self.progress.too_large.store(true, Ordering::Relaxed);
+                }
+                self.progress.failed.store(true, Ordering::Relaxed)
+            }
             Poll::Ready(_) => self.progress.progressed(),
             Poll::Pending => {}
         }

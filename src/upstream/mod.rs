@@ -348,7 +348,7 @@ impl Pool {
                     // Logged here, not by the exchange: it is not sent again.
                     tracing::warn!(error = %e, "upstream request failed");
                 }
-                if !matches!(e, FetchError::RequestBody(_)) {
+                if !matches!(e, FetchError::RequestBody(_) | FetchError::RequestTooLarge) {
                     self.outcome(i, false);
                 }
                 tried.insert(i);
