@@ -13,6 +13,9 @@ use serde::Deserialize;
 use super::headers::is_token;
 use super::net::{Cidr, HostPattern};
 use super::respond::RespondConfig;
+use super::rules_cache::{
+    CacheForceConfig, CacheKeyConfig, CacheTtlConfig, MirrorConfig, SplitConfig,
+};
 
 /// One rule: when it applies (every request of the route, without `when`) and what it does.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -40,6 +43,19 @@ pub enum Action {
     ResponseHeaders(HeaderEdits),
     /// `respond = { status, body, content_type }`: a fixed answer (a mock, a maintenance page).
     Respond(RespondConfig),
+    // Cache and traffic (config/rules_cache.rs).
+    /// `cache_key = { query, keep, drop, headers, cookies }`: the cache key's parts.
+    CacheKey(CacheKeyConfig),
+    /// `cache_ttl = { status = {..}, min, max }`: lifetimes when the origin gives none, clamps.
+    CacheTtl(CacheTtlConfig),
+    /// `cache_bypass = true`: not looked up, not stored (passed upstream).
+    CacheBypass,
+    /// `cache_force = { ttl }`: stored even when the origin says not to.
+    CacheForce(CacheForceConfig),
+    /// `split = { pools = {..}, sticky, cache }`: a weighted choice between pools.
+    Split(SplitConfig),
+    /// `mirror = { pool, max_in_flight, timeout }`: a copy of what goes upstream to a shadow.
+    Mirror(MirrorConfig),
 }
 
 #[derive(Deserialize)]
@@ -54,6 +70,13 @@ struct RawRule {
     request_headers: Option<HeaderEdits>,
     response_headers: Option<HeaderEdits>,
     respond: Option<RespondConfig>,
+    // Cache and traffic.
+    cache_key: Option<CacheKeyConfig>,
+    cache_ttl: Option<CacheTtlConfig>,
+    cache_bypass: Option<bool>,
+    cache_force: Option<CacheForceConfig>,
+    split: Option<SplitConfig>,
+    mirror: Option<MirrorConfig>,
 }
 
 impl TryFrom<RawRule> for RuleConfig {
@@ -66,6 +89,25 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.request_headers.map(Action::RequestHeaders));
         actions.extend(r.response_headers.map(Action::ResponseHeaders));
         actions.extend(r.respond.map(Action::Respond));
+        // Cache and traffic.
+        if r.cache_key.as_ref().is_some_and(CacheKeyConfig::is_empty) {
+            return Err(
+                "`cache_key` names no part: give `query`, `keep`, `drop`, `headers` or `cookies`"
+                    .into(),
+            );
+        }
+        actions.extend(r.cache_key.map(Action::CacheKey));
+        actions.extend(r.cache_ttl.map(Action::CacheTtl));
+        match r.cache_bypass {
+            Some(true) => actions.push(Action::CacheBypass),
+            Some(false) => {
+                return Err("`cache_bypass = false` does nothing: leave the rule out".into())
+            }
+            None => {}
+        }
+        actions.extend(r.cache_force.map(Action::CacheForce));
+        actions.extend(r.split.map(Action::Split));
+        actions.extend(r.mirror.map(Action::Mirror));
         if actions.len() != 1 {
             return Err(format!(
                 "a rule needs exactly one action ({}), found {}",
@@ -89,6 +131,13 @@ const ACTIONS: &[&str] = &[
     "request_headers",
     "response_headers",
     "respond",
+    // Cache and traffic.
+    "cache_key",
+    "cache_ttl",
+    "cache_bypass",
+    "cache_force",
+    "split",
+    "mirror",
 ];
 
 impl Action {
@@ -101,6 +150,13 @@ impl Action {
             Action::RequestHeaders(_) => "request_headers",
             Action::ResponseHeaders(_) => "response_headers",
             Action::Respond(_) => "respond",
+            // Cache and traffic.
+            Action::CacheKey(_) => "cache_key",
+            Action::CacheTtl(_) => "cache_ttl",
+            Action::CacheBypass => "cache_bypass",
+            Action::CacheForce(_) => "cache_force",
+            Action::Split(_) => "split",
+            Action::Mirror(_) => "mirror",
         }
     }
 }

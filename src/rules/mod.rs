@@ -5,7 +5,10 @@
 //!
 //! - [`access`]: allow / deny by the client's address;
 //! - [`headers`]: request and response header edits, values from templates ([`vars`]);
-//! - [`answer`]: fixed answers.
+//! - [`answer`]: fixed answers;
+//! - [`cache`]: the cache key's parts, lifetimes, bypass and forced caching (read by the
+//!   proxy), and the `Cache-Status` that names the rule;
+//! - [`traffic`]: a weighted split between pools, a mirror to a shadow pool.
 //!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
@@ -13,7 +16,9 @@
 
 pub mod access;
 pub mod answer;
+pub mod cache;
 pub mod headers;
+pub mod traffic;
 pub mod vars;
 pub mod when;
 
@@ -34,7 +39,6 @@ pub struct Env<'a> {
 
 /// A route's rules as steps, in order: its own, each `use` replaced by its policy's.
 pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<Guarded> {
-    let _ = env;
     let rules = expand(&route.rules, policies)
         .unwrap_or_else(|(_, why)| unreachable!("checked when the configuration is read: {why}"));
     rules
@@ -44,14 +48,14 @@ pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<G
             whens.extend(e.rule.when.as_ref());
             Guarded {
                 when: when::Matcher::of(whens),
-                step: step(&e.rule.action),
+                step: step(&e.rule.action, e.rule.label(), env),
             }
         })
         .collect()
 }
 
 /// The step of one action.
-fn step(action: &Action) -> Arc<dyn Step> {
+fn step(action: &Action, name: &str, env: &Env<'_>) -> Arc<dyn Step> {
     match action {
         Action::Use(_) => unreachable!("expanded"),
         Action::Allow(nets) => Arc::new(access::ByAddress {
@@ -65,5 +69,23 @@ fn step(action: &Action) -> Arc<dyn Step> {
         Action::RequestHeaders(e) => Arc::new(headers::RequestHeaders::new(e)),
         Action::ResponseHeaders(e) => Arc::new(headers::ResponseHeaders::new(e)),
         Action::Respond(r) => Arc::new(answer::Answer::new(r)),
+        // Cache and traffic.
+        Action::CacheKey(k) => cache_rule(name, cache::Decide::Key(Arc::new(k.clone()))),
+        Action::CacheTtl(t) => cache_rule(name, cache::Decide::Ttl(Arc::new(t.clone()))),
+        Action::CacheBypass => cache_rule(name, cache::Decide::Bypass),
+        Action::CacheForce(f) => cache_rule(name, cache::Decide::Force(f.ttl.0)),
+        Action::Split(s) => Arc::new(traffic::Split::new(s, env.pools)),
+        Action::Mirror(m) => match traffic::Mirror::new(m, env.pools) {
+            Some(m) => Arc::new(m),
+            // The configuration checked the pool: a router built without it mirrors nothing.
+            None => {
+                tracing::warn!(pool = m.pool, "mirror to a pool that is not running: off");
+                Arc::new(traffic::Nothing)
+            }
+        },
     }
+}
+
+fn cache_rule(name: &str, decide: cache::Decide) -> Arc<dyn Step> {
+    Arc::new(cache::CacheRule::new(name, decide))
 }
