@@ -55,7 +55,7 @@ addr = "127.0.0.1:0"
     split = {{ pools = {{ blue = 90, green = 10 }}, sticky = "none" }}
     [[listener.route.rule]]
     when = {{ path = "/per-pool/**" }}
-    split = {{ pools = {{ blue = 1, green = 1 }}, sticky = "cookie:uid", cache = "per-pool" }}
+    split = {{ pools = {{ blue = 50, green = 50 }}, sticky = "cookie:uid", cache = "per-pool" }}
 "#,
         blue.url(),
         green.url()
@@ -93,7 +93,8 @@ addr = "127.0.0.1:0"
     let to_green = green.hits() - before;
     assert!((5..=45).contains(&to_green), "{to_green} of 200 to green");
 
-    // Cached per pool: each side fills and hits its own entry of one URL.
+    // Cached per pool: each side fills and hits its own entry of one URL (the same weights,
+    // the same sides).
     let cookie_of = |want: &str| {
         let (c, _) = (sides.iter()).find(|(_, s)| *s == want).unwrap();
         c.clone()

@@ -546,9 +546,7 @@ pub fn storability(
         None => {
             let ttl = ctx.ttl.as_deref();
             let at = (date, ctx.response_time);
-            let l = freshness_lifetime(&cc, headers, at, status, cfg, is_targeted, ttl)?;
-            // The operator's clamps (a deviation from §4.2.1 they ask for).
-            ttl.map_or(l, |t| t.clamp(l))
+            freshness_lifetime(&cc, headers, at, status, cfg, is_targeted, ttl)?
         }
     };
 
@@ -593,7 +591,9 @@ pub fn storability(
 }
 
 /// Freshness lifetime (§4.2.1), falling back to a `cache_ttl` rule's lifetime for the status,
-/// then to the heuristic of §4.2.2. `at`: the response's Date, and when it was received.
+/// then to the heuristic of §4.2.2. `at`: the response's Date, and when it was received. The
+/// origin's own lifetime (explicit or heuristic) is clamped by the rule's `min` and `max`, a
+/// deviation from §4.2.1 the operator asks for; the rule's lifetime by status is not.
 fn freshness_lifetime(
     cc: &CacheControl,
     headers: &HeaderMap,
@@ -602,6 +602,34 @@ fn freshness_lifetime(
     cfg: &CacheConfig,
     targeted: bool,
     ttl: Option<&CacheTtlConfig>,
+) -> Result<Duration, NoStoreReason> {
+    let own = |l: Duration| ttl.map_or(l, |t| t.clamp(l));
+    let by_status = (ttl.filter(|_| origin_silent(cc, headers, targeted)))
+        .and_then(|t| t.for_status(status.as_u16()));
+    if let Some(d) = by_status {
+        return Ok(d);
+    }
+    origin_lifetime(cc, headers, (date, response_time), status, cfg, targeted).map(own)
+}
+
+/// Whether the origin gives the response no lifetime of its own (no `s-maxage`, `max-age`,
+/// `Expires`, nor `no-cache`): a `cache_ttl` rule's lifetime by status applies.
+fn origin_silent(cc: &CacheControl, headers: &HeaderMap, targeted: bool) -> bool {
+    cc.s_maxage.is_none()
+        && cc.max_age.is_none()
+        && !cc.invalid_max_age
+        && !cc.no_cache
+        && (targeted || !headers.contains_key(header::EXPIRES))
+}
+
+/// The origin's own lifetime (§4.2.1), or the heuristic's (§4.2.2).
+fn origin_lifetime(
+    cc: &CacheControl,
+    headers: &HeaderMap,
+    (date, response_time): (Option<SystemTime>, SystemTime),
+    status: StatusCode,
+    cfg: &CacheConfig,
+    targeted: bool,
 ) -> Result<Duration, NoStoreReason> {
     // A shared cache uses s-maxage first, then max-age.
     if let Some(s) = cc.s_maxage {
@@ -627,10 +655,6 @@ fn freshness_lifetime(
     if cc.no_cache {
         // Stored, but revalidated before every reuse.
         return Ok(Duration::ZERO);
-    }
-    // The operator's lifetime for this status (nginx's proxy_cache_valid).
-    if let Some(d) = ttl.and_then(|t| t.for_status(status.as_u16())) {
-        return Ok(d);
     }
     // §4.2.2 heuristic: a fraction of the time since Last-Modified, for cacheable-by-default codes
     // or responses marked public.
@@ -825,6 +849,7 @@ mod tests {
         let c = CacheConfig::default();
         let ttl: CacheTtlConfig = toml::from_str(
             r#"status = { "404" = "30s", "5xx" = "5s" }
+               min = "1m"
                max = "1h""#,
         )
         .unwrap();
@@ -838,7 +863,18 @@ mod tests {
         let s = storability(&with_ttl, StatusCode::NOT_FOUND, &resp(&[]), &c).unwrap();
         assert_eq!(s.freshness.lifetime, Duration::from_secs(30));
         let s = storability(&with_ttl, StatusCode::BAD_GATEWAY, &resp(&[]), &c).unwrap();
-        assert_eq!(s.freshness.lifetime, Duration::from_secs(5));
+        assert_eq!(
+            s.freshness.lifetime,
+            Duration::from_secs(5),
+            "not raised to `min`"
+        );
+        let h = resp(&[("cache-control", "max-age=5")]);
+        let s = storability(&with_ttl, StatusCode::OK, &h, &c).unwrap();
+        assert_eq!(
+            s.freshness.lifetime,
+            Duration::from_secs(60),
+            "raised to `min`"
+        );
         // The origin's own lifetime wins over the status's, within the clamps.
         let h = resp(&[("cache-control", "max-age=86400")]);
         let s = storability(&with_ttl, StatusCode::NOT_FOUND, &h, &c).unwrap();
