@@ -319,3 +319,76 @@ async fn bypass_under_a_condition_and_forced_caching() {
     assert_eq!(rule_of("/forced/nostore", 0), "force");
     assert_eq!(rule_of("/forced/nostore", 3), "sessions,force");
 }
+
+#[test]
+fn a_bad_cache_or_traffic_rule_is_named_with_its_line() {
+    let base =
+        "[pool.blue]\nbackends = [\"http://127.0.0.1:1\"]\n[[listener]]\naddr = \"127.0.0.1:1\"\n\
+                [[listener.route]]\npath = \"/\"\nproxy = { upstream = \"http://127.0.0.1:1\" }\n";
+    for (rule, says) in [
+        (
+            "[[listener.route.rule]]\ncache_ttl = { status = { \"6xx\" = \"1s\" } }\n",
+            "line 9",
+        ),
+        (
+            "[[listener.route.rule]]\ncache_ttl = { status = { \"6xx\" = \"1s\" } }\n",
+            "a class (\"5xx\")",
+        ),
+        (
+            "[[listener.route.rule]]\ncache_ttl = { min = \"1h\", max = \"1m\" }\n",
+            "longer than `max`",
+        ),
+        ("[[listener.route.rule]]\ncache_key = {}\n", "names no part"),
+        (
+            "[[listener.route.rule]]\ncache_key = { query = \"some\" }\n",
+            "line 9",
+        ),
+        (
+            "[[listener.route.rule]]\ncache_bypass = false\n",
+            "does nothing",
+        ),
+        (
+            "[[listener.route.rule]]\ncache_force = { ttl = \"0s\" }\n",
+            "line 9",
+        ),
+        (
+            "[[listener.route.rule]]\nsplit = { pools = { blue = 1, red = 1 } }\n",
+            "no [pool.red]",
+        ),
+        (
+            "[[listener.route.rule]]\nsplit = { pools = { blue = 1, red = 1 } }\n",
+            "line 9",
+        ),
+        (
+            "[[listener.route.rule]]\nsplit = { pools = { blue = 0 } }\n",
+            "weight above 0",
+        ),
+        (
+            "[[listener.route.rule]]\nsplit = { pools = { blue = 1 }, sticky = \"ip\" }\n",
+            "\"cookie:NAME\"",
+        ),
+        (
+            "[[listener.route.rule]]\nmirror = { pool = \"shadow\" }\n",
+            "`mirror` names the pool `shadow`",
+        ),
+        (
+            "[[listener.route.rule]]\nmirror = { pool = \"blue\", body = true }\n",
+            "head only",
+        ),
+        (
+            "[[listener.route.rule]]\nmirror = { pool = \"blue\", max_in_flight = 0 }\n",
+            "from 1 to 10000",
+        ),
+    ] {
+        let e = larder::config::Config::parse(&format!("{base}{rule}"), "t")
+            .expect_err(rule)
+            .to_string();
+        assert!(e.contains(says), "{rule}: {e}");
+    }
+    // In a policy: the policy's rule is named.
+    let policy = format!("[[policy.shadowed]]\nmirror = {{ pool = \"shadow\" }}\n{base}");
+    let e = larder::config::Config::parse(&policy, "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2"), "{e}");
+}
