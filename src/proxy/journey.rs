@@ -41,13 +41,18 @@ impl Proxy {
         let me = &self.0;
         // A request with credentials is answered only by an entry stored as answering them:
         // that is the slow path's to check.
+        // What the route's rules decided (a route without phases checks that one `Option`).
+        let steer = super::Steer::of(me, req.extensions());
         if !me.cacheable(req.method(), req.headers())
             || req.headers().contains_key(header::AUTHORIZATION)
-            || me.bypassed(req.extensions())
+            || steer.is_some_and(|s| s.bypass)
         {
             return Err(Slow { req, looked: None });
         }
-        let key = me.key_of(&req);
+        let key = match steer {
+            Some(s) => s.key(req.uri(), req.headers()),
+            None => crate::cache::key::cache_key(&req),
+        };
         let Some(entry) = me.cache.lookup(&key, req.headers()) else {
             return Err(Slow {
                 req,

@@ -105,7 +105,8 @@ pub fn stamp(resp: &mut Response<Body>, cx: &Cx) {
         c if c == CacheResult::Expired as usize => "fwd=stale",
         c if c == CacheResult::Revalidated as usize => "fwd=stale; fwd-status=304",
         c if c == CacheResult::Bypass as usize => "fwd=bypass",
-        _ => "fwd=uri-miss",
+        // Not a cache's answer (a file, a rule's own answer): nothing to say.
+        _ => return,
     };
     // A response the cache considered and did not store says so.
     let result = match (result, resp.body().outcome().no_store()) {
