@@ -178,8 +178,18 @@ addr = "127.0.0.1:0"
         2,
         "the 2 mirrors still hang while every client has its answer"
     );
-    // Another request: still answered, still no third mirror.
+    // Another request: still answered, still no third mirror. The shadow pool counts the
+    // drops (counted before each client was answered).
     assert_eq!(get(&c, &larder.url("/hung/last"), &[]).await.status, 200);
+    let dropped = |pool: &str| {
+        let pools = larder.pools();
+        let p = (pools.as_array().unwrap().iter())
+            .find(|p| p["name"] == pool)
+            .unwrap()
+            .clone();
+        p["mirrors_dropped"].as_u64().unwrap()
+    };
+    assert_eq!((dropped("hung"), dropped("shadow")), (4, 0));
     assert_eq!(origin.hits(), 2 + 6);
     // A mirror sent after those (to the answering shadow) has arrived: the dropped ones would
     // have been sent before it.

@@ -6,8 +6,9 @@
 //! and pass; how the cache treats a split request is the rule's `cache` (by default the
 //! request is passed: each side answers for itself). The mirror acts at ②: a copy of the
 //! request's head, spawned, bounded in flight (one more is dropped and counted), never awaited
-//! by the client's request. Its bound and count belong to the compiled rule: a reload starts
-//! a new bound (mirrors still in flight finish under the old one).
+//! by the client's request. Its bound belongs to the compiled rule: a reload starts a new bound
+//! (mirrors still in flight finish under the old one); the drops are counted by the shadow pool
+//! (its status: `mirrors_dropped`), which a reload keeps when its configuration is unchanged.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -103,8 +104,6 @@ pub struct Mirror {
     max: usize,
     timeout: Duration,
     in_flight: Arc<AtomicUsize>,
-    /// Mirrors dropped because `max` were in flight.
-    dropped: AtomicU64,
 }
 
 impl Mirror {
@@ -114,7 +113,6 @@ impl Mirror {
             max: cfg.max_in_flight.0,
             timeout: cfg.timeout.0,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            dropped: AtomicU64::new(0),
         })
     }
 }
@@ -135,7 +133,8 @@ impl Step for Mirror {
         };
         if self.in_flight.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // Counted by the shadow pool (its status in the admin API: `mirrors_dropped`).
+            let dropped = self.pool.mirror_dropped();
             tracing::debug!(
                 pool = self.pool.name(),
                 dropped,
