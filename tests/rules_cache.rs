@@ -392,3 +392,38 @@ fn a_bad_cache_or_traffic_rule_is_named_with_its_line() {
         .to_string();
     assert!(e.contains("line 2"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_applies_a_changed_cache_rule() {
+    let origin = Origin::start(counted).await;
+    let toml = |rules: &str| {
+        format!(
+            "[[listener]]\naddr = \"127.0.0.1:0\"\n  [[listener.route]]\n  path = \"/\"\n  \
+             proxy = {{ upstream = \"{}\" }}\n{rules}",
+            origin.url()
+        )
+    };
+    let larder = Larder::start(&toml("")).await;
+    let c = client();
+    assert_eq!(get(&c, &larder.url("/x"), &[]).await.cache(), "MISS");
+    assert_eq!(
+        get(&c, &larder.url("/x?utm_source=a"), &[]).await.cache(),
+        "MISS"
+    );
+
+    let rule = "    [[listener.route.rule]]\n    name = \"tracking\"\n    \
+                cache_key = { drop = [\"utm_*\"] }\n";
+    let restart = larder.reload(&toml(rule)).unwrap();
+    assert!(restart.is_empty(), "{restart:?}");
+    // The entry stored before the reload is the one the new key names.
+    let r = get(&c, &larder.url("/x?utm_source=b"), &[]).await;
+    assert_eq!((r.cache(), r.text().as_str()), ("HIT", "/x #0"));
+    assert_eq!(
+        r.header("cache-status"),
+        Some("larder; hit; detail=\"rule=tracking\"")
+    );
+
+    larder.reload(&toml("")).unwrap();
+    let r = get(&c, &larder.url("/x?utm_source=c"), &[]).await;
+    assert_eq!((r.cache(), r.header("cache-status")), ("MISS", None));
+}
