@@ -372,8 +372,8 @@ fn a_bad_cache_or_traffic_rule_is_named_with_its_line() {
             "`mirror` names the pool `shadow`",
         ),
         (
-            "[[listener.route.rule]]\nmirror = { pool = \"blue\", body = true }\n",
-            "head only",
+            "[[listener.route.rule]]\nmirror = { pool = \"blue\", body = true, max_body = \"1GiB\" }\n",
+            "line 9",
         ),
         (
             "[[listener.route.rule]]\nmirror = { pool = \"blue\", max_in_flight = 0 }\n",

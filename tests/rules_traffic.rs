@@ -130,7 +130,7 @@ addr = "127.0.0.1:0"
   proxy = {{ upstream = "{}" }}
     [[listener.route.rule]]
     when = {{ path = "/seen/**" }}
-    mirror = {{ pool = "shadow" }}
+    mirror = {{ pool = "shadow", body = true, max_body = 8 }}
     [[listener.route.rule]]
     when = {{ path = "/hung/**" }}
     mirror = {{ pool = "hung", max_in_flight = 2, timeout = "5m" }}
@@ -152,6 +152,10 @@ addr = "127.0.0.1:0"
     let r = send(&c, "POST", &larder.url("/seen/form"), &[], b"x=1").await;
     assert_eq!(r.status, 200);
     assert!(until(|| shadow.hits() == 2).await, "{:?}", shadow.seen());
+    // A body over `max_body`: the head alone.
+    let r = send(&c, "POST", &larder.url("/seen/big"), &[], b"0123456789").await;
+    assert_eq!(r.status, 200);
+    assert!(until(|| shadow.hits() == 3).await, "{:?}", shadow.seen());
     let seen = shadow.seen();
     assert_eq!(seen[0].path, "/seen/a?q=1");
     assert_eq!(seen[0].headers["x-trace"], "t1");
@@ -159,7 +163,17 @@ addr = "127.0.0.1:0"
         (seen[1].method.as_str(), seen[1].path.as_str()),
         ("POST", "/seen/form")
     );
-    assert!(seen[1].body.is_empty(), "the head only");
+    assert_eq!(&seen[1].body[..], b"x=1", "a small body goes along");
+    assert_eq!(
+        (seen[2].path.as_str(), seen[2].body.len()),
+        ("/seen/big", 0)
+    );
+    let to_origin = (origin.seen().into_iter()).find(|s| s.path == "/seen/big");
+    assert_eq!(
+        &to_origin.unwrap().body[..],
+        b"0123456789",
+        "the origin gets it whole"
+    );
 
     // A hung shadow: every client is answered while its mirrors hang, and no more than 2 are
     // in flight (the rest dropped).
@@ -190,10 +204,10 @@ addr = "127.0.0.1:0"
         p["mirrors_dropped"].as_u64().unwrap()
     };
     assert_eq!((dropped("hung"), dropped("shadow")), (4, 0));
-    assert_eq!(origin.hits(), 2 + 6);
+    assert_eq!(origin.hits(), 3 + 6);
     // A mirror sent after those (to the answering shadow) has arrived: the dropped ones would
     // have been sent before it.
     get(&c, &larder.url("/seen/sync"), &[]).await;
-    assert!(until(|| shadow.hits() == 3).await);
+    assert!(until(|| shadow.hits() == 4).await);
     assert_eq!(hung.hits(), 2, "mirrors past the bound are dropped");
 }

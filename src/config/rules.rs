@@ -54,7 +54,8 @@ pub enum Action {
     CacheForce(CacheForceConfig),
     /// `split = { pools = {..}, sticky, cache }`: a weighted choice between pools.
     Split(SplitConfig),
-    /// `mirror = { pool, max_in_flight, timeout }`: a copy of what goes upstream to a shadow.
+    /// `mirror = { pool, max_in_flight, timeout, body, max_body }`: a copy of what goes
+    /// upstream to a shadow.
     Mirror(MirrorConfig),
 }
 

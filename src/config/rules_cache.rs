@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use super::units::Dur;
+use super::units::{ByteSize, Dur};
 
 /// `cache_key = { query, keep, drop, headers, cookies }`: what the cache key is made of, for
 /// the requests the rule applies to (the request sent upstream is unchanged).
@@ -290,7 +290,8 @@ pub enum SplitCache {
     Shared,
 }
 
-/// `mirror = { pool = "shadow", max_in_flight = 16, timeout = "10s" }`.
+/// `mirror = { pool = "shadow", max_in_flight = 16, timeout = "10s", body = false,
+/// max_body = "64KiB" }`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MirrorConfig {
@@ -301,9 +302,17 @@ pub struct MirrorConfig {
     /// How long a mirror may take (its slot is then freed).
     #[serde(default = "default_mirror_timeout")]
     pub timeout: Dur<1, 300_000>,
-    /// Mirror the request's body too. Not supported yet: `false` is the only value.
-    #[serde(default, deserialize_with = "no_body")]
+    /// Mirror the request's body too, when it is complete and at most `max_body` (else the
+    /// head alone goes).
+    #[serde(default)]
     pub body: bool,
+    /// The largest body a mirror carries (copied as the client sends it: held until complete).
+    #[serde(default = "default_max_body")]
+    pub max_body: ByteSize<0, { 16 << 20 }>,
+}
+
+fn default_max_body() -> ByteSize<0, { 16 << 20 }> {
+    ByteSize(64 << 10)
 }
 
 /// 1 to 10,000 mirrors in flight.
@@ -328,15 +337,6 @@ fn default_in_flight() -> InFlight {
 
 fn default_mirror_timeout() -> Dur<1, 300_000> {
     Dur(Duration::from_secs(10))
-}
-
-fn no_body<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    match bool::deserialize(d)? {
-        false => Ok(false),
-        true => Err(de::Error::custom(
-            "`body = true`: mirrors carry the request's head only for now (leave `body` out)",
-        )),
-    }
 }
 
 #[cfg(test)]

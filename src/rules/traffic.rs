@@ -6,17 +6,25 @@
 //! and pass; how the cache treats a split request is the rule's `cache` (by default the
 //! request is passed: each side answers for itself). The mirror acts at ②: a copy of the
 //! request's head, spawned, bounded in flight (one more is dropped and counted), never awaited
-//! by the client's request. Its bound belongs to the compiled rule: a reload starts a new bound
+//! by the client's request. With `body = true` it installs at ① a tee on the request's body
+//! ([`Tee`]) that copies what the upstream exchange reads, up to `max_body`; the mirror waits
+//! for the copy to be complete, and goes with the head alone when it is not (too large, the
+//! body abandoned). Its bound belongs to the compiled rule: a reload starts a new bound
 //! (mirrors still in flight finish under the old one); the drops are counted by the shadow pool
 //! (its status: `mirrors_dropped`), which a reload keeps when its configuration is unchanged.
 
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{request, Request};
+use bytes::Bytes;
+use http::{header, request, Request};
+use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
+use tokio::sync::oneshot;
 
 use crate::body::{Body, RequestBody};
 use crate::config::rules_cache::{MirrorConfig, SplitCache, SplitConfig, Sticky};
@@ -104,6 +112,8 @@ pub struct Mirror {
     max: usize,
     timeout: Duration,
     in_flight: Arc<AtomicUsize>,
+    /// `body = true`: the largest body copied.
+    max_body: Option<usize>,
 }
 
 impl Mirror {
@@ -113,7 +123,77 @@ impl Mirror {
             max: cfg.max_in_flight.0,
             timeout: cfg.timeout.0,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            max_body: cfg
+                .body
+                .then(|| usize::try_from(cfg.max_body.0).unwrap_or(usize::MAX)),
         })
+    }
+
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+}
+
+/// The copy of a request's body a tee will hand over once complete (kept in the request's
+/// context from ① to ②).
+struct Copying(Mutex<Option<oneshot::Receiver<Bytes>>>);
+
+/// A request body that copies what is read of it, up to `max` bytes, and hands the copy over
+/// when the body is complete; past `max`, or when the body fails or is dropped unfinished, the
+/// copy is abandoned (its receiver then sees the sender gone).
+pub struct Tee {
+    inner: RequestBody,
+    copy: Vec<u8>,
+    max: usize,
+    done: Option<oneshot::Sender<Bytes>>,
+}
+
+impl Tee {
+    fn finish(&mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(Bytes::from(std::mem::take(&mut self.copy)));
+        }
+    }
+}
+
+impl http_body::Body for Tee {
+    type Data = Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), true) = (frame.data_ref(), this.done.is_some()) {
+                    if this.copy.len() + data.len() > this.max {
+                        this.done = None;
+                        this.copy = Vec::new();
+                    } else {
+                        this.copy.extend_from_slice(data);
+                    }
+                }
+                // A reader may stop at a body that says it has ended.
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+            }
+            Poll::Ready(None) => this.finish(),
+            Poll::Ready(Some(Err(_))) => this.done = None,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -127,6 +207,31 @@ impl Drop for Slot {
 }
 
 impl Step for Mirror {
+    fn request(&self, req: &mut Request<RequestBody>, cx: &mut Cx) -> Verdict {
+        use http_body::Body as _;
+        let Some(max) = self.max_body else {
+            return Verdict::Next;
+        };
+        let declared = req.body().size_hint().exact();
+        if req.body().is_end_stream() || declared.is_some_and(|n| n > max as u64) {
+            return Verdict::Next; // nothing to copy, or too much: the head alone
+        }
+        let (tx, rx) = oneshot::channel();
+        let empty = http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let inner = std::mem::replace(req.body_mut(), RequestBody::Stream(empty));
+        let tee = Tee {
+            inner,
+            copy: Vec::new(),
+            max,
+            done: Some(tx),
+        };
+        *req.body_mut() = RequestBody::Stream(tee.boxed());
+        cx.stash(self.id(), Copying(Mutex::new(Some(rx))));
+        Verdict::Next
+    }
+
     fn upstream_request(&self, req: &mut request::Parts, cx: &Cx) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -149,21 +254,33 @@ impl Step for Mirror {
             .version(req.version);
         if let Some(h) = copy.headers_mut() {
             *h = req.headers.clone();
-            // The head only: no body follows it.
-            h.remove(http::header::CONTENT_LENGTH);
-            h.remove(http::header::TRANSFER_ENCODING);
+            // The head alone unless the body's copy completes.
+            h.remove(header::CONTENT_LENGTH);
+            h.remove(header::TRANSFER_ENCODING);
         }
         let Ok(copy) = copy.body(()) else {
             return;
         };
-        let (parts, ()) = copy.into_parts();
+        let (mut parts, ()) = copy.into_parts();
+        let body = (cx.stashed::<Copying>(self.id()))
+            .and_then(|c| c.0.lock().map(|mut rx| rx.take()).ok().flatten());
         let (pool, peer, timeout) = (Arc::clone(&self.pool), cx.client, self.timeout);
         runtime.spawn(async move {
             let _slot = slot;
             let exchange = async {
-                let resp = pool
-                    .send(parts, Body::empty(), peer, timeout, timeout)
-                    .await;
+                // The body's copy, once the upstream exchange has read it all.
+                let body = match body {
+                    Some(rx) => rx.await.ok(),
+                    None => None,
+                };
+                let body = match body {
+                    Some(b) => {
+                        parts.headers.insert(header::CONTENT_LENGTH, b.len().into());
+                        Body::full(b)
+                    }
+                    None => Body::empty(),
+                };
+                let resp = pool.send(parts, body, peer, timeout, timeout).await;
                 // The answer is read and discarded (the connection may then be reused).
                 if let Ok(resp) = resp {
                     let mut body = resp.into_body();
