@@ -502,6 +502,11 @@ pub fn storability(
     if status.is_informational() || status == StatusCode::NOT_MODIFIED {
         return Err(NoStoreReason::Status);
     }
+    // A `cache_force` rule applies to successes and redirects only (nginx's proxy_cache_valid
+    // without codes: 200, 301, 302): an error is never forced into the cache.
+    let force = ctx
+        .force
+        .filter(|_| matches!(status.as_u16(), 200 | 203 | 204 | 301 | 302 | 308));
     // RFC 9213: a targeted field, when present, replaces Cache-Control (and Expires).
     let targeted = cfg
         .targeted_cache_control
@@ -514,7 +519,7 @@ pub fn storability(
         if !understood(status) {
             return Err(NoStoreReason::NotUnderstood);
         }
-    } else if cc.no_store && ctx.force.is_none() {
+    } else if cc.no_store && force.is_none() {
         return Err(NoStoreReason::NoStore);
     }
     // Forced caching never shares a response the origin made for one client.
@@ -526,7 +531,7 @@ pub fn storability(
     }
     let mut strip = Vec::new();
     if headers.contains_key(header::SET_COOKIE) {
-        if !cfg.store_set_cookie && ctx.force.is_none() {
+        if !cfg.store_set_cookie && force.is_none() {
             return Err(NoStoreReason::SetCookie);
         }
         strip.push(header::SET_COOKIE);
@@ -541,7 +546,7 @@ pub fn storability(
         .get(header::DATE)
         .and_then(|v| v.to_str().ok())
         .and_then(date::parse_lenient);
-    let lifetime = match ctx.force {
+    let lifetime = match force {
         Some(forced) => forced,
         None => {
             let ttl = ctx.ttl.as_deref();
@@ -575,7 +580,7 @@ pub fn storability(
             lifetime,
             initial_age,
             received: ctx.response_time,
-            always_revalidate: cc.no_cache && ctx.force.is_none(),
+            always_revalidate: cc.no_cache && force.is_none(),
             must_revalidate: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some(),
             stale_while_revalidate: cc
                 .stale_while_revalidate
@@ -894,6 +899,12 @@ mod tests {
         assert_eq!(
             storability(&forced, StatusCode::OK, &h, &c).unwrap_err(),
             NoStoreReason::Private
+        );
+        // An error is never forced.
+        let h = resp(&[("cache-control", "no-store")]);
+        assert_eq!(
+            storability(&forced, StatusCode::INTERNAL_SERVER_ERROR, &h, &c).unwrap_err(),
+            NoStoreReason::NoStore
         );
     }
 

@@ -202,8 +202,8 @@ impl CacheTtlConfig {
     }
 }
 
-/// `cache_force = { ttl = "5m" }`: responses the origin marked uncacheable are stored for
-/// `ttl` (never a `private` one; `Set-Cookie` is not stored).
+/// `cache_force = { ttl = "5m" }`: successes and redirects the origin marked uncacheable are
+/// stored for `ttl` (never a `private` one; `Set-Cookie` is not stored).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheForceConfig {
