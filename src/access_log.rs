@@ -40,6 +40,8 @@ pub struct Entry {
     /// ([`crate::cache::policy::NoStoreReason`]).
     pub no_store: Option<&'static str>,
     pub route: String,
+    /// The cache rules that applied to the request (docs/rules.md, "Cache"), comma separated.
+    pub cache_rule: Option<Box<str>>,
 }
 
 impl Entry {
@@ -70,6 +72,7 @@ impl Entry {
             cache: 0,
             no_store: None,
             route: String::new(),
+            cache_rule: None,
         }
     }
 }
@@ -251,6 +254,7 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "cache": CACHE[e.cache],
                 "no_store": e.no_store,
                 "route": e.route,
+                "cache_rule": e.cache_rule,
             });
             out.push_str(&v.to_string());
         }
@@ -287,6 +291,7 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         "cache" => write!(out, "{}", CACHE[e.cache]),
         "no_store" => write!(out, "{}", e.no_store.unwrap_or("-")),
         "route" => write!(out, "{}", e.route),
+        "cache_rule" => write!(out, "{}", e.cache_rule.as_deref().unwrap_or("-")),
         _ => Ok(()),
     };
 }

@@ -27,7 +27,8 @@
 //!   steps holds `None`: one `Option` checked per request, not a branch per kind of rule.
 //! - [`rules`]: a route's rules (docs/rules.md), compiled into its phases' steps when the
 //!   router is built: conditions on the request ([`rules::when`]) and one action each
-//!   (access by address, header edits, fixed answers, ...), the same for every handler.
+//!   (access by address, header edits, fixed answers, the cache key's parts and lifetimes,
+//!   splits and mirrors, ...), the same for every handler.
 //! - [`proxy`]: the caching proxy's journey (`proxy/journey.rs`): lookup → coalesce → fill
 //!   (`proxy/fill.rs`, in steps: fetch → revalidate → admit → store and respond) → deliver;
 //!   beside it what the cache does not serve (`proxy/pass.rs`: pass, forward, tunnel) and the
@@ -106,7 +107,8 @@
 //!    metrics); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
-//!    http, inbound, respond, fleet, upstream).
+//!    http, inbound, respond, fleet, upstream, metrics, and [`proxy`] for the decisions the
+//!    cache and traffic rules leave it: `proxy::Steer`).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
 //!    real_ip, tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics,
 //!    access_log, otel, upstream, socket, clock, fleet, service), [`cli`] (config, tls).

@@ -311,6 +311,11 @@ impl Observed {
                 .and_then(crate::cache::policy::NoStoreReason::from_code)
                 .map(crate::cache::policy::NoStoreReason::as_str);
             e.duration = std::time::Duration::from_nanos(nanos);
+            if self.phases.is_some() {
+                e.cache_rule = (response.extensions().get::<Arc<Cx>>())
+                    .and_then(|cx| cx.note("cache_rule"))
+                    .map(Box::from);
+            }
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             log.log(*e);

@@ -7,11 +7,13 @@
 //! - [`Freshness::current_age`] computes Age per §4.2.3.
 //! - [`RequestDirectives`] reads the request's directives (§5.2.1) for the lookup decision.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, StatusCode};
 
+use crate::config::rules_cache::CacheTtlConfig;
 use crate::config::CacheConfig;
 use crate::http::date;
 
@@ -460,6 +462,12 @@ pub struct FetchContext {
     pub response_time: SystemTime,
     /// Request Cache-Control no-store.
     pub request_no_store: bool,
+    /// A `cache_ttl` rule applies (docs/rules.md, "Cache"): lifetimes by status where the
+    /// origin gives none (instead of §4.2.2's heuristic), and clamps on every lifetime.
+    pub ttl: Option<Arc<CacheTtlConfig>>,
+    /// A `cache_force` rule applies: stored for this long whatever Cache-Control, Expires or
+    /// `no-store` say, never when `private`, and without its Set-Cookie.
+    pub force: Option<Duration>,
 }
 
 /// A response larder may store, and what to strip from it first.
@@ -494,6 +502,11 @@ pub fn storability(
     if status.is_informational() || status == StatusCode::NOT_MODIFIED {
         return Err(NoStoreReason::Status);
     }
+    // A `cache_force` rule applies to successes and redirects only (nginx's proxy_cache_valid
+    // without codes: 200, 301, 302): an error is never forced into the cache.
+    let force = ctx
+        .force
+        .filter(|_| matches!(status.as_u16(), 200 | 203 | 204 | 301 | 302 | 308));
     // RFC 9213: a targeted field, when present, replaces Cache-Control (and Expires).
     let targeted = cfg
         .targeted_cache_control
@@ -506,9 +519,10 @@ pub fn storability(
         if !understood(status) {
             return Err(NoStoreReason::NotUnderstood);
         }
-    } else if cc.no_store {
+    } else if cc.no_store && force.is_none() {
         return Err(NoStoreReason::NoStore);
     }
+    // Forced caching never shares a response the origin made for one client.
     if cc.private {
         return Err(NoStoreReason::Private);
     }
@@ -517,7 +531,7 @@ pub fn storability(
     }
     let mut strip = Vec::new();
     if headers.contains_key(header::SET_COOKIE) {
-        if !cfg.store_set_cookie {
+        if !cfg.store_set_cookie && force.is_none() {
             return Err(NoStoreReason::SetCookie);
         }
         strip.push(header::SET_COOKIE);
@@ -532,15 +546,14 @@ pub fn storability(
         .get(header::DATE)
         .and_then(|v| v.to_str().ok())
         .and_then(date::parse_lenient);
-    let lifetime = freshness_lifetime(
-        &cc,
-        headers,
-        date,
-        ctx.response_time,
-        status,
-        cfg,
-        is_targeted,
-    )?;
+    let lifetime = match force {
+        Some(forced) => forced,
+        None => {
+            let ttl = ctx.ttl.as_deref();
+            let at = (date, ctx.response_time);
+            freshness_lifetime(&cc, headers, at, status, cfg, is_targeted, ttl)?
+        }
+    };
 
     // §4.2.3 age calculation.
     // Age is a single value; a list (`Age: 7200, 0`, or several field lines) is read by its
@@ -567,7 +580,7 @@ pub fn storability(
             lifetime,
             initial_age,
             received: ctx.response_time,
-            always_revalidate: cc.no_cache,
+            always_revalidate: cc.no_cache && force.is_none(),
             must_revalidate: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some(),
             stale_while_revalidate: cc
                 .stale_while_revalidate
@@ -582,12 +595,43 @@ pub fn storability(
     })
 }
 
-/// Freshness lifetime (§4.2.1), falling back to the heuristic of §4.2.2.
+/// Freshness lifetime (§4.2.1), falling back to a `cache_ttl` rule's lifetime for the status,
+/// then to the heuristic of §4.2.2. `at`: the response's Date, and when it was received. The
+/// origin's own lifetime (explicit or heuristic) is clamped by the rule's `min` and `max`, a
+/// deviation from §4.2.1 the operator asks for; the rule's lifetime by status is not.
 fn freshness_lifetime(
     cc: &CacheControl,
     headers: &HeaderMap,
-    date: Option<SystemTime>,
-    response_time: SystemTime,
+    (date, response_time): (Option<SystemTime>, SystemTime),
+    status: StatusCode,
+    cfg: &CacheConfig,
+    targeted: bool,
+    ttl: Option<&CacheTtlConfig>,
+) -> Result<Duration, NoStoreReason> {
+    let own = |l: Duration| ttl.map_or(l, |t| t.clamp(l));
+    let by_status = (ttl.filter(|_| origin_silent(cc, headers, targeted)))
+        .and_then(|t| t.for_status(status.as_u16()));
+    if let Some(d) = by_status {
+        return Ok(d);
+    }
+    origin_lifetime(cc, headers, (date, response_time), status, cfg, targeted).map(own)
+}
+
+/// Whether the origin gives the response no lifetime of its own (no `s-maxage`, `max-age`,
+/// `Expires`, nor `no-cache`): a `cache_ttl` rule's lifetime by status applies.
+fn origin_silent(cc: &CacheControl, headers: &HeaderMap, targeted: bool) -> bool {
+    cc.s_maxage.is_none()
+        && cc.max_age.is_none()
+        && !cc.invalid_max_age
+        && !cc.no_cache
+        && (targeted || !headers.contains_key(header::EXPIRES))
+}
+
+/// The origin's own lifetime (§4.2.1), or the heuristic's (§4.2.2).
+fn origin_lifetime(
+    cc: &CacheControl,
+    headers: &HeaderMap,
+    (date, response_time): (Option<SystemTime>, SystemTime),
     status: StatusCode,
     cfg: &CacheConfig,
     targeted: bool,
@@ -778,6 +822,8 @@ mod tests {
             request_time: now,
             response_time: now,
             request_no_store: false,
+            ttl: None,
+            force: None,
         }
     }
 
@@ -800,6 +846,66 @@ mod tests {
         .unwrap();
         assert_eq!(s.freshness.lifetime, Duration::from_secs(100));
         assert!(s.freshness.must_revalidate);
+    }
+
+    /// `cache_ttl` and `cache_force` rules (docs/rules.md, "Cache").
+    #[test]
+    fn rules_give_lifetimes_and_force() {
+        let c = CacheConfig::default();
+        let ttl: CacheTtlConfig = toml::from_str(
+            r#"status = { "404" = "30s", "5xx" = "5s" }
+               min = "1m"
+               max = "1h""#,
+        )
+        .unwrap();
+        let mut with_ttl = ctx();
+        with_ttl.ttl = Some(Arc::new(ttl));
+        // A 404 without Last-Modified: not heuristically fresh, stored for the rule's 30 s.
+        assert_eq!(
+            storability(&ctx(), StatusCode::NOT_FOUND, &resp(&[]), &c).unwrap_err(),
+            NoStoreReason::NoFreshness
+        );
+        let s = storability(&with_ttl, StatusCode::NOT_FOUND, &resp(&[]), &c).unwrap();
+        assert_eq!(s.freshness.lifetime, Duration::from_secs(30));
+        let s = storability(&with_ttl, StatusCode::BAD_GATEWAY, &resp(&[]), &c).unwrap();
+        assert_eq!(
+            s.freshness.lifetime,
+            Duration::from_secs(5),
+            "not raised to `min`"
+        );
+        let h = resp(&[("cache-control", "max-age=5")]);
+        let s = storability(&with_ttl, StatusCode::OK, &h, &c).unwrap();
+        assert_eq!(
+            s.freshness.lifetime,
+            Duration::from_secs(60),
+            "raised to `min`"
+        );
+        // The origin's own lifetime wins over the status's, within the clamps.
+        let h = resp(&[("cache-control", "max-age=86400")]);
+        let s = storability(&with_ttl, StatusCode::NOT_FOUND, &h, &c).unwrap();
+        assert_eq!(s.freshness.lifetime, Duration::from_secs(3600));
+        // Forced: no-store and no-cache overridden, Set-Cookie stripped, private refused.
+        let mut forced = ctx();
+        forced.force = Some(Duration::from_secs(300));
+        let h = resp(&[
+            ("cache-control", "no-store, no-cache"),
+            ("set-cookie", "s=1"),
+        ]);
+        let s = storability(&forced, StatusCode::OK, &h, &c).unwrap();
+        assert_eq!(s.freshness.lifetime, Duration::from_secs(300));
+        assert!(!s.freshness.always_revalidate);
+        assert_eq!(s.strip, vec![header::SET_COOKIE]);
+        let h = resp(&[("cache-control", "private")]);
+        assert_eq!(
+            storability(&forced, StatusCode::OK, &h, &c).unwrap_err(),
+            NoStoreReason::Private
+        );
+        // An error is never forced.
+        let h = resp(&[("cache-control", "no-store")]);
+        assert_eq!(
+            storability(&forced, StatusCode::INTERNAL_SERVER_ERROR, &h, &c).unwrap_err(),
+            NoStoreReason::NoStore
+        );
     }
 
     #[test]

@@ -49,6 +49,7 @@ mod proxy;
 pub mod push;
 mod respond;
 pub mod rules;
+pub mod rules_cache;
 pub mod rules_limits;
 mod server;
 mod static_files;
@@ -514,6 +515,57 @@ impl Config {
                     let at = [Key("listener"), Index(i), Key("route"), Index(j)];
                     let rule = [&at[..], &[Key("rule"), Index(k)]].concat();
                     return Err(src.error(&[&[&rule[..], &[Key("use")]].concat(), &rule, &at], why));
+                }
+            }
+        }
+        self.check_rule_pools()
+    }
+
+    /// The pools a `split` or `mirror` rule names exist (config/rules_cache.rs).
+    fn check_rule_pools(&self) -> Result<(), Error> {
+        let src = &self.source;
+        let named = |a: &rules::Action| -> Vec<(&'static str, String)> {
+            match a {
+                rules::Action::Split(s) => (s.pools.iter())
+                    .map(|(n, _)| ("split", n.clone()))
+                    .collect(),
+                rules::Action::Mirror(m) => vec![("mirror", m.pool.clone())],
+                _ => Vec::new(),
+            }
+        };
+        let mut lists: Vec<(Vec<Seg>, &Vec<RuleConfig>)> = Vec::new();
+        for (name, rules) in &self.policies {
+            lists.push((vec![Key("policy"), Key(name)], rules));
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, r) in l.routes.iter().enumerate() {
+                let at = vec![
+                    Key("listener"),
+                    Index(i),
+                    Key("route"),
+                    Index(j),
+                    Key("rule"),
+                ];
+                lists.push((at, &r.rules));
+            }
+        }
+        for (at, rules) in lists {
+            for (k, r) in rules.iter().enumerate() {
+                for (kind, pool) in named(&r.action) {
+                    if self.pools.contains_key(&pool) {
+                        continue;
+                    }
+                    let rule = [&at[..], &[Index(k)]].concat();
+                    let known: Vec<&str> = self.pools.keys().map(String::as_str).collect();
+                    let why = format!(
+                        "`{kind}` names the pool `{pool}`: no [pool.{pool}] (pools: {})",
+                        if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        }
+                    );
+                    return Err(src.error(&[&[&rule[..], &[Key(kind)]].concat(), &rule], why));
                 }
             }
         }

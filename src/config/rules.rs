@@ -13,6 +13,9 @@ use serde::Deserialize;
 use super::headers::is_token;
 use super::net::{Cidr, HostPattern};
 use super::respond::RespondConfig;
+use super::rules_cache::{
+    CacheForceConfig, CacheKeyConfig, CacheTtlConfig, MirrorConfig, SplitConfig,
+};
 use super::rules_limits::{default_max_keys, LimitRateConfig, LimitStatus, MaxKeys, Missing, Rate};
 use super::units::{Bounded, ByteSize};
 
@@ -52,6 +55,20 @@ pub enum Action {
     LimitRate(LimitRateConfig),
     /// `max_body = "1MiB"` (nginx's `client_max_body_size`): 413 past it.
     MaxBody(ByteSize),
+    // Cache and traffic (config/rules_cache.rs).
+    /// `cache_key = { query, keep, drop, headers, cookies }`: the cache key's parts.
+    CacheKey(CacheKeyConfig),
+    /// `cache_ttl = { status = {..}, min, max }`: lifetimes when the origin gives none, clamps.
+    CacheTtl(CacheTtlConfig),
+    /// `cache_bypass = true`: not looked up, not stored (passed upstream).
+    CacheBypass,
+    /// `cache_force = { ttl }`: stored even when the origin says not to.
+    CacheForce(CacheForceConfig),
+    /// `split = { pools = {..}, sticky, cache }`: a weighted choice between pools.
+    Split(SplitConfig),
+    /// `mirror = { pool, max_in_flight, timeout, body, max_body }`: a copy of what goes
+    /// upstream to a shadow.
+    Mirror(MirrorConfig),
 }
 
 #[derive(Deserialize)]
@@ -71,6 +88,13 @@ struct RawRule {
     in_flight: Option<InFlightConfig>,
     limit_rate: Option<LimitRateConfig>,
     max_body: Option<ByteSize>,
+    // Cache and traffic.
+    cache_key: Option<CacheKeyConfig>,
+    cache_ttl: Option<CacheTtlConfig>,
+    cache_bypass: Option<bool>,
+    cache_force: Option<CacheForceConfig>,
+    split: Option<SplitConfig>,
+    mirror: Option<MirrorConfig>,
 }
 
 impl TryFrom<RawRule> for RuleConfig {
@@ -88,6 +112,25 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.in_flight.map(Action::InFlight));
         actions.extend(r.limit_rate.map(Action::LimitRate));
         actions.extend(r.max_body.map(Action::MaxBody));
+        // Cache and traffic.
+        if r.cache_key.as_ref().is_some_and(CacheKeyConfig::is_empty) {
+            return Err(
+                "`cache_key` names no part: give `query`, `keep`, `drop`, `headers` or `cookies`"
+                    .into(),
+            );
+        }
+        actions.extend(r.cache_key.map(Action::CacheKey));
+        actions.extend(r.cache_ttl.map(Action::CacheTtl));
+        match r.cache_bypass {
+            Some(true) => actions.push(Action::CacheBypass),
+            Some(false) => {
+                return Err("`cache_bypass = false` does nothing: leave the rule out".into())
+            }
+            None => {}
+        }
+        actions.extend(r.cache_force.map(Action::CacheForce));
+        actions.extend(r.split.map(Action::Split));
+        actions.extend(r.mirror.map(Action::Mirror));
         if actions.len() != 1 {
             return Err(format!(
                 "a rule needs exactly one action ({}), found {}",
@@ -116,6 +159,13 @@ const ACTIONS: &[&str] = &[
     "in_flight",
     "limit_rate",
     "max_body",
+    // Cache and traffic.
+    "cache_key",
+    "cache_ttl",
+    "cache_bypass",
+    "cache_force",
+    "split",
+    "mirror",
 ];
 
 impl Action {
@@ -133,6 +183,13 @@ impl Action {
             Action::InFlight(_) => "in_flight",
             Action::LimitRate(_) => "limit_rate",
             Action::MaxBody(_) => "max_body",
+            // Cache and traffic.
+            Action::CacheKey(_) => "cache_key",
+            Action::CacheTtl(_) => "cache_ttl",
+            Action::CacheBypass => "cache_bypass",
+            Action::CacheForce(_) => "cache_force",
+            Action::Split(_) => "split",
+            Action::Mirror(_) => "mirror",
         }
     }
 }

@@ -225,9 +225,10 @@ fn parse_ms(s: &str) -> Result<u64, String> {
         ("s", SECOND_MS),
         ("m", MINUTE_MS),
         ("h", HOUR_MS),
+        ("d", 24 * HOUR_MS),
     ];
     let example = "\"500ms\", \"10s\", \"5m\"";
-    parse_with_unit(s, UNITS, "duration", example, "ms, s, m or h")
+    parse_with_unit(s, UNITS, "duration", example, "ms, s, m, h or d")
 }
 
 impl<const MIN_MS: u64, const MAX_MS: u64> Dur<MIN_MS, MAX_MS> {

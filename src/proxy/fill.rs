@@ -173,7 +173,9 @@ impl<'p> Fill<'p> {
                     parts
                 });
         let request_time = me.cache.clock().now();
-        let resp = (me.pool)
+        let steer = super::Steer::of(me, &req.client.extensions);
+        let pool = me.pool_for(&req.client.extensions);
+        let resp = pool
             .send(
                 edited.as_ref().unwrap_or(&req.client),
                 Body::empty(),
@@ -188,6 +190,8 @@ impl<'p> Fill<'p> {
             request_time,
             response_time: me.cache.clock().now(),
             request_no_store: req.request_no_store,
+            ttl: steer.and_then(|s| s.ttl.clone()),
+            force: steer.and_then(|s| s.force),
         };
         Ok((ctx, resp))
     }
@@ -645,12 +649,15 @@ pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
         *h = p.headers.clone();
     }
     // The extensions the origin's request is built from: X-Forwarded-For's last hop, and the
-    // request's context on a route with steps (for ② and ③).
+    // request's context on a route with steps (for ② and ③, and what its rules decided).
     if let Some(hop) = p.extensions.get::<fields::Hop>() {
         b = b.extension(*hop);
     }
     if let Some(cx) = Cx::of(p) {
         b = b.extension(Arc::clone(cx));
+        if let Some(s) = p.extensions.get::<super::Steer>() {
+            b = b.extension(s.clone());
+        }
     }
     b.body(()).expect("parts are valid").into_parts().0
 }

@@ -13,7 +13,6 @@ use http::{request, Method, Request, Response, StatusCode};
 use super::fill::{clone_parts, FillRequest};
 use super::{Inner, Proxy};
 use crate::body::Body;
-use crate::cache::key::cache_key;
 use crate::cache::policy::RequestDirectives;
 use crate::cache::{CacheKey, Entry, FillKey, FillOutcome, Found, Join, Reach};
 use crate::deliver::{self, CacheStatus};
@@ -42,12 +41,18 @@ impl Proxy {
         let me = &self.0;
         // A request with credentials is answered only by an entry stored as answering them:
         // that is the slow path's to check.
+        // What the route's rules decided (a route without phases checks that one `Option`).
+        let steer = super::Steer::of(me, req.extensions());
         if !me.cacheable(req.method(), req.headers())
             || req.headers().contains_key(header::AUTHORIZATION)
+            || steer.is_some_and(|s| s.bypass)
         {
             return Err(Slow { req, looked: None });
         }
-        let key = cache_key(&req);
+        let key = match steer {
+            Some(s) => s.key(req.uri(), req.headers()),
+            None => crate::cache::key::cache_key(&req),
+        };
         let Some(entry) = me.cache.lookup(&key, req.headers()) else {
             return Err(Slow {
                 req,
@@ -88,10 +93,10 @@ impl Proxy {
         let Slow { req, looked } = slow;
         let method = req.method();
         if method.as_str() == "PURGE" {
-            let key = cache_key(&req);
+            let key = me.key_of(&req);
             return crate::admin::purge_method(&me.cache, &me.access, &key, req.headers(), peer);
         }
-        if !me.cacheable(method, req.headers()) {
+        if !me.cacheable(method, req.headers()) || me.bypassed(req.extensions()) {
             return Box::pin(self.pass(req, peer, CacheStatus::Bypass)).await;
         }
         let directives = me.request_directives(req.headers(), peer);
@@ -101,7 +106,7 @@ impl Proxy {
         let (key, stored) = match looked {
             Some(looked) => looked,
             None => {
-                let key = cache_key(&req);
+                let key = me.key_of(&req);
                 let stored = me.cache.lookup(&key, req.headers());
                 (key, stored)
             }

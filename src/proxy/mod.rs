@@ -4,7 +4,9 @@
 //! cache does not serve (`pass.rs`: pass, forward, tunnel) and how a response that does not come
 //! from the store is adapted to the client (`adapt.rs`, `pass_on`: range cut, recode,
 //! compression on the fly). The route's phases ② and ③ ([`crate::phases`]) run in `fill.rs`
-//! and `pass.rs`, around each upstream exchange.
+//! and `pass.rs`, around each upstream exchange; what a route's cache and traffic rules
+//! decided at ① reaches the proxy in the request as a [`Steer`] (its key's shape, a bypass,
+//! lifetimes, the pool of a split), read only on a route with phases.
 //!
 //! ```text
 //! request ─▶ GET/HEAD? ──no──▶ pass (stream both ways); a 2xx/3xx invalidates  x-cache: BYPASS
@@ -117,7 +119,75 @@ impl Proxy {
     }
 }
 
+/// What a route's rules decided at ① for the proxy (docs/rules.md, "Cache" and "Traffic"),
+/// carried in the request's extensions. Read only on a route with phases.
+#[derive(Clone, Default)]
+pub struct Steer {
+    /// `cache_key`: the key's parts.
+    pub key: Option<Arc<crate::config::rules_cache::CacheKeyConfig>>,
+    /// `cache_ttl`: lifetimes by status, clamps.
+    pub ttl: Option<Arc<crate::config::rules_cache::CacheTtlConfig>>,
+    /// `cache_force`: stored for this long whatever the origin says (never `private`).
+    pub force: Option<std::time::Duration>,
+    /// `cache_bypass` (or a split that does not cache): passed, not looked up nor stored.
+    pub bypass: bool,
+    /// `split`: the pool this request goes to instead of the route's.
+    pub pool: Option<Arc<Pool>>,
+    /// `split` with `cache = "per-pool"`: the pool's name is part of the key.
+    pub pool_in_key: bool,
+}
+
+impl Steer {
+    /// What the rules decided for this request, on a route with phases.
+    #[inline]
+    fn of<'a>(me: &Inner, ext: &'a http::Extensions) -> Option<&'a Steer> {
+        me.phases.as_ref().and_then(|_| ext.get::<Steer>())
+    }
+
+    /// The request's cache key, shaped by the rules.
+    pub fn key(&self, uri: &http::Uri, headers: &http::HeaderMap) -> crate::cache::CacheKey {
+        let pool = (self.pool.as_ref())
+            .filter(|_| self.pool_in_key)
+            .map(|p| p.name());
+        crate::cache::key::shaped_key(uri, headers, self.key.as_deref(), pool)
+    }
+}
+
 impl Inner {
+    /// The pool a request goes to: the route's, or the one a split chose.
+    #[inline]
+    fn pool_for<'a>(&'a self, ext: &'a http::Extensions) -> &'a Arc<Pool> {
+        match Steer::of(self, ext).and_then(|s| s.pool.as_ref()) {
+            Some(p) => p,
+            None => &self.pool,
+        }
+    }
+
+    /// The cache key of a request, shaped by the rules that apply to it, if any.
+    #[inline]
+    fn key_of<B>(&self, req: &http::Request<B>) -> crate::cache::CacheKey {
+        match Steer::of(self, req.extensions()) {
+            Some(s) => s.key(req.uri(), req.headers()),
+            None => crate::cache::key::cache_key(req),
+        }
+    }
+
+    /// [`Inner::key_of`] a request's head.
+    #[inline]
+    fn key_of_parts(&self, parts: &http::request::Parts) -> crate::cache::CacheKey {
+        match Steer::of(self, &parts.extensions) {
+            Some(s) => s.key(&parts.uri, &parts.headers),
+            None => crate::cache::key::cache_key_of(parts),
+        }
+    }
+
+    /// Whether the rules send this request past the cache (`cache_bypass`, a split that does
+    /// not cache).
+    #[inline]
+    fn bypassed(&self, ext: &http::Extensions) -> bool {
+        Steer::of(self, ext).is_some_and(|s| s.bypass)
+    }
+
     /// Whether this route obeys the freshness directives of requests from `peer`
     /// (`request_cache_control`, `request_cache_control_trusted`).
     #[inline]

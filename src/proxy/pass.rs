@@ -13,7 +13,7 @@ use http::{Method, Request, Response};
 use super::adapt::Asked;
 use super::Proxy;
 use crate::body::Body;
-use crate::cache::key::{cache_key_of, key_host, same_origin_key};
+use crate::cache::key::{key_host, same_origin_key};
 use crate::deliver::CacheStatus;
 use crate::http::fields;
 use crate::upstream::FetchError;
@@ -36,7 +36,7 @@ impl Proxy {
         // request goes; a safe method allocates none of it.
         let target = unsafe_method.then(|| {
             (
-                cache_key_of(&parts),
+                self.0.key_of_parts(&parts),
                 key_host(&parts).to_string(),
                 parts.uri.path().to_string(),
             )
@@ -86,13 +86,22 @@ impl Proxy {
             .then(crate::interim::Sink::current)
             .flatten();
         let client = sink.as_ref().map(|s| s.claim_upgrade());
-        let sent = (me.pool).send(
-            parts,
-            body,
-            peer,
-            me.cfg.response_timeout.0,
-            me.cfg.body_timeout.0,
-        );
+        let (response_timeout, body_timeout) = (me.cfg.response_timeout.0, me.cfg.body_timeout.0);
+        // A split's pool (docs/rules.md, "Traffic"), owned by the future that uses it.
+        let split = super::Steer::of(me, &parts.extensions).and_then(|s| s.pool.clone());
+        let sent = match split {
+            None => futures_util::future::Either::Left(me.pool.send(
+                parts,
+                body,
+                peer,
+                response_timeout,
+                body_timeout,
+            )),
+            Some(pool) => futures_util::future::Either::Right(Box::pin(async move {
+                pool.send(parts, body, peer, response_timeout, body_timeout)
+                    .await
+            })),
+        };
         // A map, not an async block: a future captured by one is kept twice once awaited.
         futures_util::FutureExt::map(sent, move |sent| {
             match sent {

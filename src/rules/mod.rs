@@ -8,7 +8,10 @@
 //! - [`answer`]: fixed answers;
 //! - limits: [`rate`] (requests per key, GCRA, locally or in the fleet's Redis), [`in_flight`]
 //!   (requests in flight per key), [`pace`] (bytes per second per response), [`max_body`]
-//!   (request body size), the keys they count by in [`limit_key`].
+//!   (request body size), the keys they count by in [`limit_key`];
+//! - [`cache`]: the cache key's parts, lifetimes, bypass and forced caching (read by the
+//!   proxy), and the `Cache-Status` that names the rule;
+//! - [`traffic`]: a weighted split between pools, a mirror to a shadow pool.
 //!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
@@ -16,12 +19,14 @@
 
 pub mod access;
 pub mod answer;
+pub mod cache;
 pub mod headers;
 pub mod in_flight;
 pub mod limit_key;
 pub mod max_body;
 pub mod pace;
 pub mod rate;
+pub mod traffic;
 pub mod vars;
 pub mod when;
 
@@ -62,6 +67,7 @@ pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<G
 
 /// The step of one rule's action.
 fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
+    let name = rule.label();
     match &rule.action {
         Action::Use(_) => unreachable!("expanded"),
         Action::Allow(nets) => Arc::new(access::ByAddress {
@@ -82,5 +88,23 @@ fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
         Action::InFlight(f) => Arc::new(in_flight::InFlight::new(rule.label(), f)),
         Action::LimitRate(l) => Arc::new(pace::LimitRate::new(l)),
         Action::MaxBody(m) => Arc::new(max_body::MaxBody(m.0)),
+        // Cache and traffic.
+        Action::CacheKey(k) => cache_rule(name, cache::Decide::Key(Arc::new(k.clone()))),
+        Action::CacheTtl(t) => cache_rule(name, cache::Decide::Ttl(Arc::new(t.clone()))),
+        Action::CacheBypass => cache_rule(name, cache::Decide::Bypass),
+        Action::CacheForce(f) => cache_rule(name, cache::Decide::Force(f.ttl.0)),
+        Action::Split(s) => Arc::new(traffic::Split::new(s, env.pools)),
+        Action::Mirror(m) => match traffic::Mirror::new(m, env.pools) {
+            Some(m) => Arc::new(m),
+            // The configuration checked the pool: a router built without it mirrors nothing.
+            None => {
+                tracing::warn!(pool = m.pool, "mirror to a pool that is not running: off");
+                Arc::new(traffic::Nothing)
+            }
+        },
     }
+}
+
+fn cache_rule(name: &str, decide: cache::Decide) -> Arc<dyn Step> {
+    Arc::new(cache::CacheRule::new(name, decide))
 }

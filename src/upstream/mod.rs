@@ -159,6 +159,9 @@ pub struct Pool {
     /// The zero of the millisecond clock the health atomics count in.
     epoch: Instant,
     checker: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Mirrors to this pool dropped because their rule's bound was reached (a `mirror` rule:
+    /// docs/rules.md, "Traffic"), for the pool's status.
+    mirrors_dropped: AtomicU64,
 }
 
 /// One backend and its health.
@@ -234,6 +237,7 @@ impl Pool {
             cfg: cfg.clone(),
             epoch: Instant::now(),
             checker: Mutex::new(None),
+            mirrors_dropped: AtomicU64::new(0),
         });
         if let Some(h) = &cfg.health {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -246,6 +250,11 @@ impl Pool {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Counts a mirror to this pool dropped at its rule's bound; the count so far.
+    pub fn mirror_dropped(&self) -> u64 {
+        self.mirrors_dropped.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub fn backends(&self) -> &[Backend] {
@@ -474,6 +483,7 @@ impl Pool {
             "balance": format!("{:?}", self.cfg.balance),
             "health_checks": self.cfg.health.as_ref().map(|h| format!("{:?}", h.check)),
             "backends": backends,
+            "mirrors_dropped": self.mirrors_dropped.load(Ordering::Relaxed),
         })
     }
 
