@@ -100,7 +100,7 @@
 //!    metrics); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
-//!    http, inbound, respond, fleet, upstream).
+//!    http, inbound, respond, fleet, upstream, clock).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
 //!    tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics, access_log, otel,
 //!    upstream, socket, clock, fleet), [`cli`] (config, tls).

@@ -49,6 +49,7 @@ mod proxy;
 pub mod push;
 mod respond;
 pub mod rules;
+pub mod rules_auth;
 mod server;
 mod static_files;
 pub mod tiers;
@@ -246,6 +247,7 @@ impl Config {
         let mut cfg = Self::parse(&text, &path.display().to_string())?;
         cfg.source.path = Some(path.to_path_buf());
         cfg.check_directories()?;
+        cfg.check_rule_files()?;
         Ok(cfg)
     }
 
@@ -282,6 +284,48 @@ impl Config {
                         root.display()
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The files rules read (an htpasswd, keys, a public key, a JWKS) exist and hold what the
+    /// rule needs: a missing one would fail every request of the route.
+    fn check_rule_files(&self) -> Result<(), Error> {
+        let mut at = Vec::new();
+        for (name, rules) in &self.policies {
+            for (k, r) in rules.iter().enumerate() {
+                at.push((vec![Key("policy"), Key(name), Index(k)], r));
+            }
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, route) in l.routes.iter().enumerate() {
+                for (k, r) in route.rules.iter().enumerate() {
+                    let path = vec![
+                        Key("listener"),
+                        Index(i),
+                        Key("route"),
+                        Index(j),
+                        Key("rule"),
+                        Index(k),
+                    ];
+                    at.push((path, r));
+                }
+            }
+        }
+        for (path, r) in at {
+            if let Err((key, why)) = rules_auth::check_files(&r.action) {
+                let kind = r.action.kind();
+                let full = [&path[..], &[Key(kind), Key(key)]].concat();
+                let relative = if why.starts_with('/') {
+                    String::new()
+                } else {
+                    let cwd = std::env::current_dir().unwrap_or_default();
+                    format!(" (relative to the working directory, {})", cwd.display())
+                };
+                return Err(self
+                    .source
+                    .error(&[&full, &path], format!("{why}{relative}")));
             }
         }
         Ok(())

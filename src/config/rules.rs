@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::headers::is_token;
 use super::net::{Cidr, HostPattern};
 use super::respond::RespondConfig;
+use super::rules_auth::{ApiKeyConfig, BasicAuthConfig, ForwardAuthConfig, JwtRuleConfig};
 
 /// One rule: when it applies (every request of the route, without `when`) and what it does.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -40,6 +41,16 @@ pub enum Action {
     ResponseHeaders(HeaderEdits),
     /// `respond = { status, body, content_type }`: a fixed answer (a mock, a maintenance page).
     Respond(RespondConfig),
+    // Access: authentication (config/rules_auth.rs).
+    /// `basic_auth = { htpasswd, realm, forward }`: users of an htpasswd file (401 otherwise).
+    BasicAuth(BasicAuthConfig),
+    /// `api_key = { header | query, keys | keys_file, forward }`: named keys.
+    ApiKey(ApiKeyConfig),
+    /// `jwt = { secret | public_key | jwks, algorithms, issuer, audience, ... }`: a verified
+    /// token, its claims for later rules.
+    Jwt(JwtRuleConfig),
+    /// `forward_auth = { url, ... }`: an auth service's subrequest decides.
+    ForwardAuth(Box<ForwardAuthConfig>),
 }
 
 #[derive(Deserialize)]
@@ -54,6 +65,11 @@ struct RawRule {
     request_headers: Option<HeaderEdits>,
     response_headers: Option<HeaderEdits>,
     respond: Option<RespondConfig>,
+    // Access: authentication.
+    basic_auth: Option<BasicAuthConfig>,
+    api_key: Option<ApiKeyConfig>,
+    jwt: Option<JwtRuleConfig>,
+    forward_auth: Option<ForwardAuthConfig>,
 }
 
 impl TryFrom<RawRule> for RuleConfig {
@@ -66,6 +82,11 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.request_headers.map(Action::RequestHeaders));
         actions.extend(r.response_headers.map(Action::ResponseHeaders));
         actions.extend(r.respond.map(Action::Respond));
+        // Access: authentication.
+        actions.extend(r.basic_auth.map(Action::BasicAuth));
+        actions.extend(r.api_key.map(Action::ApiKey));
+        actions.extend(r.jwt.map(Action::Jwt));
+        actions.extend(r.forward_auth.map(|f| Action::ForwardAuth(Box::new(f))));
         if actions.len() != 1 {
             return Err(format!(
                 "a rule needs exactly one action ({}), found {}",
@@ -89,6 +110,11 @@ const ACTIONS: &[&str] = &[
     "request_headers",
     "response_headers",
     "respond",
+    // Access: authentication.
+    "basic_auth",
+    "api_key",
+    "jwt",
+    "forward_auth",
 ];
 
 impl Action {
@@ -101,6 +127,11 @@ impl Action {
             Action::RequestHeaders(_) => "request_headers",
             Action::ResponseHeaders(_) => "response_headers",
             Action::Respond(_) => "respond",
+            // Access: authentication.
+            Action::BasicAuth(_) => "basic_auth",
+            Action::ApiKey(_) => "api_key",
+            Action::Jwt(_) => "jwt",
+            Action::ForwardAuth(_) => "forward_auth",
         }
     }
 }

@@ -56,6 +56,7 @@ impl RouterParts {
         let env = crate::rules::Env {
             pools: &pools,
             fleet: self.fleet.as_ref(),
+            clock: self.cache.clock(),
         };
         let mut router = Router::with_steps(
             l,
