@@ -132,3 +132,59 @@ impl Step for ApiKey {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rules::FieldName;
+
+    /// A request as a rule sees it at ①.
+    pub fn request(uri: &str, headers: &[(&str, &str)]) -> Request<RequestBody> {
+        use http_body_util::BodyExt;
+        let body = http_body_util::Empty::<bytes::Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let mut b = Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(RequestBody::Stream(body)).unwrap()
+    }
+
+    #[test]
+    fn the_holders_name_goes_into_the_notes() {
+        let cfg = ApiKeyConfig {
+            source: KeySource::Header(FieldName("x-api-key".into())),
+            keys: [("alice".to_string(), "alice-key-1".to_string())].into(),
+            keys_file: None,
+            forward: false,
+        };
+        let step = ApiKey::new(&cfg, &Clock::system());
+        let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+        let mut req = request("/a", &[("x-api-key", "alice-key-1")]);
+        assert!(matches!(step.request(&mut req, &mut cx), Verdict::Next));
+        assert_eq!(cx.note("api_key"), Some("alice"));
+        let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+        let mut req = request("/a", &[("x-api-key", "alice-key-2")]);
+        assert!(matches!(
+            step.request(&mut req, &mut cx),
+            Verdict::Answer(_)
+        ));
+        assert_eq!(cx.note("api_key"), None);
+    }
+
+    #[test]
+    fn only_the_keys_parameter_is_stripped() {
+        let source = KeySource::Query("key".into());
+        for (from, to) in [
+            ("/a?key=1", "/a"),
+            ("/a?x=1&key=2&keyx=3&y", "/a?x=1&keyx=3&y"),
+            ("/a?key", "/a"),
+            ("/a", "/a"),
+        ] {
+            let mut uri: Uri = from.parse().unwrap();
+            strip(&source, &mut HeaderMap::new(), &mut uri);
+            assert_eq!(uri, to, "{from}");
+        }
+    }
+}

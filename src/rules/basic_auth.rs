@@ -171,3 +171,82 @@ impl Step for BasicAuth {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(auth: &str) -> Request<RequestBody> {
+        use http_body_util::BodyExt;
+        let body = http_body_util::Empty::<bytes::Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        (Request::builder()
+            .uri("/")
+            .header(header::AUTHORIZATION, auth))
+        .body(RequestBody::Stream(body))
+        .unwrap()
+    }
+
+    #[test]
+    fn credentials_are_read_as_rfc_7617_says() {
+        let v = |s: &str| credentials(&HeaderValue::from_str(s).unwrap());
+        assert_eq!(v("Basic YTpiOmM="), Some(("a".into(), "b:c".into())));
+        assert_eq!(v("basic  YTpi "), Some(("a".into(), "b".into())));
+        assert_eq!(v("Bearer YTpi"), None);
+        assert_eq!(v("Basic YWI="), None, "no colon");
+        assert_eq!(v("Basic !!"), None);
+    }
+
+    /// A bcrypt check runs once: the next request with the same credentials is let through at
+    /// once (no wait), with the user in the notes.
+    #[tokio::test]
+    async fn a_good_check_is_remembered_and_names_the_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("users");
+        let sha = {
+            use base64::Engine;
+            let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, b"old");
+            base64::engine::general_purpose::STANDARD.encode(d.as_ref())
+        };
+        let bcrypt = bcrypt::hash("pw", 4).unwrap();
+        std::fs::write(&file, format!("ann:{bcrypt}\nold:{{SHA}}{sha}\n")).unwrap();
+        let cfg = BasicAuthConfig {
+            htpasswd: file,
+            realm: crate::config::rules_auth::Realm("r".into()),
+            forward: true,
+        };
+        let step = BasicAuth::new(&cfg, &Clock::system());
+        let auth = format!("Basic {}", {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode("ann:pw")
+        });
+        let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+        let mut req = request(&auth);
+        let Verdict::Wait(w) = step.request(&mut req, &mut cx) else {
+            panic!("the first check runs bcrypt")
+        };
+        let edit = w.await.ok().flatten().expect("the password is right");
+        edit(&mut req, &mut cx);
+        assert_eq!(cx.note("user"), Some("ann"));
+        let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+        assert!(matches!(step.request(&mut req, &mut cx), Verdict::Next));
+        assert_eq!(cx.note("user"), Some("ann"));
+        // {SHA} entries (htpasswd -s) are taken too; a wrong password is refused.
+        for (user, pw, good) in [
+            ("old", "old", true),
+            ("old", "new", false),
+            ("ann", "no", false),
+        ] {
+            let auth = format!("Basic {}", {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"))
+            });
+            let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+            let Verdict::Wait(w) = step.request(&mut request(&auth), &mut cx) else {
+                panic!("checked")
+            };
+            assert_eq!(w.await.is_ok(), good, "{user}:{pw}");
+        }
+    }
+}
