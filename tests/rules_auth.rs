@@ -347,6 +347,11 @@ async fn api_keys_in_a_header_or_a_query_parameter() {
 /// expired one, one for another audience and one signed by another key; the public keys as
 /// PEM files and together in a JWKS file (with `kid`s).
 fn pyjwt(dir: &Path) -> serde_json::Value {
+    pyjwt_kids(dir, "1")
+}
+
+/// [`pyjwt`], the JWKS's `kid`s ending in `-{kid}`.
+fn pyjwt_kids(dir: &Path, kid: &str) -> serde_json::Value {
     let python = pip(PIP_PACKAGES);
     let script = r#"
 import json, sys, time, jwt
@@ -380,9 +385,9 @@ out["tokens"]["HS256"] = tokens("HS256", secret, "another-secret-of-32-bytes-lon
 for alg, (key, other, algo) in keys.items():
     open(f"{d}/{alg}.pem", "wb").write(pem(key))
     out["tokens"][alg] = tokens(alg, key, other, None)
-    out["tokens"][alg + "-kid"] = tokens(alg, key, other, "k-" + alg)
+    out["tokens"][alg + "-kid"] = tokens(alg, key, other, "k-" + alg + "-" + sys.argv[2])
     jwk = json.loads(algo.to_jwk(key.public_key()))
-    jwk["kid"] = "k-" + alg
+    jwk["kid"] = "k-" + alg + "-" + sys.argv[2]
     jwks["keys"].append(jwk)
 json.dump(jwks, open(f"{d}/jwks.json", "w"))
 print(json.dumps(out))
@@ -391,6 +396,7 @@ print(json.dumps(out))
         .arg("-c")
         .arg(script)
         .arg(dir)
+        .arg(kid)
         .output()
         .unwrap();
     assert!(
@@ -677,4 +683,92 @@ async fn forward_auth_asks_a_service_remembers_its_allows_and_fails_closed() {
     )
     .await;
     assert_eq!(r.status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jwks_url_is_fetched_on_an_unknown_kid_and_refreshed() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (first, second) = (pyjwt_kids(one.path(), "1"), pyjwt_kids(two.path(), "2"));
+    let served = one.path().join("served.json");
+    std::fs::copy(one.path().join("jwks.json"), &served).unwrap();
+    let file = served.clone();
+    let keys = Origin::start(move |_, _| {
+        Reply::ok(std::fs::read(&file).unwrap()).header("content-type", "application/json")
+    })
+    .await;
+    let origin = echo().await;
+    let clock = larder::clock::Clock::adjustable();
+    let larder = Larder::start_at(
+        &config(&[route(
+            &origin,
+            "/",
+            &format!(
+                r#"jwt = {{ jwks = "{}/jwks.json", jwks_refresh = "5m", jwks_min_refresh = "10s" }}"#,
+                keys.url()
+            ),
+        )]),
+        clock,
+    )
+    .await;
+    let c = client();
+    let bearer = |made: &serde_json::Value, alg: &str| {
+        format!("Bearer {}", made["tokens"][alg]["good"].as_str().unwrap())
+    };
+
+    // The first token: the keys are fetched (once), then known.
+    for alg in ["RS256-kid", "ES256-kid", "EdDSA-kid"] {
+        let r = get(
+            &c,
+            &larder.url("/a"),
+            &[("authorization", &bearer(&first, alg))],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{alg}");
+    }
+    assert_eq!(keys.hits(), 1);
+
+    // The issuer rotates its keys: a new kid. Within `jwks_min_refresh` of the last fetch it is
+    // not fetched again (a client cannot make larder fetch on every request) ...
+    std::fs::copy(two.path().join("jwks.json"), &served).unwrap();
+    let new = bearer(&second, "ES256-kid");
+    assert_eq!(
+        get(&c, &larder.url("/a"), &[("authorization", &new)])
+            .await
+            .status,
+        401
+    );
+    assert_eq!(keys.hits(), 1);
+    // ... after it, the unknown kid fetches the new set.
+    larder.advance(Duration::from_secs(11));
+    assert_eq!(
+        get(&c, &larder.url("/a"), &[("authorization", &new)])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(keys.hits(), 2);
+    let old = bearer(&first, "ES256-kid");
+    assert_eq!(
+        get(&c, &larder.url("/a"), &[("authorization", &old)])
+            .await
+            .status,
+        401
+    );
+
+    // Every `jwks_refresh` the set is fetched again in the background (the request goes on
+    // with the keys it has).
+    larder.advance(Duration::from_secs(301));
+    assert_eq!(
+        get(&c, &larder.url("/a"), &[("authorization", &new)])
+            .await
+            .status,
+        200
+    );
+    for _ in 0..500 {
+        if keys.hits() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(keys.hits(), 3);
 }
