@@ -275,6 +275,24 @@ fn auth_files_are_checked_at_load_naming_the_key_and_line() {
             .to_string();
         assert!(e.contains(says) && e.contains("line 7"), "{rule}: {e}");
     }
+    // docs/rules.md's example parses (its files aside: parsing does not read them).
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rules.md"))
+        .unwrap();
+    let section = &doc[doc.find("## Access: authentication").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + 8;
+    let example = &section[start..start + section[start..].find("```").unwrap()];
+    let text = format!("[[listener]]\naddr = \"127.0.0.1:1\"\n{example}");
+    larder::config::Config::parse(&text, "docs/rules.md").unwrap();
+    // So does the example configuration's commented authentication block, uncommented.
+    let ex =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("larder.example.toml"))
+            .unwrap();
+    let block: String = ex[ex.find("# [[policy.members]]").unwrap()..]
+        .lines()
+        .filter(|l| !l.starts_with("# ("))
+        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or(l)))
+        .collect();
+    larder::config::Config::parse(&format!("{block}{base}respond = {{}}\n"), "example").unwrap();
     // The example's htpasswd file holds demo/demo (bcrypt, as `htpasswd -nbB demo demo` wrote it).
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/edge.htpasswd");
     let text = std::fs::read_to_string(example).unwrap();
