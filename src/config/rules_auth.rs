@@ -1,8 +1,9 @@
 //! The settings of the authentication rules (docs/rules.md, "Access: authentication"):
 //! `basic_auth`, `api_key`, `jwt` and `forward_auth`. What can be checked without the files
 //! they name is checked here while parsing (one place for a key, algorithms known, a URL's
-//! scheme); that the files exist and read is checked by `Config::load` ([`AuthFiles::files`]),
-//! and what they hold when the rule is compiled (`crate::rules`).
+//! scheme); the files they name are read and parsed by `Config::load` with the parsers here
+//! ([`parse_htpasswd`], [`parse_keys_file`], [`pem_keys`], [`parse_jwks`]), which the rules use
+//! again when they read them (`crate::rules`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use super::rules::FieldName;
+use super::headers::HeaderNameCfg;
 use super::units::{Bounded, Dur, HOUR_MS, MINUTE_MS, SECOND_MS};
 
 /// `basic_auth = { htpasswd = "path", realm = "members" }`: users of an htpasswd file.
@@ -75,7 +76,7 @@ pub struct ApiKeyConfig {
 /// Where a credential is read from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KeySource {
-    Header(FieldName),
+    Header(HeaderNameCfg),
     Query(String),
     /// JWT only: a cookie.
     Cookie(String),
@@ -84,7 +85,7 @@ pub enum KeySource {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawApiKey {
-    header: Option<FieldName>,
+    header: Option<HeaderNameCfg>,
     query: Option<String>,
     #[serde(default)]
     keys: BTreeMap<String, String>,
@@ -99,7 +100,9 @@ impl<'de> Deserialize<'de> for ApiKeyConfig {
         let source = match (r.header, r.query) {
             (Some(h), None) => KeySource::Header(h),
             (None, Some(q)) if !q.is_empty() => KeySource::Query(q),
-            (None, None) => KeySource::Header(FieldName("x-api-key".into())),
+            (None, None) => {
+                KeySource::Header(HeaderNameCfg(http::HeaderName::from_static("x-api-key")))
+            }
             _ => {
                 return Err(de::Error::custom(
                     "an api_key is read from one place: `header` or `query`",
@@ -157,8 +160,8 @@ pub struct JwtRuleConfig {
     pub leeway: Dur<0, HOUR_MS>,
     /// Where the token is: `Authorization: Bearer` by default.
     pub source: KeySource,
-    /// Headers set on the request to the origin from the verified claims.
-    pub claims_to_headers: BTreeMap<FieldName, String>,
+    /// Headers set on the request to the origin from the verified claims: (header, claim).
+    pub claims_to_headers: Vec<(HeaderNameCfg, String)>,
     /// A JWKS URL is fetched again this often (and on an unknown `kid`, at most every
     /// `jwks_min_refresh`).
     pub jwks_refresh: Dur<{ SECOND_MS }, { 24 * HOUR_MS }>,
@@ -232,11 +235,11 @@ struct RawJwt {
     issuer: Option<OneOrMany>,
     audience: Option<OneOrMany>,
     leeway: Option<Dur<0, HOUR_MS>>,
-    header: Option<FieldName>,
+    header: Option<HeaderNameCfg>,
     cookie: Option<String>,
     query: Option<String>,
     #[serde(default)]
-    claims_to_headers: BTreeMap<FieldName, String>,
+    claims_to_headers: BTreeMap<String, String>,
     jwks_refresh: Option<Dur<{ SECOND_MS }, { 24 * HOUR_MS }>>,
     jwks_min_refresh: Option<Dur<0, HOUR_MS>>,
 }
@@ -285,7 +288,7 @@ impl<'de> Deserialize<'de> for JwtRuleConfig {
             _ => {}
         }
         let source = match (r.header, r.cookie, r.query) {
-            (None, None, None) => KeySource::Header(FieldName("authorization".into())),
+            (None, None, None) => KeySource::Header(HeaderNameCfg(http::header::AUTHORIZATION)),
             (Some(h), None, None) => KeySource::Header(h),
             (None, Some(c), None) => KeySource::Cookie(c),
             (None, None, Some(q)) => KeySource::Query(q),
@@ -295,10 +298,17 @@ impl<'de> Deserialize<'de> for JwtRuleConfig {
                 ))
             }
         };
-        for claim in r.claims_to_headers.values() {
+        let mut claims_to_headers = Vec::new();
+        for (name, claim) in r.claims_to_headers {
+            let h = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                de::Error::custom(format!(
+                    "`claims_to_headers`: `{name}` is not a valid header name"
+                ))
+            })?;
             if claim.is_empty() {
                 return Err(de::Error::custom("`claims_to_headers`: a claim has a name"));
             }
+            claims_to_headers.push((HeaderNameCfg(h), claim));
         }
         Ok(JwtRuleConfig {
             key,
@@ -307,7 +317,7 @@ impl<'de> Deserialize<'de> for JwtRuleConfig {
             audience: OneOrMany::list(r.audience),
             leeway: r.leeway.unwrap_or(Dur(std::time::Duration::from_secs(60))),
             source,
-            claims_to_headers: r.claims_to_headers,
+            claims_to_headers,
             jwks_refresh: r
                 .jwks_refresh
                 .unwrap_or(Dur(std::time::Duration::from_millis(5 * MINUTE_MS))),
@@ -328,16 +338,16 @@ pub struct ForwardAuthConfig {
     pub url: http::Uri,
     /// The client's request headers sent to the auth service (besides `X-Forwarded-*`).
     #[serde(default = "ForwardAuthConfig::default_request_headers")]
-    pub request_headers: Vec<FieldName>,
+    pub request_headers: Vec<HeaderNameCfg>,
     /// The auth service's answer headers copied onto the request to the origin on an allow.
     #[serde(default)]
-    pub response_headers: Vec<FieldName>,
+    pub response_headers: Vec<HeaderNameCfg>,
     /// How long an allow is remembered (0: every request asks).
     #[serde(default = "ForwardAuthConfig::default_cache_for")]
     pub cache_for: Dur<0, { 24 * HOUR_MS }>,
     /// The request headers whose values key a remembered allow (by default the
     /// `request_headers`).
-    pub cache_by: Option<Vec<FieldName>>,
+    pub cache_by: Option<Vec<HeaderNameCfg>>,
     /// Allows remembered at most (the oldest dropped past it).
     #[serde(default = "ForwardAuthConfig::default_cache_entries")]
     pub cache_entries: Bounded<1, 10_000_000>,
@@ -350,10 +360,10 @@ pub struct ForwardAuthConfig {
 }
 
 impl ForwardAuthConfig {
-    fn default_request_headers() -> Vec<FieldName> {
+    fn default_request_headers() -> Vec<HeaderNameCfg> {
         vec![
-            FieldName("authorization".into()),
-            FieldName("cookie".into()),
+            HeaderNameCfg(http::header::AUTHORIZATION),
+            HeaderNameCfg(http::header::COOKIE),
         ]
     }
     fn default_cache_for() -> Dur<0, { 24 * HOUR_MS }> {
@@ -475,36 +485,6 @@ pub fn parse_jwks(text: &str) -> Result<jsonwebtoken::jwk::JwkSet, String> {
     let set: jsonwebtoken::jwk::JwkSet =
         serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
     Ok(set)
-}
-
-/// That the files an action names exist and hold what it needs: the key to blame and why.
-pub fn check_files(action: &super::rules::Action) -> Result<(), (&'static str, String)> {
-    for (key, path) in files(action) {
-        let text = read_auth_file(path).map_err(|e| (key, e))?;
-        let checked = match key {
-            "htpasswd" => parse_htpasswd(&text).map(drop),
-            "keys_file" => parse_keys_file(&text).map(drop),
-            "public_key" => pem_keys(text.as_bytes()).map(drop),
-            _ => parse_jwks(&text).map(drop),
-        };
-        checked.map_err(|e| (key, format!("{}: {e}", path.display())))?;
-    }
-    Ok(())
-}
-
-/// The files a rule reads, with the key that names each (for `Config::load`'s check).
-pub fn files(action: &super::rules::Action) -> Vec<(&'static str, &PathBuf)> {
-    use super::rules::Action;
-    match action {
-        Action::BasicAuth(b) => vec![("htpasswd", &b.htpasswd)],
-        Action::ApiKey(k) => k.keys_file.iter().map(|f| ("keys_file", f)).collect(),
-        Action::Jwt(j) => match &j.key {
-            JwtKey::PublicKey(p) => vec![("public_key", p)],
-            JwtKey::JwksFile(p) => vec![("jwks", p)],
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
-    }
 }
 
 /// Read by larder at most (an htpasswd, keys or JWKS file): past it the file is refused.

@@ -75,7 +75,7 @@ impl ApiKey {
 /// parameter (raw, not decoded).
 pub fn credential<'a>(source: &KeySource, seen: Seen<'a>) -> Option<&'a str> {
     match source {
-        KeySource::Header(h) => seen.header(&h.0),
+        KeySource::Header(h) => seen.header(h.0.as_str()),
         KeySource::Cookie(c) => seen.cookie(c),
         KeySource::Query(q) => seen.arg(q),
     }
@@ -86,7 +86,7 @@ pub fn credential<'a>(source: &KeySource, seen: Seen<'a>) -> Option<&'a str> {
 pub fn strip(source: &KeySource, headers: &mut HeaderMap, uri: &mut Uri) {
     match source {
         KeySource::Header(h) => {
-            headers.remove(h.header());
+            headers.remove(&h.0);
         }
         KeySource::Cookie(_) => {}
         KeySource::Query(name) => {
@@ -136,7 +136,7 @@ impl Step for ApiKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rules::FieldName;
+    use crate::config::HeaderNameCfg;
 
     /// A request as a rule sees it at ①.
     pub fn request(uri: &str, headers: &[(&str, &str)]) -> Request<RequestBody> {
@@ -154,7 +154,7 @@ mod tests {
     #[test]
     fn the_holders_name_goes_into_the_notes() {
         let cfg = ApiKeyConfig {
-            source: KeySource::Header(FieldName("x-api-key".into())),
+            source: KeySource::Header(HeaderNameCfg(http::HeaderName::from_static("x-api-key"))),
             keys: [("alice".to_string(), "alice-key-1".to_string())].into(),
             keys_file: None,
             forward: false,

@@ -55,7 +55,7 @@ impl ForwardAuth {
                 |e| tracing::warn!(url = %cfg.url, error = %e, "an auth service cannot be asked"),
             )
             .ok();
-        let names = |v: &[crate::config::rules::FieldName]| v.iter().map(|f| f.header()).collect();
+        let names = |v: &[crate::config::HeaderNameCfg]| v.iter().map(|f| f.0.clone()).collect();
         ForwardAuth {
             inner: Arc::new(Inner {
                 url: cfg.url.clone(),

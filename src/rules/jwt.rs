@@ -286,7 +286,7 @@ impl Jwt {
             }),
             source: cfg.source.clone(),
             claims_to_headers: (cfg.claims_to_headers.iter())
-                .map(|(h, c)| (h.header(), c.clone()))
+                .map(|(h, c)| (h.0.clone(), c.clone()))
                 .collect(),
         }
     }
@@ -295,7 +295,7 @@ impl Jwt {
     fn token<'a>(&self, seen: Seen<'a>) -> Option<&'a str> {
         let raw = credential(&self.source, seen)?;
         let token = match &self.source {
-            KeySource::Header(h) if h.0 == "authorization" => {
+            KeySource::Header(h) if h.0 == header::AUTHORIZATION => {
                 let (scheme, rest) = raw.split_once(' ')?;
                 if !scheme.eq_ignore_ascii_case("bearer") {
                     return None;
