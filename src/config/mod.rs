@@ -648,6 +648,33 @@ impl Config {
     }
 }
 
+/// That the files an authentication rule names exist and hold what it needs: else the key to
+/// blame and why.
+fn check_auth_files(action: &Action) -> Result<(), (&'static str, String)> {
+    use rules_auth::JwtKey;
+    let files: Vec<(&'static str, &PathBuf)> = match action {
+        Action::BasicAuth(b) => vec![("htpasswd", &b.htpasswd)],
+        Action::ApiKey(k) => k.keys_file.iter().map(|f| ("keys_file", f)).collect(),
+        Action::Jwt(j) => match &j.key {
+            JwtKey::PublicKey(p) => vec![("public_key", p)],
+            JwtKey::JwksFile(p) => vec![("jwks", p)],
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    for (key, path) in files {
+        let text = rules_auth::read_auth_file(path).map_err(|e| (key, e))?;
+        let checked = match key {
+            "htpasswd" => rules_auth::parse_htpasswd(&text).map(drop),
+            "keys_file" => rules_auth::parse_keys_file(&text).map(drop),
+            "public_key" => rules_auth::pem_keys(text.as_bytes()).map(drop),
+            _ => rules_auth::parse_jwks(&text).map(drop),
+        };
+        checked.map_err(|e| (key, format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -861,31 +888,4 @@ mod tests {
         let mut c = Config::parse(MIN, "t").unwrap();
         assert!(c.fit_open_files(33).is_err());
     }
-}
-
-/// That the files an authentication rule names exist and hold what it needs: else the key to
-/// blame and why.
-fn check_auth_files(action: &Action) -> Result<(), (&'static str, String)> {
-    use rules_auth::JwtKey;
-    let files: Vec<(&'static str, &PathBuf)> = match action {
-        Action::BasicAuth(b) => vec![("htpasswd", &b.htpasswd)],
-        Action::ApiKey(k) => k.keys_file.iter().map(|f| ("keys_file", f)).collect(),
-        Action::Jwt(j) => match &j.key {
-            JwtKey::PublicKey(p) => vec![("public_key", p)],
-            JwtKey::JwksFile(p) => vec![("jwks", p)],
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
-    };
-    for (key, path) in files {
-        let text = rules_auth::read_auth_file(path).map_err(|e| (key, e))?;
-        let checked = match key {
-            "htpasswd" => rules_auth::parse_htpasswd(&text).map(drop),
-            "keys_file" => rules_auth::parse_keys_file(&text).map(drop),
-            "public_key" => rules_auth::pem_keys(text.as_bytes()).map(drop),
-            _ => rules_auth::parse_jwks(&text).map(drop),
-        };
-        checked.map_err(|e| (key, format!("{}: {e}", path.display())))?;
-    }
-    Ok(())
 }

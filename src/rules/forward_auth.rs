@@ -131,6 +131,8 @@ impl Inner {
     }
 
     /// Refused or failed: the client's answer, unless `fail_open` lets a failure through.
+    /// (An answer as the error, as the phases' own `Waiting` has it.)
+    #[allow(clippy::result_large_err)]
     fn decide(&self, got: Result<Got, String>) -> Result<Option<Copied>, Response<Body>> {
         let got = match got {
             Ok(g) if g.status.is_server_error() => Err(format!("answered {}", g.status)),
