@@ -306,6 +306,9 @@ impl Observed {
                 .and_then(crate::cache::policy::NoStoreReason::from_code)
                 .map(crate::cache::policy::NoStoreReason::as_str);
             e.duration = std::time::Duration::from_nanos(nanos);
+            e.user = (response.extensions().get::<Arc<crate::phases::Cx>>())
+                .and_then(|cx| cx.note("user"))
+                .map(str::to_string);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             log.log(*e);

@@ -77,19 +77,25 @@ async fn basic_auth_from_an_htpasswd_file_read_again_when_it_changes() {
     htpasswd(&["-cbB", f, "alice", "wonderland"]);
     let origin = echo().await;
     let clock = larder::clock::Clock::adjustable();
+    let log = dir.path().join("access.log");
+    let logged = format!(
+        "[access_log]\npath = {:?}\nformat = \"{{user}} {{uri}} {{status}}\"\n",
+        log.display().to_string()
+    );
     let larder = Larder::start_at(
-        &config(&[
-            route(
-                &origin,
-                "/kept/",
-                &format!(r#"basic_auth = {{ htpasswd = "{f}", realm = "members" }}"#),
-            ),
-            route(
-                &origin,
-                "/",
-                &format!(r#"basic_auth = {{ htpasswd = "{f}", forward = false }}"#),
-            ),
-        ]),
+        &(logged
+            + &config(&[
+                route(
+                    &origin,
+                    "/kept/",
+                    &format!(r#"basic_auth = {{ htpasswd = "{f}", realm = "members" }}"#),
+                ),
+                route(
+                    &origin,
+                    "/",
+                    &format!(r#"basic_auth = {{ htpasswd = "{f}", forward = false }}"#),
+                ),
+            ])),
         clock,
     )
     .await;
@@ -154,6 +160,21 @@ async fn basic_auth_from_an_htpasswd_file_read_again_when_it_changes() {
     larder.advance(Duration::from_secs(2));
     let r = get(&c, &larder.url("/kept/a"), &[("authorization", &bob)]).await;
     assert_eq!(r.status, 401);
+
+    // The access log names the user a request was let in as (nginx's $remote_user).
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "- /kept/a 401", "{text}");
+    assert_eq!(lines[4], "alice /kept/a 200", "{text}");
+    assert_eq!(lines[6], "bob /kept/a 200", "{text}");
+    assert_eq!(lines[9], "- /kept/a 401", "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
