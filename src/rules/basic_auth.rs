@@ -108,6 +108,13 @@ fn sha256(parts: &[&[u8]]) -> [u8; 32] {
     out
 }
 
+/// The hash an unknown user's password is checked against: bcrypt at `htpasswd -B`'s default
+/// cost (5), made once.
+fn unknown_user() -> &'static PasswordHash {
+    static HASH: std::sync::OnceLock<PasswordHash> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| PasswordHash::Bcrypt(bcrypt::hash("no such user", 5).unwrap_or_default()))
+}
+
 /// Whether `password` is the one `hash` was made from.
 fn verify(password: &str, hash: &PasswordHash) -> bool {
     use subtle::ConstantTimeEq;
@@ -143,8 +150,11 @@ impl Step for BasicAuth {
             cx.notes.push(("user", user.into()));
             return Verdict::Next;
         }
-        let Some(hash) = file.users.get(&user).cloned() else {
-            return Verdict::Answer(self.refuse());
+        // An unknown user costs a bcrypt too (against a hash of htpasswd's default cost), so
+        // that the time of a refusal does not tell which user names exist.
+        let (hash, known) = match file.users.get(&user) {
+            Some(h) => (h.clone(), true),
+            None => (unknown_user().clone(), false),
         };
         let checks = Arc::clone(&self.checks);
         let challenge = self.challenge.clone();
@@ -152,7 +162,8 @@ impl Step for BasicAuth {
             let _permit = checks.acquire_owned().await.expect("never closed");
             let good = tokio::task::spawn_blocking(move || verify(&password, &hash))
                 .await
-                .unwrap_or(false);
+                .unwrap_or(false)
+                && known;
             if !good {
                 return Err(refusal(&challenge));
             }
@@ -237,6 +248,7 @@ mod tests {
             ("old", "old", true),
             ("old", "new", false),
             ("ann", "no", false),
+            ("nobody", "no such user", false),
         ] {
             let auth = format!("Basic {}", {
                 use base64::Engine;
