@@ -380,6 +380,19 @@ async fn api_keys_in_a_header_or_a_query_parameter() {
         "{}",
         r.text()
     );
+
+    // A reload recompiles the rules: alice's key replaced by carol's.
+    larder
+        .reload(&config(&[route(
+            &origin,
+            "/h/",
+            r#"api_key = { keys = { carol = "carol-key-9999" } }"#,
+        )]))
+        .unwrap();
+    let r = get(&c, &larder.url("/h/a"), &[("x-api-key", "alice-key-1234")]).await;
+    assert_eq!(r.status, 401);
+    let r = get(&c, &larder.url("/h/a"), &[("x-api-key", "carol-key-9999")]).await;
+    assert_eq!(r.status, 200);
 }
 
 /// Keys and tokens made by PyJWT and `cryptography`: for each algorithm, a good token, an
