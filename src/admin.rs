@@ -570,7 +570,8 @@ fn normalize_url_prefix(prefix: &str) -> String {
 
 /// `text` (a TOML configuration) with the values of secret keys replaced by `"<redacted>"`:
 /// keys named `token`, `password` or `secret`, or ending in `_token`, `_password`, `_secret`,
-/// `shared_key` (the fleet key of `[cache.shared]`), and every field of `[tracing.headers]`.
+/// `shared_key` (the fleet key of `[cache.shared]`), every field of `[tracing.headers]`, and
+/// every key of a table named `keys` (an `api_key` rule's `{ holder = "key" }`).
 pub fn redact(text: &str) -> String {
     let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
         return String::new();
@@ -585,6 +586,12 @@ pub fn redact(text: &str) -> String {
         for (k, item) in t.iter_mut() {
             if secret(k.get()) && item.as_str().is_some() {
                 *item = toml_edit::value("<redacted>");
+            } else if let (true, Some(keys)) = (k.get() == "keys", item.as_table_like_mut()) {
+                for (_, key) in keys.iter_mut() {
+                    if key.as_str().is_some() {
+                        *key = toml_edit::value("<redacted>");
+                    }
+                }
             } else if let Some(sub) = item.as_table_like_mut() {
                 walk(sub);
             } else if let Some(arr) = item.as_array_of_tables_mut() {
@@ -612,6 +619,17 @@ pub fn redact(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rules_secrets_are_redacted() {
+        let text = "[[policy.p]]\napi_key = { keys = { alice = \"alice-key-1\" } }\n[[policy.p]]\njwt = { secret = \"0123456789abcdef\" }\n";
+        let out = redact(text);
+        assert!(
+            !out.contains("alice-key-1") && !out.contains("0123456789abcdef"),
+            "{out}"
+        );
+        assert!(out.contains("alice"), "{out}");
+    }
 
     #[test]
     fn bearer_and_allow_list() {

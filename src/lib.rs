@@ -107,7 +107,7 @@
 //!    metrics); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases,
-//!    http, inbound, respond, fleet, upstream, metrics, and [`proxy`] for the decisions the
+//!    http, inbound, respond, fleet, upstream, metrics, clock, and [`proxy`] for the decisions the
 //!    cache and traffic rules leave it: `proxy::Steer`).
 //! 7. [`route`] (the handlers, admin, interim, inbound, metrics, access_log, otel, phases,
 //!    real_ip, tls, upstream, fleet), [`server`] (route, rules, interim, memory, tls, metrics,

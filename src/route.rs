@@ -312,9 +312,9 @@ impl Observed {
                 .map(crate::cache::policy::NoStoreReason::as_str);
             e.duration = std::time::Duration::from_nanos(nanos);
             if self.phases.is_some() {
-                e.cache_rule = (response.extensions().get::<Arc<Cx>>())
-                    .and_then(|cx| cx.note("cache_rule"))
-                    .map(Box::from);
+                let cx = response.extensions().get::<Arc<Cx>>();
+                e.cache_rule = cx.and_then(|cx| cx.note("cache_rule")).map(Box::from);
+                e.user = cx.and_then(|cx| cx.note("user")).map(str::to_string);
             }
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());

@@ -53,6 +53,7 @@ pub const LOG_FIELDS: &[&str] = &[
     "no_store",
     "route",
     "cache_rule",
+    "user",
 ];
 
 /// How access log lines are written.

@@ -49,6 +49,7 @@ mod proxy;
 pub mod push;
 mod respond;
 pub mod rules;
+pub mod rules_auth;
 pub mod rules_cache;
 pub mod rules_limits;
 mod server;
@@ -263,6 +264,7 @@ impl Config {
         cfg.source.path = Some(path.to_path_buf());
         cfg.check_directories()?;
         cfg.check_user()?;
+        cfg.check_rule_files()?;
         Ok(cfg)
     }
 
@@ -324,6 +326,48 @@ impl Config {
                         root.display()
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The files rules read (an htpasswd, keys, a public key, a JWKS) exist and hold what the
+    /// rule needs: a missing one would fail every request of the route.
+    fn check_rule_files(&self) -> Result<(), Error> {
+        let mut at = Vec::new();
+        for (name, rules) in &self.policies {
+            for (k, r) in rules.iter().enumerate() {
+                at.push((vec![Key("policy"), Key(name), Index(k)], r));
+            }
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (j, route) in l.routes.iter().enumerate() {
+                for (k, r) in route.rules.iter().enumerate() {
+                    let path = vec![
+                        Key("listener"),
+                        Index(i),
+                        Key("route"),
+                        Index(j),
+                        Key("rule"),
+                        Index(k),
+                    ];
+                    at.push((path, r));
+                }
+            }
+        }
+        for (path, r) in at {
+            if let Err((key, why)) = check_auth_files(&r.action) {
+                let kind = r.action.kind();
+                let full = [&path[..], &[Key(kind), Key(key)]].concat();
+                let relative = if why.starts_with('/') {
+                    String::new()
+                } else {
+                    let cwd = std::env::current_dir().unwrap_or_default();
+                    format!(" (relative to the working directory, {})", cwd.display())
+                };
+                return Err(self
+                    .source
+                    .error(&[&full, &path], format!("{why}{relative}")));
             }
         }
         Ok(())
@@ -731,6 +775,33 @@ impl Config {
         cfg.name_inline_pools();
         cfg
     }
+}
+
+/// That the files an authentication rule names exist and hold what it needs: else the key to
+/// blame and why.
+fn check_auth_files(action: &Action) -> Result<(), (&'static str, String)> {
+    use rules_auth::JwtKey;
+    let files: Vec<(&'static str, &PathBuf)> = match action {
+        Action::BasicAuth(b) => vec![("htpasswd", &b.htpasswd)],
+        Action::ApiKey(k) => k.keys_file.iter().map(|f| ("keys_file", f)).collect(),
+        Action::Jwt(j) => match &j.key {
+            JwtKey::PublicKey(p) => vec![("public_key", p)],
+            JwtKey::JwksFile(p) => vec![("jwks", p)],
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    for (key, path) in files {
+        let text = rules_auth::read_auth_file(path).map_err(|e| (key, e))?;
+        let checked = match key {
+            "htpasswd" => rules_auth::parse_htpasswd(&text).map(drop),
+            "keys_file" => rules_auth::parse_keys_file(&text).map(drop),
+            "public_key" => rules_auth::pem_keys(text.as_bytes()).map(drop),
+            _ => rules_auth::parse_jwks(&text).map(drop),
+        };
+        checked.map_err(|e| (key, format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::headers::is_token;
 use super::net::{Cidr, HostPattern};
 use super::respond::RespondConfig;
+use super::rules_auth::{ApiKeyConfig, BasicAuthConfig, ForwardAuthConfig, JwtRuleConfig};
 use super::rules_cache::{
     CacheForceConfig, CacheKeyConfig, CacheTtlConfig, MirrorConfig, SplitConfig,
 };
@@ -69,6 +70,16 @@ pub enum Action {
     /// `mirror = { pool, max_in_flight, timeout, body, max_body }`: a copy of what goes
     /// upstream to a shadow.
     Mirror(MirrorConfig),
+    // Access: authentication (config/rules_auth.rs).
+    /// `basic_auth = { htpasswd, realm, forward }`: users of an htpasswd file (401 otherwise).
+    BasicAuth(BasicAuthConfig),
+    /// `api_key = { header | query, keys | keys_file, forward }`: named keys.
+    ApiKey(ApiKeyConfig),
+    /// `jwt = { secret | public_key | jwks, algorithms, issuer, audience, ... }`: a verified
+    /// token, its claims for later rules.
+    Jwt(JwtRuleConfig),
+    /// `forward_auth = { url, ... }`: an auth service's subrequest decides.
+    ForwardAuth(Box<ForwardAuthConfig>),
 }
 
 #[derive(Deserialize)]
@@ -95,6 +106,11 @@ struct RawRule {
     cache_force: Option<CacheForceConfig>,
     split: Option<SplitConfig>,
     mirror: Option<MirrorConfig>,
+    // Access: authentication.
+    basic_auth: Option<BasicAuthConfig>,
+    api_key: Option<ApiKeyConfig>,
+    jwt: Option<JwtRuleConfig>,
+    forward_auth: Option<ForwardAuthConfig>,
 }
 
 impl TryFrom<RawRule> for RuleConfig {
@@ -131,6 +147,11 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.cache_force.map(Action::CacheForce));
         actions.extend(r.split.map(Action::Split));
         actions.extend(r.mirror.map(Action::Mirror));
+        // Access: authentication.
+        actions.extend(r.basic_auth.map(Action::BasicAuth));
+        actions.extend(r.api_key.map(Action::ApiKey));
+        actions.extend(r.jwt.map(Action::Jwt));
+        actions.extend(r.forward_auth.map(|f| Action::ForwardAuth(Box::new(f))));
         if actions.len() != 1 {
             return Err(format!(
                 "a rule needs exactly one action ({}), found {}",
@@ -166,6 +187,11 @@ const ACTIONS: &[&str] = &[
     "cache_force",
     "split",
     "mirror",
+    // Access: authentication.
+    "basic_auth",
+    "api_key",
+    "jwt",
+    "forward_auth",
 ];
 
 impl Action {
@@ -190,6 +216,11 @@ impl Action {
             Action::CacheForce(_) => "cache_force",
             Action::Split(_) => "split",
             Action::Mirror(_) => "mirror",
+            // Access: authentication.
+            Action::BasicAuth(_) => "basic_auth",
+            Action::ApiKey(_) => "api_key",
+            Action::Jwt(_) => "jwt",
+            Action::ForwardAuth(_) => "forward_auth",
         }
     }
 }

@@ -11,7 +11,13 @@
 //!   (request body size), the keys they count by in [`limit_key`];
 //! - [`cache`]: the cache key's parts, lifetimes, bypass and forced caching (read by the
 //!   proxy), and the `Cache-Status` that names the rule;
-//! - [`traffic`]: a weighted split between pools, a mirror to a shadow pool.
+//! - [`traffic`]: a weighted split between pools, a mirror to a shadow pool;
+//! - [`basic_auth`]: users of an htpasswd file (re-read when it changes, verifications cached);
+//! - [`api_key`]: named keys in a header or query parameter;
+//! - [`jwt`]: tokens verified with a secret, a PEM key or a JWKS (file or URL);
+//! - [`forward_auth`]: an auth service's subrequest decides, its allows cached;
+//! - [`watch`]: the files those read, read again when they change; [`subrequest`]: the
+//!   requests they make (an auth service, a JWKS URL).
 //!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
@@ -19,15 +25,21 @@
 
 pub mod access;
 pub mod answer;
+pub mod api_key;
+pub mod basic_auth;
 pub mod cache;
+pub mod forward_auth;
 pub mod headers;
 pub mod in_flight;
+pub mod jwt;
 pub mod limit_key;
 pub mod max_body;
 pub mod pace;
 pub mod rate;
+pub mod subrequest;
 pub mod traffic;
 pub mod vars;
+pub mod watch;
 pub mod when;
 
 use std::sync::Arc;
@@ -40,8 +52,8 @@ use crate::phases::{Guarded, Step};
 use crate::upstream::Pools;
 
 /// What rules may use besides their configuration: the running pools (forward auth, splits,
-/// mirrors), the fleet's Redis (fleet-wide limits) and the server's clock (rate limits: tests
-/// move it).
+/// mirrors), the fleet's Redis (fleet-wide limits) and the cache's clock (rate limits, when a
+/// watched file is looked at again, how long a remembered decision lasts: tests move it).
 pub struct Env<'a> {
     pub pools: &'a Pools,
     pub fleet: Option<&'a Arc<Fleet>>,
@@ -102,6 +114,11 @@ fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
                 Arc::new(traffic::Nothing)
             }
         },
+        // Access: authentication.
+        Action::BasicAuth(b) => Arc::new(basic_auth::BasicAuth::new(b, env.clock)),
+        Action::ApiKey(k) => Arc::new(api_key::ApiKey::new(k, env.clock)),
+        Action::Jwt(j) => Arc::new(jwt::Jwt::new(j, env.clock)),
+        Action::ForwardAuth(f) => Arc::new(forward_auth::ForwardAuth::new(f, env.clock)),
     }
 }
 
