@@ -40,6 +40,8 @@ pub struct Entry {
     /// ([`crate::cache::policy::NoStoreReason`]).
     pub no_store: Option<&'static str>,
     pub route: String,
+    /// The request's id, when a `request_id` rule gave it one.
+    pub request_id: Option<String>,
 }
 
 impl Entry {
@@ -70,6 +72,7 @@ impl Entry {
             cache: 0,
             no_store: None,
             route: String::new(),
+            request_id: None,
         }
     }
 }
@@ -251,6 +254,7 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "cache": CACHE[e.cache],
                 "no_store": e.no_store,
                 "route": e.route,
+                "request_id": e.request_id,
             });
             out.push_str(&v.to_string());
         }
@@ -287,6 +291,7 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         "cache" => write!(out, "{}", CACHE[e.cache]),
         "no_store" => write!(out, "{}", e.no_store.unwrap_or("-")),
         "route" => write!(out, "{}", e.route),
+        "request_id" => write!(out, "{}", e.request_id.as_deref().unwrap_or("-")),
         _ => Ok(()),
     };
 }

@@ -52,6 +52,7 @@ pub const LOG_FIELDS: &[&str] = &[
     "cache",
     "no_store",
     "route",
+    "request_id",
 ];
 
 /// How access log lines are written.

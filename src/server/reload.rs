@@ -41,6 +41,8 @@ pub(super) struct RouterParts {
     /// The span exporter, when requests are traced.
     pub spans: Option<Arc<crate::otel::Spans>>,
     pub http01: Arc<tls::acme::Http01>,
+    /// The named switches rules answer by, the same across reloads.
+    pub switches: Arc<crate::admin::Switches>,
 }
 
 impl RouterParts {
@@ -56,6 +58,7 @@ impl RouterParts {
         let env = crate::rules::Env {
             pools: &pools,
             fleet: self.fleet.as_ref(),
+            switches: &self.switches,
         };
         let mut router = Router::with_steps(
             l,

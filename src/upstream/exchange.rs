@@ -311,6 +311,11 @@ pub fn upstream_request(
 ) -> request::Parts {
     let path = (src.uri.path_and_query().cloned())
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    // An upstream with a path prefix (`http://b/api/`): the prefix, then the path.
+    let path = match &upstream.path {
+        None => path,
+        Some(_) => upstream.target(path.as_str()).parse().unwrap_or(path),
+    };
     let host = match src.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => src.headers.get(header::HOST).cloned(),
