@@ -628,3 +628,55 @@ async fn the_edge_example_redirects_ids_denies_and_answers_preflights() {
     assert_eq!(r.status, 200);
     assert!(r.header("x-request-id").is_some_and(is_uuid_v7));
 }
+
+/// The request's id is an attribute of its span (`larder.request_id`), as a collector of OTLP
+/// receives it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_request_id_is_an_attribute_of_the_span() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message;
+
+    let collector = Origin::start(|_, _| Reply::ok("")).await;
+    let origin = echo().await;
+    let larder = Larder::start(&format!(
+        r#"
+[tracing]
+otlp_endpoint = "{collector}"
+sample = 1.0
+flush_interval = "100ms"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  proxy = {{ upstream = "{origin}" }}
+    [[listener.route.rule]]
+    request_id = {{}}
+"#,
+        collector = collector.url(),
+        origin = origin.url()
+    ))
+    .await;
+    let r = get(&client(), &larder.url("/traced"), &[]).await;
+    let id = r.header("x-request-id").expect("an id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        let ids: Vec<String> = (collector.seen().iter())
+            .filter_map(|s| ExportTraceServiceRequest::decode(s.body.as_ref()).ok())
+            .flat_map(|req| req.resource_spans)
+            .flat_map(|rs| rs.scope_spans)
+            .flat_map(|ss| ss.spans)
+            .flat_map(|span| span.attributes)
+            .filter(|a| a.key == "larder.request_id")
+            .filter_map(|a| match a.value?.value? {
+                Value::StringValue(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        if !ids.is_empty() || Instant::now() > deadline {
+            break ids;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(found, vec![id]);
+}
