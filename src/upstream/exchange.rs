@@ -297,7 +297,8 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The upstream request for a client's request head: upstream URI, hop-by-hop fields left out,
+/// The upstream request for a client's request head: upstream URI (the upstream's path prefix,
+/// when it has one, before the request's path), hop-by-hop fields left out,
 /// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
 /// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
 /// and the cache key were chosen by; without any, the upstream's own.
