@@ -45,6 +45,8 @@ pub struct Entry {
     /// Who a rule authenticated (`basic_auth`'s user: the request's note `user`), nginx's
     /// `$remote_user`.
     pub user: Option<String>,
+    /// The request's id, when a `request_id` rule gave it one.
+    pub request_id: Option<String>,
 }
 
 impl Entry {
@@ -77,6 +79,7 @@ impl Entry {
             route: String::new(),
             cache_rule: None,
             user: None,
+            request_id: None,
         }
     }
 }
@@ -261,6 +264,7 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "route": e.route,
                 "cache_rule": e.cache_rule,
                 "user": e.user,
+                "request_id": e.request_id,
             });
             out.push_str(&v.to_string());
         }
@@ -299,6 +303,7 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         "route" => write!(out, "{}", e.route),
         "cache_rule" => write!(out, "{}", e.cache_rule.as_deref().unwrap_or("-")),
         "user" => write!(out, "{}", user(e)),
+        "request_id" => write!(out, "{}", e.request_id.as_deref().unwrap_or("-")),
         _ => Ok(()),
     };
 }

@@ -9,7 +9,10 @@
 //! - `GET /metrics`: every metric in the OpenMetrics text format ([`crate::metrics`]);
 //! - `POST /_larder/purge?url=http://host/path`: every variant of one URL;
 //! - `POST /_larder/purge?prefix=http://host/path/`: every URL under a prefix;
-//! - `POST /_larder/purge?tag=T`: every response tagged T by the tag header (`Surrogate-Key`).
+//! - `POST /_larder/purge?tag=T`: every response tagged T by the tag header (`Surrogate-Key`);
+//! - `GET /_larder/switches`, `PUT` / `DELETE /_larder/switches/NAME`: the named switches rules
+//!   answer by (a maintenance page: `respond = { ..., switch = "maintenance" }`), on or off,
+//!   held in the server's [`Switches`] across reloads.
 //!
 //! Purges by prefix or tag scan the store on a blocking thread, one shard lock at a time, so
 //! requests keep being served while they run.
@@ -109,6 +112,104 @@ pub fn purge_method(
     json_response(status, format!("{{\"purged\":{n}}}"))
 }
 
+/// The server's named switches (`respond = { ..., switch = NAME }` in rules): one flag each,
+/// made when a rule or the admin API first names it and kept for the life of the server, so a
+/// reload keeps whether each is on. A rule holds its flag: reading it costs one atomic load.
+#[derive(Default)]
+pub struct Switches {
+    flags: std::sync::Mutex<std::collections::BTreeMap<String, Arc<std::sync::atomic::AtomicBool>>>,
+}
+
+/// At most this many switches (names come from the admin API's callers too).
+pub const MAX_SWITCHES: usize = 1024;
+
+impl Switches {
+    /// The flag of switch `name`, made (off) if new; None past [`MAX_SWITCHES`].
+    pub fn flag(&self, name: &str) -> Option<Arc<std::sync::atomic::AtomicBool>> {
+        let mut flags = self.flags.lock().expect("not poisoned");
+        if let Some(f) = flags.get(name) {
+            return Some(Arc::clone(f));
+        }
+        if flags.len() >= MAX_SWITCHES {
+            return None;
+        }
+        let f = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        flags.insert(name.to_string(), Arc::clone(&f));
+        Some(f)
+    }
+
+    /// Every switch and whether it is on, by name.
+    pub fn list(&self) -> serde_json::Value {
+        let flags = self.flags.lock().expect("not poisoned");
+        (flags.iter())
+            .map(|(k, v)| {
+                let on = v.load(std::sync::atomic::Ordering::Relaxed);
+                (k.clone(), serde_json::Value::Bool(on))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    /// `/_larder/switches[/NAME]`: GET lists them, PUT turns one on, DELETE off.
+    fn handle(&self, method: &Method, name: Option<&str>) -> Response<Body> {
+        let Some(name) = name else {
+            return match *method {
+                Method::GET => json_response(StatusCode::OK, self.list().to_string()),
+                _ => json_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{\"error\":\"GET the list; PUT or DELETE /_larder/switches/NAME\"}".into(),
+                ),
+            };
+        };
+        if !crate::config::SwitchName::valid(name) {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                "{\"error\":\"a switch name is letters, digits, -, _ or ., at most 64\"}".into(),
+            );
+        }
+        let on = match *method {
+            Method::PUT => true,
+            Method::DELETE => false,
+            Method::GET => {
+                let flags = self.flags.lock().expect("not poisoned");
+                return match flags.get(name) {
+                    Some(f) => json_response(
+                        StatusCode::OK,
+                        serde_json::json!({ "switch": name, "on": f.load(std::sync::atomic::Ordering::Relaxed) })
+                            .to_string(),
+                    ),
+                    None => json_response(
+                        StatusCode::NOT_FOUND,
+                        "{\"error\":\"no such switch\"}".into(),
+                    ),
+                };
+            }
+            _ => {
+                return json_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{\"error\":\"PUT turns a switch on, DELETE off\"}".into(),
+                )
+            }
+        };
+        match self.flag(name) {
+            Some(f) => {
+                let was = f.swap(on, std::sync::atomic::Ordering::Relaxed);
+                if was != on {
+                    tracing::info!(switch = name, on, "switch turned");
+                }
+                json_response(
+                    StatusCode::OK,
+                    serde_json::json!({ "switch": name, "on": on }).to_string(),
+                )
+            }
+            None => json_response(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!("{{\"error\":\"at most {MAX_SWITCHES} switches\"}}"),
+            ),
+        }
+    }
+}
+
 /// The dashboard: one page, its script and style inline, no CDN (assets/dashboard.html).
 const DASHBOARD: &str = include_str!("../assets/dashboard.html");
 
@@ -125,6 +226,8 @@ pub struct Admin {
     reload: Option<ReloadFn>,
     /// Drains and undrains backends (`POST /_larder/drain`, `/_larder/undrain`).
     drain: Option<DrainFn>,
+    /// The server's switches (`/_larder/switches`).
+    switches: Option<Arc<Switches>>,
 }
 
 /// What the server adds to `/_larder/status`.
@@ -158,6 +261,7 @@ impl Admin {
             config: None,
             reload: None,
             drain: None,
+            switches: None,
             access: Access {
                 token,
                 allow: Vec::new(),
@@ -175,6 +279,12 @@ impl Admin {
     /// Adds `POST /_larder/drain` and `/_larder/undrain`.
     pub fn with_drain(mut self, drain: DrainFn) -> Admin {
         self.drain = Some(drain);
+        self
+    }
+
+    /// Adds `/_larder/switches`.
+    pub fn with_switches(mut self, switches: Arc<Switches>) -> Admin {
+        self.switches = Some(switches);
         self
     }
 
@@ -305,6 +415,15 @@ impl Admin {
                     ),
                 );
                 r
+            }
+            (m, p) if p == "/_larder/switches" || p.starts_with("/_larder/switches/") => {
+                match &self.switches {
+                    Some(sw) => sw.handle(m, p.strip_prefix("/_larder/switches/")),
+                    None => json_response(
+                        StatusCode::NOT_FOUND,
+                        "{\"error\":\"no switches here\"}".into(),
+                    ),
+                }
             }
             (m, "/_larder/purge") if m == Method::POST || m.as_str() == "PURGE" => {
                 self.purge(req.uri().query().unwrap_or("")).await

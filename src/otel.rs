@@ -160,6 +160,12 @@ impl Traced {
         ]);
     }
 
+    /// The request's id (a `request_id` rule gave it): `larder.request_id`.
+    pub fn request_id(&mut self, id: &str) {
+        self.span
+            .set_attribute(KeyValue::new("larder.request_id", id.to_string()));
+    }
+
     /// Ends the span with what the response says: status (5xx: an error), the cache decision,
     /// the body's coding and, when known, its size.
     pub fn finish(mut self: Box<Self>, status: u16, cache: &'static str, sent: Option<u64>) {

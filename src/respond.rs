@@ -22,6 +22,9 @@ impl Respond {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, cfg.content_type.0.clone());
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(cfg.body.len()));
+        for (k, v) in &cfg.headers.0 {
+            headers.insert(k.clone(), v.clone());
+        }
         Respond {
             status,
             headers,

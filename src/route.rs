@@ -276,7 +276,16 @@ impl Observed {
         let status = response.status().as_u16();
         let known = http_body::Body::size_hint(response.body()).exact();
         let nanos = crate::metrics::clock().saturating_sub(self.started);
-        if let Some(t) = self.traced {
+        // The request's id, when a rule gave it one (④ left the context in the response).
+        let request_id = match self.logged.is_some() || self.traced.is_some() {
+            true => (response.extensions().get::<Arc<Cx>>()).and_then(|cx| cx.request_id.clone()),
+            false => None,
+        };
+        let request_id = request_id.as_ref().and_then(|v| v.to_str().ok());
+        if let Some(mut t) = self.traced {
+            if let Some(id) = request_id {
+                t.request_id(id);
+            }
             let cache = crate::metrics::CACHE.get(cache).copied().unwrap_or("none");
             t.finish(status, cache, known);
         }
@@ -316,6 +325,7 @@ impl Observed {
                 e.cache_rule = cx.and_then(|cx| cx.note("cache_rule")).map(Box::from);
                 e.user = cx.and_then(|cx| cx.note("user")).map(str::to_string);
             }
+            e.request_id = request_id.map(str::to_string);
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             log.log(*e);

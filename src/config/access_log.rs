@@ -54,6 +54,7 @@ pub const LOG_FIELDS: &[&str] = &[
     "route",
     "cache_rule",
     "user",
+    "request_id",
 ];
 
 /// How access log lines are written.

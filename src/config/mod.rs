@@ -75,7 +75,7 @@ pub use pool::{
 };
 pub use proxy::{ProxyConfig, RequestCacheControl};
 pub use push::{GroupConfig, IdPattern, JwtConfig, PushConfig};
-pub use respond::RespondConfig;
+pub use respond::{FixedHeaders, RespondConfig, SwitchName};
 pub use rules::{Action, Policies, RuleConfig, When};
 pub use server::{
     lookup_group, lookup_user, Layout, LogLevel, ProcessLogFormat, ServerConfig, Threading, UserIds,
@@ -236,9 +236,7 @@ impl Config {
                     continue;
                 };
                 let pool = p.inline_pool(backends);
-                let urls: Vec<String> = (backends.iter())
-                    .map(|b| format!("{}://{}", b.url.scheme, b.url.authority))
-                    .collect();
+                let urls: Vec<String> = (backends.iter()).map(|b| b.url.to_string()).collect();
                 let base = format!("upstream {}", urls.join(" "));
                 let mut name = base.clone();
                 let mut n = 1;
@@ -465,6 +463,13 @@ impl Config {
                     ));
                 }
                 match &r.handler {
+                    HandlerConfig::Respond(rc) if rc.switch.is_some() => {
+                        return Err(src.error(
+                            &[&at(&["respond", "switch"]), &at(&["respond"])],
+                            "a switch is for a rule's `respond` ([[listener.route.rule]]): a \
+                             route's own handler always answers",
+                        ));
+                    }
                     HandlerConfig::Static(s) if s.root.is_some() == s.bundled.is_some() => {
                         return Err(src.error(
                             &[&at(&["static"])],

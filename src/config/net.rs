@@ -83,12 +83,45 @@ impl<'de> Deserialize<'de> for Cidr {
     }
 }
 
-/// An upstream origin: `http://host:port` or `https://host:port` (no path).
+/// An upstream origin: `http://host:port` or `https://host:port`, with a path prefix or none
+/// (`http://b/api/`): the prefix is put before the path of every request sent to it, as
+/// nginx's `proxy_pass http://b/api/;` does in `location /`: `/x?q` goes as `/api/x?q` (a
+/// prefix without a trailing `/`, `http://b/api`, gives `/api/x?q` too: one `/` between).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     /// `host:port` as sent in requests' authority.
     pub authority: http::uri::Authority,
     pub scheme: http::uri::Scheme,
+    /// The path prefix, without its trailing `/` (None: no prefix, or `/`).
+    pub path: Option<Box<str>>,
+}
+
+impl Upstream {
+    /// The target sent upstream for a request's path and query (`/x?q`): itself without a
+    /// prefix, else the prefix then the path.
+    pub fn target(&self, pq: &str) -> String {
+        match &self.path {
+            None => pq.to_string(),
+            Some(prefix) => {
+                let rest = pq.strip_prefix('/').unwrap_or(pq);
+                let mut t = String::with_capacity(prefix.len() + 1 + rest.len());
+                t.push_str(prefix);
+                t.push('/');
+                t.push_str(rest);
+                t
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.authority)?;
+        if let Some(p) = &self.path {
+            write!(f, "{p}/")?;
+        }
+        Ok(())
+    }
 }
 
 impl FromStr for Upstream {
@@ -110,10 +143,18 @@ impl FromStr for Upstream {
             .authority()
             .cloned()
             .ok_or_else(|| format!("upstream `{s}` needs a host"))?;
-        if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(format!("upstream `{s}` must not have a path"));
+        if uri.query().is_some() {
+            return Err(format!(
+                "upstream `{s}`: a path prefix, without a query (`http://b/api/`)"
+            ));
         }
-        Ok(Upstream { authority, scheme })
+        let path = uri.path().trim_end_matches('/');
+        let path = (!path.is_empty()).then(|| path.into());
+        Ok(Upstream {
+            authority,
+            scheme,
+            path,
+        })
     }
 }
 
@@ -217,9 +258,20 @@ mod tests {
     }
 
     #[test]
-    fn upstream_rejects_paths_and_other_schemes() {
-        assert!("http://127.0.0.1:3000".parse::<Upstream>().is_ok());
-        assert!("http://127.0.0.1:3000/x".parse::<Upstream>().is_err());
+    fn upstream_takes_a_path_prefix_and_rejects_other_schemes() {
+        let u: Upstream = "http://127.0.0.1:3000".parse().unwrap();
+        assert_eq!((u.path.as_deref(), u.target("/x?q")), (None, "/x?q".into()));
+        assert_eq!(
+            "http://127.0.0.1:3000/".parse::<Upstream>().unwrap().path,
+            None
+        );
+        for prefixed in ["http://127.0.0.1:3000/api/", "http://127.0.0.1:3000/api"] {
+            let u: Upstream = prefixed.parse().unwrap();
+            assert_eq!(u.target("/x?q=1"), "/api/x?q=1");
+            assert_eq!(u.target("/"), "/api/");
+            assert_eq!(u.to_string(), "http://127.0.0.1:3000/api/");
+        }
+        assert!("http://127.0.0.1:3000/x?y".parse::<Upstream>().is_err());
         assert!("https://example.com".parse::<Upstream>().is_ok());
         assert!("ftp://x".parse::<Upstream>().is_err());
     }

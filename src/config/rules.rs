@@ -18,7 +18,7 @@ use super::rules_cache::{
     CacheForceConfig, CacheKeyConfig, CacheTtlConfig, MirrorConfig, SplitConfig,
 };
 use super::rules_limits::{default_max_keys, LimitRateConfig, LimitStatus, MaxKeys, Missing, Rate};
-use super::units::{Bounded, ByteSize};
+use super::units::{Bounded, ByteSize, Dur, HOUR_MS};
 
 /// One rule: when it applies (every request of the route, without `when`) and what it does.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -44,8 +44,23 @@ pub enum Action {
     RequestHeaders(HeaderEdits),
     /// `response_headers = { ... }`: the response sent to the client.
     ResponseHeaders(HeaderEdits),
-    /// `respond = { status, body, content_type }`: a fixed answer (a mock, a maintenance page).
+    /// `respond = { status, body, content_type, headers, switch }`: a fixed answer (a mock, a
+    /// maintenance page answered only while its switch is on).
     Respond(RespondConfig),
+    // Edge (issue #41 items 5 and 6): request ids, CORS, rewrites, redirects, error pages.
+    /// `request_id = { header, trust }`: the request's id, kept from a trusted client or made.
+    RequestId(RequestIdConfig),
+    /// `cors = { origins, methods, headers, expose, credentials, max_age }`.
+    Cors(CorsConfig),
+    /// `rewrite = { to, query }`: the path (and query) the handler and the cache key see.
+    Rewrite(RewriteConfig),
+    /// `strip_prefix = "/api"`: the path without this prefix.
+    StripPrefix(StripPrefix),
+    /// `redirect = { to, status, query }`.
+    Redirect(RedirectRule),
+    /// `error_page = { status, file | body, content_type }`: the body of responses with
+    /// these statuses replaced.
+    ErrorPage(ErrorPageConfig),
     // Limits (issue #41 item 4; docs/rules.md "Limits").
     /// `rate_limit = { rate = "5/s", burst, key, delay, status, fleet, max_keys }` (nginx's
     /// `limit_req`).
@@ -94,6 +109,13 @@ struct RawRule {
     request_headers: Option<HeaderEdits>,
     response_headers: Option<HeaderEdits>,
     respond: Option<RespondConfig>,
+    // Edge.
+    request_id: Option<RequestIdConfig>,
+    cors: Option<CorsConfig>,
+    rewrite: Option<RewriteConfig>,
+    strip_prefix: Option<StripPrefix>,
+    redirect: Option<RedirectRule>,
+    error_page: Option<ErrorPageConfig>,
     // Limits.
     rate_limit: Option<RateLimitConfig>,
     in_flight: Option<InFlightConfig>,
@@ -123,6 +145,13 @@ impl TryFrom<RawRule> for RuleConfig {
         actions.extend(r.request_headers.map(Action::RequestHeaders));
         actions.extend(r.response_headers.map(Action::ResponseHeaders));
         actions.extend(r.respond.map(Action::Respond));
+        // Edge.
+        actions.extend(r.request_id.map(Action::RequestId));
+        actions.extend(r.cors.map(Action::Cors));
+        actions.extend(r.rewrite.map(Action::Rewrite));
+        actions.extend(r.strip_prefix.map(Action::StripPrefix));
+        actions.extend(r.redirect.map(Action::Redirect));
+        actions.extend(r.error_page.map(Action::ErrorPage));
         // Limits.
         actions.extend(r.rate_limit.map(Action::RateLimit));
         actions.extend(r.in_flight.map(Action::InFlight));
@@ -175,6 +204,13 @@ const ACTIONS: &[&str] = &[
     "request_headers",
     "response_headers",
     "respond",
+    // Edge.
+    "request_id",
+    "cors",
+    "rewrite",
+    "strip_prefix",
+    "redirect",
+    "error_page",
     // Limits.
     "rate_limit",
     "in_flight",
@@ -204,6 +240,13 @@ impl Action {
             Action::RequestHeaders(_) => "request_headers",
             Action::ResponseHeaders(_) => "response_headers",
             Action::Respond(_) => "respond",
+            // Edge.
+            Action::RequestId(_) => "request_id",
+            Action::Cors(_) => "cors",
+            Action::Rewrite(_) => "rewrite",
+            Action::StripPrefix(_) => "strip_prefix",
+            Action::Redirect(_) => "redirect",
+            Action::ErrorPage(_) => "error_page",
             // Limits.
             Action::RateLimit(_) => "rate_limit",
             Action::InFlight(_) => "in_flight",
@@ -233,6 +276,9 @@ impl Action {
             Action::RequestHeaders(e) | Action::ResponseHeaders(e) => {
                 e.set.values().chain(e.add.values()).collect()
             }
+            // Edge.
+            Action::Rewrite(r) => vec![&r.to],
+            Action::Redirect(r) => vec![&r.to],
             // Limits.
             Action::RateLimit(RateLimitConfig {
                 key: LimitKey::Template(t),
@@ -718,6 +764,397 @@ fn walk<'a>(
     }
     using.pop();
     Ok(())
+}
+
+// Edge (issue #41 items 5 and 6): request ids, CORS, rewrites, redirects, error pages; the
+// steps are in src/rules/{request_id,cors,rewrite,redirect,error_page}.rs.
+
+/// `request_id = { header = "x-request-id", trust = false | true | ["10.0.0.0/8"] }`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestIdConfig {
+    /// The field the id is read from (trusted clients), sent upstream in and returned in.
+    #[serde(default = "RequestIdConfig::default_header")]
+    pub header: FieldName,
+    /// Whose id is kept: nobody's (`false`, the default), everybody's (`true`), or clients in
+    /// these networks.
+    #[serde(default)]
+    pub trust: Trust,
+}
+
+impl RequestIdConfig {
+    fn default_header() -> FieldName {
+        FieldName("x-request-id".into())
+    }
+}
+
+/// Whose word is taken: `false`, `true` or a list of networks.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Trust {
+    #[default]
+    Nobody,
+    Everybody,
+    Networks(Vec<Cidr>),
+}
+
+impl Trust {
+    /// Whether a client at `ip` is trusted.
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        match self {
+            Trust::Nobody => false,
+            Trust::Everybody => true,
+            Trust::Networks(nets) => nets.iter().any(|n| n.contains(ip)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Trust {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            All(bool),
+            Nets(Vec<String>),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            de::Error::custom("expected `true`, `false` or a list of networks ([\"10.0.0.0/8\"])")
+        })? {
+            Raw::All(false) => Ok(Trust::Nobody),
+            Raw::All(true) => Ok(Trust::Everybody),
+            Raw::Nets(nets) => (nets.iter())
+                .map(|n| n.parse::<Cidr>())
+                .collect::<Result<Vec<_>, _>>()
+                .map(Trust::Networks)
+                .map_err(de::Error::custom),
+        }
+    }
+}
+
+/// `cors = { ... }`: the CORS protocol (the Fetch standard's) answered at the edge.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawCors")]
+pub struct CorsConfig {
+    /// The allowed origins (`https://app.example`), or None for any (`"*"`).
+    pub origins: Option<Vec<String>>,
+    pub methods: Vec<Method>,
+    pub headers: Vec<FieldName>,
+    pub expose: Vec<FieldName>,
+    pub credentials: bool,
+    pub max_age: Option<Dur<0, { 24 * HOUR_MS }>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCors {
+    origins: Origins,
+    #[serde(default = "RawCors::default_methods")]
+    methods: Vec<Method>,
+    #[serde(default)]
+    headers: Vec<FieldName>,
+    #[serde(default)]
+    expose: Vec<FieldName>,
+    #[serde(default)]
+    credentials: bool,
+    max_age: Option<Dur<0, { 24 * HOUR_MS }>>,
+}
+
+impl RawCors {
+    fn default_methods() -> Vec<Method> {
+        ["GET", "HEAD", "POST"]
+            .iter()
+            .map(|m| Method(http::Method::from_bytes(m.as_bytes()).expect("a method")))
+            .collect()
+    }
+}
+
+/// `"*"` or a list of origins.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Origins {
+    One(String),
+    List(Vec<String>),
+}
+
+impl TryFrom<RawCors> for CorsConfig {
+    type Error = String;
+    fn try_from(r: RawCors) -> Result<Self, String> {
+        let list = match r.origins {
+            Origins::One(s) => vec![s],
+            Origins::List(l) => l,
+        };
+        let origins = if list.iter().any(|o| o == "*") {
+            if list.len() > 1 {
+                return Err("`origins`: `\"*\"` stands alone (any origin)".into());
+            }
+            if r.credentials {
+                return Err(
+                    "`origins = \"*\"` with `credentials = true`: browsers refuse credentialed \
+                     answers for any origin; list the origins"
+                        .into(),
+                );
+            }
+            None
+        } else {
+            if list.is_empty() {
+                return Err("`origins` is empty: no origin would be allowed".into());
+            }
+            for o in &list {
+                check_origin(o)?;
+            }
+            Some(list)
+        };
+        if r.methods.is_empty() {
+            return Err("`methods` is empty: no preflight would pass".into());
+        }
+        Ok(CorsConfig {
+            origins,
+            methods: r.methods,
+            headers: r.headers,
+            expose: r.expose,
+            credentials: r.credentials,
+            max_age: r.max_age,
+        })
+    }
+}
+
+/// An origin as browsers send it (RFC 6454): `scheme://host[:port]`, lower case, no path.
+fn check_origin(o: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "`{o}` is not an origin ({why}; write `https://app.example` or `http://localhost:3000`)"
+        ))
+    };
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return bad("no scheme");
+    };
+    if scheme.is_empty()
+        || !scheme
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b))
+    {
+        return bad("the scheme is lower-case letters");
+    }
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) {
+        return bad("an origin has no path, query or user");
+    }
+    if rest
+        .bytes()
+        .any(|b| b.is_ascii_uppercase() || !b.is_ascii_graphic())
+    {
+        return bad("browsers send the host in lower case");
+    }
+    Ok(())
+}
+
+/// `rewrite = { to = "/v2/$1", query = "keep" }` (nginx's `rewrite ... break`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawRewrite")]
+pub struct RewriteConfig {
+    /// The new path, possibly with a query (`/search?q=$1`).
+    pub to: Template,
+    pub query: QueryMode,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRewrite {
+    to: Template,
+    #[serde(default)]
+    query: QueryMode,
+}
+
+impl TryFrom<RawRewrite> for RewriteConfig {
+    type Error = String;
+    fn try_from(r: RawRewrite) -> Result<Self, String> {
+        match r.to.parts.first() {
+            Some(Piece::Text(t)) if t.starts_with('/') => {}
+            Some(Piece::Var(Var::Capture(_) | Var::Named(_) | Var::Uri | Var::RequestUri)) => {}
+            _ => {
+                return Err(format!(
+                    "`to = \"{}\"`: a rewrite's target is a path (starts with `/`)",
+                    r.to.source
+                ))
+            }
+        }
+        Ok(RewriteConfig {
+            to: r.to,
+            query: r.query,
+        })
+    }
+}
+
+/// What becomes of the request's query: kept (appended after the target's own, if it has
+/// one) or dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueryMode {
+    #[default]
+    Keep,
+    Drop,
+}
+
+/// `strip_prefix = "/api"`: a path prefix (starts with `/`; a trailing `/` is ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StripPrefix(pub String);
+
+impl<'de> Deserialize<'de> for StripPrefix {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let p = s.trim_end_matches('/');
+        if !s.starts_with('/') || p.is_empty() {
+            return Err(de::Error::custom(format!(
+                "`{s}` is not a prefix to strip (write `/api`)"
+            )));
+        }
+        if s.contains(['?', '#', ' ']) {
+            return Err(de::Error::custom(format!(
+                "`{s}`: a path prefix, without query"
+            )));
+        }
+        Ok(StripPrefix(p.to_string()))
+    }
+}
+
+/// `redirect = { to = "/new/$1", status = 301, query = "keep" }`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedirectRule {
+    /// The `Location`: a path or an absolute URL, with variables.
+    pub to: Template,
+    /// 301 (the default), 302, 303, 307 or 308.
+    #[serde(default = "RedirectRule::default_status")]
+    pub status: RedirectStatus,
+    /// The request's query appended (`keep`, the default) or not; never when `to` names
+    /// `$request_uri` or `$args`, which hold it already.
+    #[serde(default)]
+    pub query: QueryMode,
+}
+
+impl RedirectRule {
+    fn default_status() -> RedirectStatus {
+        RedirectStatus(301)
+    }
+}
+
+/// A redirect's status: 301, 302, 303, 307 or 308.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedirectStatus(pub u16);
+
+impl<'de> Deserialize<'de> for RedirectStatus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        match n {
+            301 | 302 | 303 | 307 | 308 => Ok(RedirectStatus(n as u16)),
+            _ => Err(de::Error::custom(format!(
+                "{n} is not a redirect status (301, 302, 303, 307 or 308)"
+            ))),
+        }
+    }
+}
+
+/// The largest error page larder holds (in memory, for every response it replaces).
+pub const MAX_ERROR_PAGE: usize = 1 << 20;
+
+/// `error_page = { status = [404, 502], file = "errors/50x.html" | body = "...",
+/// content_type = "text/html; charset=utf-8" }`. A `file` is read when the configuration is
+/// (a relative path from the working directory), at most [`MAX_ERROR_PAGE`] bytes: a missing
+/// one is an error naming the key and line, and a reload reads it again.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawErrorPage")]
+pub struct ErrorPageConfig {
+    pub status: Vec<u16>,
+    /// The file it was read from, if any.
+    pub file: Option<std::path::PathBuf>,
+    pub body: String,
+    pub content_type: super::headers::HeaderValueCfg,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawErrorPage {
+    status: StatusList,
+    file: Option<std::path::PathBuf>,
+    body: Option<String>,
+    content_type: Option<super::headers::HeaderValueCfg>,
+}
+
+/// One status or a list.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatusList {
+    One(i64),
+    List(Vec<i64>),
+}
+
+impl TryFrom<RawErrorPage> for ErrorPageConfig {
+    type Error = String;
+    fn try_from(r: RawErrorPage) -> Result<Self, String> {
+        let status = match r.status {
+            StatusList::One(n) => vec![n],
+            StatusList::List(l) => l,
+        };
+        if status.is_empty() {
+            return Err("`status` is empty: no response would get the page".into());
+        }
+        let status = (status.into_iter())
+            .map(|n| match n {
+                400..=599 => Ok(n as u16),
+                _ => Err(format!("{n}: error pages are for statuses 400 to 599")),
+            })
+            .collect::<Result<Vec<u16>, String>>()?;
+        let body = match (&r.file, r.body) {
+            (Some(_), Some(_)) => return Err("`file` or `body`, not both".into()),
+            (None, None) => return Err("needs `file` or `body`".into()),
+            (None, Some(b)) if b.len() > MAX_ERROR_PAGE => {
+                return Err(format!(
+                    "`body` is larger than {} KiB",
+                    MAX_ERROR_PAGE >> 10
+                ))
+            }
+            (None, Some(b)) => b,
+            (Some(f), None) => read_page(f)?,
+        };
+        let content_type = r.content_type.unwrap_or(super::headers::HeaderValueCfg(
+            http::HeaderValue::from_static("text/html; charset=utf-8"),
+        ));
+        Ok(ErrorPageConfig {
+            status,
+            file: r.file,
+            body,
+            content_type,
+        })
+    }
+}
+
+/// An error page's file: a regular file of at most [`MAX_ERROR_PAGE`] bytes, UTF-8.
+fn read_page(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let shown = if path.is_relative() {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        format!(
+            "{} (relative to the working directory, {})",
+            path.display(),
+            cwd.display()
+        )
+    } else {
+        path.display().to_string()
+    };
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{shown} is not a regular file"));
+    }
+    let mut text = String::new();
+    (std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?)
+        .take(MAX_ERROR_PAGE as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if text.len() > MAX_ERROR_PAGE {
+        return Err(format!(
+            "{shown} is larger than {} KiB",
+            MAX_ERROR_PAGE >> 10
+        ));
+    }
+    Ok(text)
 }
 
 // Limits (issue #41 item 4): the rules that take a key; the rest is in `rules_limits.rs`.

@@ -5,7 +5,12 @@
 //!
 //! - [`access`]: allow / deny by the client's address;
 //! - [`headers`]: request and response header edits, values from templates ([`vars`]);
-//! - [`answer`]: fixed answers;
+//! - [`answer`]: fixed answers (a maintenance page by a switch of the admin API);
+//! - [`request_id`]: the request's id, kept from a trusted client or made (UUIDv7);
+//! - [`cors`]: CORS at the edge (preflights answered, the fields of actual requests);
+//! - [`rewrite`]: path rewrites and prefix strips, before the handler and the cache key;
+//! - [`redirect`]: redirects with captures;
+//! - [`error_page`]: custom error pages per status;
 //! - limits: [`rate`] (requests per key, GCRA, locally or in the fleet's Redis), [`in_flight`]
 //!   (requests in flight per key), [`pace`] (bytes per second per response), [`max_body`]
 //!   (request body size), the keys they count by in [`limit_key`];
@@ -19,6 +24,10 @@
 //! - [`watch`]: the files those read, read again when they change; [`subrequest`]: the
 //!   requests they make (an auth service, a JWKS URL).
 //!
+//! `request_id` and `error_page` rules run first at ①, wherever they are in the list (in
+//! their order among themselves): so that an answer of any other rule (a 403, a redirect)
+//! carries the id, and gets its error page.
+//!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
 //! names) when it was read.
@@ -28,6 +37,8 @@ pub mod answer;
 pub mod api_key;
 pub mod basic_auth;
 pub mod cache;
+pub mod cors;
+pub mod error_page;
 pub mod forward_auth;
 pub mod headers;
 pub mod in_flight;
@@ -36,6 +47,9 @@ pub mod limit_key;
 pub mod max_body;
 pub mod pace;
 pub mod rate;
+pub mod redirect;
+pub mod request_id;
+pub mod rewrite;
 pub mod subrequest;
 pub mod traffic;
 pub mod vars;
@@ -44,6 +58,7 @@ pub mod when;
 
 use std::sync::Arc;
 
+use crate::admin::Switches;
 use crate::clock::Clock;
 use crate::config::rules::{expand, Action, Policies, RuleConfig};
 use crate::config::RouteConfig;
@@ -58,12 +73,16 @@ pub struct Env<'a> {
     pub pools: &'a Pools,
     pub fleet: Option<&'a Arc<Fleet>>,
     pub clock: &'a Clock,
+    /// The server's named switches (a fixed answer given only while its switch is on).
+    pub switches: &'a Arc<Switches>,
 }
 
 /// A route's rules as steps, in order: its own, each `use` replaced by its policy's.
 pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<Guarded> {
-    let rules = expand(&route.rules, policies)
+    let mut rules = expand(&route.rules, policies)
         .unwrap_or_else(|(_, why)| unreachable!("checked when the configuration is read: {why}"));
+    // Those that must see every answer first (a stable sort keeps the rest in order).
+    rules.sort_by_key(|e| !first(&e.rule.action));
     rules
         .into_iter()
         .map(|e| {
@@ -75,6 +94,12 @@ pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<G
             }
         })
         .collect()
+}
+
+/// Whether a rule runs before the others: it acts on every response the route gives, ①'s
+/// answers included (④ runs only the steps ① reached).
+fn first(action: &Action) -> bool {
+    matches!(action, Action::RequestId(_) | Action::ErrorPage(_))
 }
 
 /// The step of one rule's action.
@@ -92,7 +117,14 @@ fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
         }),
         Action::RequestHeaders(e) => Arc::new(headers::RequestHeaders::new(e)),
         Action::ResponseHeaders(e) => Arc::new(headers::ResponseHeaders::new(e)),
-        Action::Respond(r) => Arc::new(answer::Answer::new(r)),
+        Action::Respond(r) => Arc::new(answer::Answer::new(r, env.switches)),
+        // Edge.
+        Action::RequestId(r) => Arc::new(request_id::RequestId::new(r)),
+        Action::Cors(c) => Arc::new(cors::Cors::new(c)),
+        Action::Rewrite(r) => Arc::new(rewrite::Rewrite::new(r)),
+        Action::StripPrefix(p) => Arc::new(rewrite::Strip::new(p)),
+        Action::Redirect(r) => Arc::new(redirect::Redirect::new(r)),
+        Action::ErrorPage(e) => Arc::new(error_page::ErrorPage::new(e)),
         // Limits.
         Action::RateLimit(r) => {
             Arc::new(rate::RateLimit::new(rule.label(), r, env.clock, env.fleet))

@@ -41,6 +41,8 @@ pub(super) struct RouterParts {
     /// The span exporter, when requests are traced.
     pub spans: Option<Arc<crate::otel::Spans>>,
     pub http01: Arc<tls::acme::Http01>,
+    /// The named switches rules answer by, the same across reloads.
+    pub switches: Arc<crate::admin::Switches>,
 }
 
 impl RouterParts {
@@ -57,6 +59,7 @@ impl RouterParts {
             pools: &pools,
             fleet: self.fleet.as_ref(),
             clock: self.cache.clock(),
+            switches: &self.switches,
         };
         let mut router = Router::with_steps(
             l,

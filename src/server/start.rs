@@ -263,6 +263,8 @@ struct Shared {
     spans: Option<Arc<crate::otel::Spans>>,
     /// HTTP-01 answers of ACME orders, served by every plain listener.
     http01: Arc<tls::acme::Http01>,
+    /// The named switches rules answer by (the admin API turns them), kept across reloads.
+    switches: Arc<crate::admin::Switches>,
     /// Each listener's TLS acceptor (None: plain), in configuration order.
     acceptors: Vec<Option<Arc<tls::Acceptor>>>,
 }
@@ -318,6 +320,7 @@ impl Shared {
             access_log,
             spans,
             http01,
+            switches: Arc::default(),
             acceptors,
         })
     }
@@ -333,6 +336,7 @@ impl Shared {
             access_log: self.access_log.clone(),
             spans: self.spans.clone(),
             http01: Arc::clone(&self.http01),
+            switches: Arc::clone(&self.switches),
         }
     }
 }
@@ -518,6 +522,7 @@ fn admin_api(
     crate::admin::Admin::new(Arc::clone(&shared.cache), token, shared.metrics.clone())
         .with_server(info, Arc::new(move || text.text()))
         .with_reload(reload)
+        .with_switches(Arc::clone(&shared.switches))
         .with_drain({
             let pools = Arc::clone(&shared.pools);
             Arc::new(move |pool: &str, backend: &str, drain: bool| {

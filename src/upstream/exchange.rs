@@ -314,7 +314,8 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The upstream request for a client's request head: upstream URI, hop-by-hop fields left out,
+/// The upstream request for a client's request head: upstream URI (the upstream's path prefix,
+/// when it has one, before the request's path), hop-by-hop fields left out,
 /// Via and X-Forwarded-For/-Proto/-Host added. Host is the request's one authority (the URI's
 /// when it has one, as [`crate::inbound`] decides), so the origin is asked for what the route
 /// and the cache key were chosen by; without any, the upstream's own.
@@ -328,6 +329,11 @@ pub fn upstream_request(
 ) -> request::Parts {
     let path = (src.uri.path_and_query().cloned())
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    // An upstream with a path prefix (`http://b/api/`): the prefix, then the path.
+    let path = match &upstream.path {
+        None => path,
+        Some(_) => upstream.target(path.as_str()).parse().unwrap_or(path),
+    };
     let host = match src.uri.authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => src.headers.get(header::HOST).cloned(),
