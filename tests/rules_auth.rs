@@ -310,6 +310,7 @@ fn auth_files_are_checked_at_load_naming_the_key_and_line() {
             .unwrap();
     let block: String = ex[ex.find("# [[policy.members]]").unwrap()..]
         .lines()
+        .take_while(|l| !l.is_empty())
         .filter(|l| !l.starts_with("# ("))
         .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or(l)))
         .collect();
