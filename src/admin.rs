@@ -801,8 +801,8 @@ impl Admin {
     }
 
     /// Checks `text` as `larder check` would (written beside the file, loaded from there);
-    /// with `apply`, keeps `current` and `text` as versions, renames the candidate over the
-    /// file and reloads. A reload that refuses it puts `current` back.
+    /// with `apply`, renames the candidate over the file and reloads, then keeps `current`
+    /// and `text` as versions. A reload that refuses it puts `current` back (no version kept).
     async fn check_and_apply(
         &self,
         file: &ConfigFile,
@@ -847,14 +847,6 @@ impl Admin {
                 serde_json::json!({ "line": 0, "key": "", "message": "this larder cannot reload" }),
             );
         };
-        let now = self.cache.clock().now();
-        if let Err(e) = file.keep(current, now).and_then(|_| file.keep(text, now)) {
-            let _ = std::fs::remove_file(&candidate);
-            return config_refused(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                serde_json::json!({ "line": 0, "key": "", "message": format!("cannot keep the version in {}: {e}", file.versions.display()) }),
-            );
-        }
         // Keep the file's permissions (it may hold secrets).
         if let Ok(meta) = std::fs::metadata(&file.path) {
             let _ = std::fs::set_permissions(&candidate, meta.permissions());
@@ -867,11 +859,25 @@ impl Admin {
             );
         }
         match reload().await {
-            Ok(needs_restart) => json_response(
-                StatusCode::OK,
-                serde_json::json!({ "ok": true, "applied": true, "needs_restart": needs_restart })
+            Ok(needs_restart) => {
+                // Versions are what was applied: the file that ran before, and this one.
+                let now = self.cache.clock().now();
+                let kept = (file.keep(current, now))
+                    .and_then(|_| file.keep(text, now))
+                    .err()
+                    .map(|e| format!("not kept as a version in {}: {e}", file.versions.display()));
+                if let Some(e) = &kept {
+                    tracing::warn!(error = %e, "configuration applied from the dashboard");
+                }
+                json_response(
+                    StatusCode::OK,
+                    serde_json::json!({
+                        "ok": true, "applied": true, "needs_restart": needs_restart,
+                        "versions_error": kept,
+                    })
                     .to_string(),
-            ),
+                )
+            }
             Err(e) => {
                 // The file says what runs: the previous one goes back.
                 let _ = write_synced(&candidate, current)

@@ -339,6 +339,23 @@ async fn the_configuration_is_checked_applied_and_rolled_back() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(!left.iter().any(|n| n.contains("candidate")), "{left:?}");
+    // A file that loads but the reload refuses (a pool's CA file cannot be read): the file
+    // that runs is put back.
+    let unreadable = format!(
+        "{two}[pool.app]\nbackends = [\"https://127.0.0.1:1\"]\n[pool.app.tls]\nca = \"{}\"\n",
+        dir.path().join("no-such-ca.pem").display()
+    );
+    let (status, v) = post(url("/_larder/config/apply"), unreadable, vec![]).await;
+    assert_eq!(status, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the reload refused it"),
+        "{v}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), two, "put back");
+    assert_eq!(get(&c, &l.url("/"), &[]).await.text(), "two");
     // Versions: the file before, then the one applied; roll back to the first.
     let f = get(
         &c,
