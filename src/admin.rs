@@ -830,7 +830,12 @@ impl Admin {
             );
         }
         let checked = crate::config::Config::load(&candidate).map_err(|e| config_error(&e, &shown, &written)).and_then(|cfg| {
-            crate::tls::check(&cfg).map_err(|e| serde_json::json!({ "line": 0, "key": "", "message": e.to_string().replace(&written, &shown) }))
+            let refused = |e: String| serde_json::json!({ "line": 0, "key": "", "message": e.replace(&written, &shown) });
+            // What `larder check` reads besides the file: certificates, the pools' CA and
+            // client certificates (pools built and dropped: their health checks stop).
+            crate::tls::check(&cfg).map_err(|e| refused(e.to_string()))?;
+            crate::upstream::Pools::build(&cfg.pools, None).map_err(refused)?;
+            Ok(())
         });
         if let Err(error) = checked {
             let _ = std::fs::remove_file(&candidate);

@@ -339,12 +339,15 @@ async fn the_configuration_is_checked_applied_and_rolled_back() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(!left.iter().any(|n| n.contains("candidate")), "{left:?}");
-    // A file that loads but the reload refuses (a pool's CA file cannot be read): the file
-    // that runs is put back.
+    // A file that passes the check but the reload refuses (a new listener on an address
+    // taken): the file that runs is put back.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let unreadable = format!(
-        "{two}[pool.app]\nbackends = [\"https://127.0.0.1:1\"]\n[pool.app.tls]\nca = \"{}\"\n",
-        dir.path().join("no-such-ca.pem").display()
+        "{two}[[listener]]\naddr = \"{}\"\n  [[listener.route]]\n  respond = {{ body = \"x\" }}\n",
+        taken.local_addr().unwrap()
     );
+    let (status, v) = post(url("/_larder/config/check"), unreadable.clone(), vec![]).await;
+    assert_eq!(status, 200, "{v}");
     let (status, v) = post(url("/_larder/config/apply"), unreadable, vec![]).await;
     assert_eq!(status, 422, "{v}");
     assert!(
@@ -356,6 +359,17 @@ async fn the_configuration_is_checked_applied_and_rolled_back() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), two, "put back");
     assert_eq!(get(&c, &l.url("/"), &[]).await.text(), "two");
+    // A pool's CA file that cannot be read: refused by the check, as `larder check` does.
+    let no_ca = format!(
+        "{two}[pool.app]\nbackends = [\"https://127.0.0.1:1\"]\n[pool.app.tls]\nca = \"{}\"\n",
+        dir.path().join("no-such-ca.pem").display()
+    );
+    let (status, v) = post(url("/_larder/config/check"), no_ca, vec![]).await;
+    assert_eq!(status, 422, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("pool.app"),
+        "{v}"
+    );
     // Versions: the file before, then the one applied; roll back to the first.
     let f = get(
         &c,
