@@ -12,6 +12,9 @@
 //! The exposition is prometheus-client's OpenMetrics text encoder, fed by one collector that
 //! reads the shards and the registered figures at scrape time.
 //!
+//! The one hit ratio larder states anywhere ([`HIT_RESULTS`] over [`LOOKUP_RESULTS`]) is
+//! defined here, with requests by route and status class for the admin status.
+//!
 //! Labels: `route` (the listener's address and the route's host and path prefix), `method`
 //! (GET, HEAD, POST, other), `status` (1xx..5xx), `cache` (the cache-status the response
 //! carries: HIT, MISS, EXPIRED, REVALIDATED, STALE, BYPASS, or none) and `encoding` (the
