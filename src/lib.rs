@@ -104,7 +104,7 @@
 //! 4. [`cache`] (compress, config, http, inbound, metrics, clock, fleet); [`upstream`] (body,
 //!    config, http, interim, metrics, socket, upgrade).
 //! 5. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
-//!    metrics); [`otel`] (body, config, upstream).
+//!    metrics, tls, upstream: a configuration checked as `larder check` does); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
 //!    (also fleet), [`push`] (also fleet) (the lines above); [`rules`] (body, config, phases, admin,
 //!    http, inbound, respond, fleet, upstream, metrics, clock, and [`proxy`] for the decisions the

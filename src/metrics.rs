@@ -12,6 +12,9 @@
 //! The exposition is prometheus-client's OpenMetrics text encoder, fed by one collector that
 //! reads the shards and the registered figures at scrape time.
 //!
+//! The one hit ratio larder states anywhere ([`HIT_RESULTS`] over [`LOOKUP_RESULTS`]) is
+//! defined here, with requests by route and status class for the admin status.
+//!
 //! Labels: `route` (the listener's address and the route's host and path prefix), `method`
 //! (GET, HEAD, POST, other), `status` (1xx..5xx), `cache` (the cache-status the response
 //! carries: HIT, MISS, EXPIRED, REVALIDATED, STALE, BYPASS, or none) and `encoding` (the
@@ -45,6 +48,36 @@ pub const CACHE: [&str; 7] = [
     "STALE",
     "BYPASS",
 ];
+/// The one hit ratio larder states (the dashboard, `larder stats`, docs/operations.md's alert
+/// and the Grafana dashboard use it): hits / lookups, where the lookups are the requests that
+/// looked the cache up (cache result HIT, STALE, REVALIDATED, MISS or EXPIRED: not BYPASS, not
+/// none) and the hits those answered with a stored body (HIT, STALE, REVALIDATED: a 304 from
+/// the origin on revalidation still sends the stored body).
+pub const HIT_RESULTS: [usize; 3] = [
+    CacheResult::Hit as usize,
+    CacheResult::Stale as usize,
+    CacheResult::Revalidated as usize,
+];
+/// The cache results that count as lookups of [`HIT_RESULTS`]'s ratio.
+pub const LOOKUP_RESULTS: [usize; 5] = [
+    CacheResult::Hit as usize,
+    CacheResult::Stale as usize,
+    CacheResult::Revalidated as usize,
+    CacheResult::Miss as usize,
+    CacheResult::Expired as usize,
+];
+/// The hit ratio's definition as the dashboard states it.
+pub const HIT_RATIO_DEFINITION: &str = "hits (HIT + STALE + REVALIDATED) / lookups (HIT + STALE + REVALIDATED + MISS + EXPIRED); BYPASS and uncached routes are not lookups";
+
+/// (hits, lookups) of requests counted by cache result (indexed as [`CACHE`]).
+pub fn hits_and_lookups(by_cache: &[u64; CACHE.len()]) -> (u64, u64) {
+    let sum = |of: &[usize]| of.iter().map(|i| by_cache[*i]).sum::<u64>();
+    (sum(&HIT_RESULTS), sum(&LOOKUP_RESULTS))
+}
+
+/// Status classes of [`Metrics::by_route_status`].
+pub const STATUS_NAMES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 /// Content codings of the bytes sent, in the order of `crate::compress::Encoding`, then any
 /// other.
 pub const ENCODINGS: [&str; 5] = ["identity", "gzip", "br", "zstd", "other"];
@@ -333,6 +366,29 @@ impl Metrics {
             }
         }
         t
+    }
+
+    /// Requests answered so far on each route (its label), by status class (indexed as
+    /// [`STATUS_NAMES`]).
+    pub fn by_route_status(&self) -> Vec<(String, [u64; STATUS_CLASSES])> {
+        let routes = lock(&self.state.routes).clone();
+        let shards = lock(&self.state.shards).clone();
+        let mut out: Vec<(String, [u64; STATUS_CLASSES])> = routes
+            .into_iter()
+            .map(|r| (r, [0; STATUS_CLASSES]))
+            .collect();
+        for s in &shards {
+            for (r, (_, counts)) in out.iter_mut().enumerate() {
+                for m in 0..METHODS.len() {
+                    for (st, slot) in counts.iter_mut().enumerate() {
+                        for c in 0..CACHE.len() {
+                            *slot += read(&s.requests, request_index(r as u32, m, st, c));
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Body bytes sent over all routes, by coding (indexed as [`ENCODINGS`]), and the bytes
@@ -756,6 +812,29 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert_eq!(m.bytes(), ([7, 150, 0, 0, 5], 1350));
+        let by_route = m.by_route_status();
+        assert_eq!(
+            by_route,
+            vec![("127.0.0.1:80 */".to_string(), [0, 2, 0, 1, 0])]
+        );
+    }
+
+    #[test]
+    fn one_hit_ratio_hits_over_lookups() {
+        let mut by_cache = [0u64; CACHE.len()];
+        for (name, n) in [
+            ("none", 100),
+            ("HIT", 60),
+            ("MISS", 10),
+            ("EXPIRED", 5),
+            ("REVALIDATED", 3),
+            ("STALE", 2),
+            ("BYPASS", 50),
+        ] {
+            by_cache[CACHE.iter().position(|c| *c == name).unwrap()] = n;
+        }
+        // BYPASS and none are not lookups; a revalidated or stale answer is a hit.
+        assert_eq!(hits_and_lookups(&by_cache), (65, 80));
     }
 
     /// Each server's metrics count its own requests, on any thread, with no registry of

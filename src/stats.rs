@@ -1,6 +1,7 @@
 //! `larder stats`: a running larder's statistics from its admin API, as varnishstat shows
-//! Varnish's: totals and per-second rates of requests by cache result, the hit ratio,
-//! connections and the cache, refreshed every second; or the status JSON once, for scripts.
+//! Varnish's: totals and per-second rates of requests by cache result, the hit ratio (since
+//! start and over the last interval, as `crate::metrics::HIT_RESULTS` defines it), bytes with
+//! units, connections and the cache, refreshed every second; or the status JSON once, for scripts.
 //! Beside it, `larder probe`: a health check of a running larder (a container's HEALTHCHECK,
 //! which has no curl).
 
@@ -109,6 +110,22 @@ pub async fn run(admin: SocketAddr, token: &str, once: bool, json: bool) -> Resu
     }
 }
 
+/// `n` bytes in the unit that keeps it short: B, KiB, MiB, GiB, TiB (binary, as the dashboard).
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 /// The table of `now`, with per-second rates against `before` (one second earlier).
 pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> String {
     use std::fmt::Write as _;
@@ -129,10 +146,10 @@ pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> St
     );
     let _ = writeln!(
         out,
-        "cache: {} URLs, {} of {} bytes, {} fills in flight",
+        "cache: {} URLs, {} of {}, {} fills in flight",
         n(now, &["cache", "urls"]),
-        n(now, &["cache", "bytes"]),
-        n(now, &["cache", "capacity"]),
+        bytes(n(now, &["cache", "bytes"])),
+        bytes(n(now, &["cache", "capacity"])),
         n(now, &["cache", "fills_in_flight"])
     );
     for t in now["cache"]["tiers"].as_array().into_iter().flatten() {
@@ -167,18 +184,33 @@ pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> St
             rate.map_or("-".into(), |r| r.to_string())
         );
     }
-    let hits = n(now, &["requests", "by_cache", "HIT"]);
-    let lookups: u64 = ["HIT", "MISS", "EXPIRED", "REVALIDATED", "STALE"]
-        .iter()
-        .map(|k| n(now, &["requests", "by_cache", k]))
-        .sum();
-    if lookups > 0 {
-        let _ = writeln!(
-            out,
-            "hit ratio {:.1}%",
-            100.0 * hits as f64 / lookups as f64
-        );
-    }
+    // The one hit ratio (crate::metrics::HIT_RESULTS over LOOKUP_RESULTS), as the server
+    // counts it: since start, and over the last interval.
+    let ratio = |v: &serde_json::Value| {
+        (
+            n(v, &["hit_ratio", "hits"]),
+            n(v, &["hit_ratio", "lookups"]),
+        )
+    };
+    let (hits, lookups) = ratio(now);
+    let pct = |h: u64, l: u64| {
+        if l == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", 100.0 * h as f64 / l as f64)
+        }
+    };
+    let last = before.map(|b| {
+        let (h0, l0) = ratio(b);
+        pct(hits.saturating_sub(h0), lookups.saturating_sub(l0))
+    });
+    let _ = writeln!(
+        out,
+        "{:<14}{:>14}{:>12}",
+        "hit ratio",
+        pct(hits, lookups),
+        last.unwrap_or_else(|| "-".into())
+    );
     if now["bytes"].is_object() {
         let _ = writeln!(
             out,
@@ -192,49 +224,12 @@ pub fn render(now: &serde_json::Value, before: Option<&serde_json::Value>) -> St
                 out,
                 "{:<14}{:>14}{:>12}",
                 k,
-                total,
-                rate.map_or("-".into(), |r| r.to_string())
+                bytes(total),
+                rate.map_or("-".into(), |r| format!("{}/s", bytes(r)))
             );
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_are_per_second_differences() {
-        let at = |hits: u64, misses: u64| {
-            serde_json::json!({
-                "version": "0.1.0", "uptime_seconds": 10,
-                "connections": {"open": 3, "max": 100},
-                "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0,
-                          "tiers": [{"tier": "disk", "hits": 7, "misses": 2, "writes": 9, "errors": 0}]},
-                "requests": {"total": hits + misses, "by_cache": {"HIT": hits, "MISS": misses}},
-                "bytes": {"sent": hits * 10, "saved": hits * 30},
-            })
-        };
-        let table = render(&at(150, 10), Some(&at(100, 9)));
-        assert!(
-            table.contains("HIT                      150          50"),
-            "{table}"
-        );
-        assert!(
-            table.contains("total                    160          51"),
-            "{table}"
-        );
-        assert!(table.contains("hit ratio 93.8%"), "{table}");
-        assert!(
-            table.contains("disk tier: 7 hits, 2 misses, 9 writes, 0 errors"),
-            "{table}"
-        );
-        assert!(
-            table.contains("saved                   4500        1500"),
-            "{table}"
-        );
-    }
 }
 
 /// `larder probe`: `GET path` from the listener at `addr` (plain HTTP), within `timeout`:
@@ -264,5 +259,51 @@ pub async fn probe(addr: SocketAddr, path: &str, timeout: Duration) -> Result<St
         Ok(format!("{addr}{path}: {status}"))
     } else {
         Err(format!("{addr}{path} answered {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_per_second_differences() {
+        let at = |hits: u64, misses: u64| {
+            serde_json::json!({
+                "version": "0.1.0", "uptime_seconds": 10,
+                "connections": {"open": 3, "max": 100},
+                "cache": {"urls": 1, "bytes": 10, "capacity": 100, "fills_in_flight": 0,
+                          "tiers": [{"tier": "disk", "hits": 7, "misses": 2, "writes": 9, "errors": 0}]},
+                "requests": {"total": hits + misses, "by_cache": {"HIT": hits, "MISS": misses}},
+                "hit_ratio": {"hits": hits, "lookups": hits + misses},
+                "bytes": {"sent": hits * 10, "saved": hits * 30},
+            })
+        };
+        let table = render(&at(150, 10), Some(&at(100, 9)));
+        assert!(
+            table.contains("HIT                      150          50"),
+            "{table}"
+        );
+        assert!(
+            table.contains("total                    160          51"),
+            "{table}"
+        );
+        // Since start 150 / 160; over the last second 50 / 51.
+        assert!(
+            table.contains("hit ratio              93.8%       98.0%"),
+            "{table}"
+        );
+        assert!(table.contains("cache: 1 URLs, 10 B of 100 B"), "{table}");
+        assert!(
+            table.contains("disk tier: 7 hits, 2 misses, 9 writes, 0 errors"),
+            "{table}"
+        );
+        assert!(
+            table.contains("saved                4.4 KiB   1.5 KiB/s"),
+            "{table}"
+        );
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(5 << 30), "5.0 GiB");
     }
 }

@@ -382,7 +382,8 @@ async fn larder_stats_once() {
     assert_eq!(v["requests"]["by_cache"]["HIT"], 2);
     let out = stats(&["--token", TOKEN, "--once"]);
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("hit ratio 66.7%"), "{table}");
+    assert!(table.contains("hit ratio              66.7%"), "{table}");
+    assert!(table.contains("sent                     3 B"), "{table}");
     let out = stats(&["--token", "wrong", "--once"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
@@ -433,4 +434,105 @@ addr = "127.0.0.1:0"
     assert_eq!(status.status, 200);
     let status: serde_json::Value = serde_json::from_str(&status.text()).unwrap();
     assert_eq!(status["requests"]["total"], 12, "{status}");
+}
+
+/// docs/metrics.md lists every family `/metrics` exposes (a larder with a pool, push, a disk
+/// tier and TLS: most families show), and Grafana's hit ratio is the one the server states.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_family_exposed_is_listed_in_docs_metrics_md() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(|_, _| Reply::ok("x").status(503)).await;
+    let dead = free_port();
+    let larder = Larder::start(&format!(
+        r#"
+[admin]
+token = "{TOKEN}"
+listen = "127.0.0.1:0"
+
+[access_log]
+path = "{log}"
+
+[cache.disk]
+dir = "{disk}"
+max_size = "64MiB"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/records/"
+  push = {{ dir = "{push}", token = "t" }}
+  [[listener.route]]
+  path = "/dead/"
+  proxy = {{ upstream = "http://{dead}" }}
+  [[listener.route]]
+  proxy = {{ upstream = "{origin}" }}
+"#,
+        log = dir.path().join("access.log").display(),
+        disk = dir.path().join("disk").display(),
+        push = dir.path().join("push").display(),
+        origin = origin.url(),
+    ))
+    .await;
+    let c = client();
+    get(&c, &larder.url("/a"), &[]).await;
+    get(&c, &larder.url("/dead/a"), &[]).await;
+    let text = larder.metrics_text().unwrap();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let mut seen = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        let exposed = if kind == "counter" {
+            format!("`{name}_total`")
+        } else {
+            format!("`{name}`")
+        };
+        assert!(
+            docs.contains(&exposed),
+            "{exposed} is not in docs/metrics.md"
+        );
+        seen.push(name.to_string());
+    }
+    for family in [
+        "larder_upstream_errors",
+        "larder_push_records",
+        "larder_cache_tier_hits",
+    ] {
+        assert!(seen.iter().any(|s| s == family), "{family} in {seen:?}");
+    }
+    // One kind per failure: a refused connection, a 503 answer.
+    assert!(text.contains("kind=\"connect\"} 1"), "{text}");
+    assert!(text.contains("kind=\"5xx\"} 1"), "{text}");
+    // Grafana's hit ratio: the cache results the server counts as hits over lookups.
+    let grafana = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/dist/grafana-dashboard.json"
+    ))
+    .unwrap();
+    let names = |of: &[usize]| {
+        (of.iter())
+            .map(|i| larder::metrics::CACHE[*i])
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let hits = format!(
+        "cache=~\\\"{}\\\"}}[5m])) / sum(rate(larder_requests_total{{instance=~\\\"$instance\\\",cache=~\\\"{}\\\"",
+        names(&larder::metrics::HIT_RESULTS),
+        names(&larder::metrics::LOOKUP_RESULTS)
+    );
+    assert!(
+        grafana.contains(&hits),
+        "{hits} in dist/grafana-dashboard.json"
+    );
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let alert = format!(
+        "cache=~\"{}\"}}[15m])) / sum(rate(larder_requests_total{{cache=~\"{}\"",
+        names(&larder::metrics::HIT_RESULTS).replace('|', "\\|"),
+        names(&larder::metrics::LOOKUP_RESULTS).replace('|', "\\|")
+    );
+    assert!(ops.contains(&alert), "{alert} in docs/operations.md");
 }

@@ -221,6 +221,7 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
     let mut admin_addr = None;
     if let Some(addr) = admin.listen {
         let api = admin_api(admin.token, &shared, &tls_acceptors, &reloader, &serving);
+        background.register("dashboard history", api.history_sampler());
         let (bound, router) = listen_admin(addr, api, &serving)?;
         admin_addr = Some(bound);
         routers.push(router);
@@ -523,6 +524,7 @@ fn admin_api(
         .with_server(info, Arc::new(move || text.text()))
         .with_reload(reload)
         .with_switches(Arc::clone(&shared.switches))
+        .with_config_file(reloader.path(), &serving.server.state_dir)
         .with_drain({
             let pools = Arc::clone(&shared.pools);
             Arc::new(move |pool: &str, backend: &str, drain: bool| {

@@ -103,6 +103,12 @@ impl Pools {
             "Requests in flight to a backend.",
             false,
         );
+        let mut errors = family(
+            "larder_upstream_errors",
+            "A backend's failed exchanges by kind: connect (no connection), timeout (no answer \
+             or body in time), 5xx (an answer of 500-599), other (reset, garbage, broken body).",
+            true,
+        );
         for p in self.iter() {
             let now = p.now_ms();
             for b in p.backends.iter() {
@@ -119,12 +125,19 @@ impl Pools {
                 failures
                     .samples
                     .push((labels.clone(), h.failures.load(Ordering::Relaxed)));
+                for (k, kind) in ERROR_KINDS.iter().enumerate() {
+                    let mut labels = labels.clone();
+                    labels.push(("kind", kind.to_string()));
+                    errors
+                        .samples
+                        .push((labels, h.errors[k].load(Ordering::Relaxed)));
+                }
                 in_flight
                     .samples
                     .push((labels, h.inflight.load(Ordering::Relaxed) as u64));
             }
         }
-        vec![up, requests, failures, in_flight]
+        vec![up, requests, failures, in_flight, errors]
     }
 
     /// Drains or undrains backend `backend` (its URL) of pool `pool`; an error says which is
@@ -198,6 +211,23 @@ struct Health {
     inflight: AtomicUsize,
     requests: AtomicU64,
     failures: AtomicU64,
+    /// Failed exchanges by kind ([`ERROR_KINDS`]): whatever passive health makes of them
+    /// (a 5xx is counted here with `on_5xx` off too). Written on failures only, off the
+    /// path of a request that succeeds.
+    errors: [AtomicU64; ERROR_KINDS.len()],
+}
+
+/// The kinds of a backend's failed exchanges: no connection, no answer in time, a 5xx
+/// answer, anything else (a reset, garbage, a body that broke off).
+pub const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "5xx", "other"];
+
+/// The [`ERROR_KINDS`] index of a failed exchange.
+fn error_kind(e: &FetchError) -> usize {
+    match e {
+        FetchError::Connect(_) => 0,
+        FetchError::Timeout(_) | FetchError::BodyTimeout(_) => 1,
+        _ => 3,
+    }
 }
 
 impl Pool {
@@ -339,6 +369,9 @@ impl Pool {
                 .await;
                 let failure = match result {
                     Ok(resp) => {
+                        if resp.status().is_server_error() {
+                            backend.health.errors[2].fetch_add(1, Ordering::Relaxed);
+                        }
                         let failed = self.cfg.passive.on_5xx
                             && matches!(resp.status().as_u16(), 500 | 502 | 503 | 504);
                         self.outcome(i, !failed);
@@ -358,6 +391,7 @@ impl Pool {
                     tracing::warn!(error = %e, "upstream request failed");
                 }
                 if !matches!(e, FetchError::RequestBody(_) | FetchError::RequestTooLarge) {
+                    backend.health.errors[error_kind(&e)].fetch_add(1, Ordering::Relaxed);
                     self.outcome(i, false);
                 }
                 tried.insert(i);
@@ -474,6 +508,9 @@ impl Pool {
                     "in_flight": h.inflight.load(Ordering::Relaxed),
                     "requests": h.requests.load(Ordering::Relaxed),
                     "failures": h.failures.load(Ordering::Relaxed),
+                    "errors": (ERROR_KINDS.iter().zip(&h.errors))
+                        .map(|(k, n)| (k.to_string(), n.load(Ordering::Relaxed).into()))
+                        .collect::<serde_json::Map<String, serde_json::Value>>(),
                     "consecutive_failures": h.fails.load(Ordering::Relaxed),
                 })
             })
