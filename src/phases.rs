@@ -142,6 +142,12 @@ pub trait Step: Send + Sync {
         Verdict::Next
     }
 
+    /// ① was answered by an earlier step, and this step's conditions hold: it does not run at
+    /// ① (it neither checks nor counts), but it runs at ④ and ⑤ on that answer, as nginx's
+    /// `add_header ... always` acts on a 403. A step whose ④ reads the request (a response
+    /// header with `$uri`, CORS's origin) takes what it needs here.
+    fn answered(&self, _req: &Request<RequestBody>, _cx: &mut Cx) {}
+
     /// ② The proxy is about to send a request upstream (a fill, a revalidation, a pass).
     fn upstream_request(&self, _req: &mut request::Parts, _cx: &Cx) {}
 
@@ -246,11 +252,25 @@ impl Phases {
             cx.applies |= 1 << i;
             match g.step.request(req, cx) {
                 Verdict::Next => {}
-                Verdict::Answer(r) => return Ok(Err(r)),
+                Verdict::Answer(r) => {
+                    self.after_answer(i + 1, req, cx);
+                    return Ok(Err(r));
+                }
                 Verdict::Wait(w) => return Err((w, i + 1)),
             }
         }
         Ok(Ok(()))
+    }
+
+    /// ① was answered before step `from`: the later steps whose conditions hold apply to the
+    /// answer at ④ and ⑤ ([`Step::answered`]).
+    fn after_answer(&self, from: usize, req: &Request<RequestBody>, cx: &mut Cx) {
+        for (i, g) in self.steps.iter().enumerate().skip(from) {
+            if g.when.as_ref().is_none_or(|w| w.applies(req, cx)) {
+                cx.applies |= 1 << i;
+                g.step.answered(req, cx);
+            }
+        }
     }
 
     /// The steps that apply to the request of `cx`.

@@ -193,3 +193,52 @@ addr = "127.0.0.1:0"
     );
     assert_eq!(get(&c, &larder.url("/internal/a"), &[]).await.status, 403);
 }
+
+/// A rule's answer at ① (a 403, a 429) still gets the response rules written after it whose
+/// conditions hold (nginx's `add_header ... always`): their header fields, CORS's allow fields,
+/// with the values they read from the request; rules whose conditions do not hold add nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn response_rules_after_an_answer_act_on_it() {
+    let origin = echo().await;
+    let larder = Larder::start(&format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{origin}" }}
+    [[listener.route.rule]]
+    when = {{ path = "/internal/**" }}
+    allow = ["10.0.0.0/8"]
+    [[listener.route.rule]]
+    response_headers = {{ set = {{ "x-frame-options" = "DENY", "x-path" = "$uri" }} }}
+    [[listener.route.rule]]
+    cors = {{ origins = ["https://app.example"] }}
+    [[listener.route.rule]]
+    when = {{ path = "/elsewhere/**" }}
+    response_headers = {{ set = {{ "x-elsewhere" = "1" }} }}
+"#,
+        origin = origin.url()
+    ))
+    .await;
+    let c = client();
+    let r = get(
+        &c,
+        &larder.url("/internal/a"),
+        &[("origin", "https://app.example")],
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(r.header("x-frame-options"), Some("DENY"));
+    assert_eq!(
+        r.header("x-path"),
+        Some("/internal/a"),
+        "read from the request at ①"
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert_eq!(r.header("x-elsewhere"), None, "its condition does not hold");
+    assert_eq!(origin.hits(), 0);
+}

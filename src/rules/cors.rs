@@ -108,6 +108,18 @@ impl Cors {
 }
 
 impl Step for Cors {
+    /// An earlier rule's answer (a 401, a 429) still carries the allow fields for an allowed
+    /// origin, so that the page's script can read it.
+    fn answered(&self, req: &Request<RequestBody>, cx: &mut Cx) {
+        if let Some(a) = req
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|o| self.allow(o))
+        {
+            cx.stash(self.id(), Allowed(a));
+        }
+    }
+
     fn request(&self, req: &mut Request<RequestBody>, cx: &mut Cx) -> Verdict {
         let allowed = req
             .headers()

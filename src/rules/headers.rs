@@ -152,11 +152,16 @@ impl ResponseHeaders {
 
 impl Step for ResponseHeaders {
     fn request(&self, req: &mut Request<RequestBody>, cx: &mut Cx) -> Verdict {
+        self.answered(req, cx);
+        Verdict::Next
+    }
+
+    /// An earlier rule's answer gets these fields too (nginx's `add_header ... always`).
+    fn answered(&self, req: &Request<RequestBody>, cx: &mut Cx) {
         if self.early {
             let values = self.edits.render(Some(Seen::of(req)), cx);
             cx.stash(self.id(), Rendered(values));
         }
-        Verdict::Next
     }
 
     fn deliver(&self, resp: &mut Response<Body>, cx: &Cx) {
