@@ -36,7 +36,8 @@ def main():
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                     help=f"any of {', '.join(SCENARIOS)} (default: all), or push "
                          "(SSE fan-out against nginx + nchan, bench/push_bench.py), or tiers "
-                         "(disk and shared cache tiers, bench/tiers_bench.py)")
+                         "(disk and shared cache tiers, bench/tiers_bench.py), or limits (how exactly a rate "
+                         "limit holds, one node and a fleet of two, bench/limits_bench.py)")
     ap.add_argument("--quick", action="store_true", help="3 s per run instead of 10 s")
     ap.add_argument("--duration", type=int, help="seconds per wrk run (overrides the default)")
     ap.add_argument("--reps", type=int, default=2, help="runs per cell and system (default 2)")
@@ -56,7 +57,8 @@ def main():
     # the others.
     push = "push" in names
     tiers = "tiers" in names
-    names = [n for n in names if n not in ("push", "tiers")]
+    limits = "limits" in names
+    names = [n for n in names if n not in ("push", "tiers", "limits")]
     for n in names:
         scenario_cells(n)  # validates
     duration = args.duration or (3 if args.quick else 10)
@@ -164,6 +166,9 @@ def main():
         if tiers:
             import tiers_bench
             tiers_bench.run(procs, args)
+        if limits:
+            import limits_bench
+            limits_bench.run(procs, args)
     except KeyboardInterrupt as e:
         warn(f"interrupted ({e}); stopping everything")
         return 130

@@ -47,6 +47,8 @@ pub struct Entry {
     pub user: Option<String>,
     /// The request's id, when a `request_id` rule gave it one.
     pub request_id: Option<String>,
+    /// The backend that answered and its time, when the response was fetched.
+    pub upstream: Option<crate::http::fetch::Upstreamed>,
 }
 
 impl Entry {
@@ -80,6 +82,7 @@ impl Entry {
             cache_rule: None,
             user: None,
             request_id: None,
+            upstream: None,
         }
     }
 }
@@ -248,7 +251,7 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
         }
         Format::Json => {
             let v = serde_json::json!({
-                "time": httpdate::fmt_http_date(e.time),
+                "time": iso_time(e.time),
                 "remote": e.remote.ip().to_string(),
                 "method": e.method.as_str(),
                 "uri": e.uri,
@@ -265,6 +268,8 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "cache_rule": e.cache_rule,
                 "user": e.user,
                 "request_id": e.request_id,
+                "upstream_addr": e.upstream.as_ref().map(|u| &*u.addr),
+                "upstream_time": e.upstream.as_ref().map(|u| (u.time.as_micros() as f64) / 1e6),
             });
             out.push_str(&v.to_string());
         }
@@ -304,8 +309,33 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         "cache_rule" => write!(out, "{}", e.cache_rule.as_deref().unwrap_or("-")),
         "user" => write!(out, "{}", user(e)),
         "request_id" => write!(out, "{}", e.request_id.as_deref().unwrap_or("-")),
+        "time_iso" => write!(out, "{}", iso_time(e.time)),
+        "upstream_addr" => match &e.upstream {
+            Some(u) => write!(out, "{}", u.addr),
+            None => write!(out, "-"),
+        },
+        // nginx's $upstream_response_time: seconds, to the millisecond.
+        "upstream_time" => match &e.upstream {
+            Some(u) => write!(out, "{:.3}", u.time.as_secs_f64()),
+            None => write!(out, "-"),
+        },
         _ => Ok(()),
     };
+}
+
+/// `2026-11-28T01:05:02.123Z`: ISO 8601 (RFC 3339) in UTC, to the millisecond.
+fn iso_time(t: SystemTime) -> String {
+    use time::format_description::FormatItem;
+    static FORMAT: std::sync::OnceLock<Vec<FormatItem<'static>>> = std::sync::OnceLock::new();
+    let format = FORMAT.get_or_init(|| {
+        time::format_description::parse_borrowed::<2>(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z",
+        )
+        .expect("a valid description")
+    });
+    time::OffsetDateTime::from(t)
+        .format(format)
+        .unwrap_or_default()
 }
 
 fn protocol(v: Version) -> &'static str {

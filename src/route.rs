@@ -326,6 +326,10 @@ impl Observed {
                 e.user = cx.and_then(|cx| cx.note("user")).map(str::to_string);
             }
             e.request_id = request_id.map(str::to_string);
+            e.upstream = response
+                .extensions()
+                .get::<crate::http::fetch::Upstreamed>()
+                .cloned();
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             log.log(*e);

@@ -42,7 +42,10 @@ async fn combined_json_and_template_lines() {
     for (format, check) in [
         ("combined", 0),
         ("json", 1),
-        ("{method} {uri} {status} {cache} {bytes} {user_agent}", 2),
+        (
+            "{method} {uri} {status} {cache} {bytes} {user_agent} {upstream_addr}",
+            2,
+        ),
     ] {
         let log = dir.path().join(format!("{check}.log"));
         let larder = Larder::start(&config(
@@ -83,10 +86,27 @@ async fn combined_json_and_template_lines() {
                 assert_eq!(v[1]["user_agent"], "test-agent/1 \"quoted\"");
                 assert!(v[1]["duration_us"].as_u64().is_some());
                 assert_eq!(v[1]["route"], format!("{} */", larder.addr));
+                // ISO 8601 in UTC to the millisecond: 2026-11-28T01:05:02.123Z.
+                let t = v[0]["time"].as_str().unwrap();
+                assert_eq!(t.len(), 24, "{t}");
+                assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T' && t.as_bytes()[19] == b'.');
+                // The miss and the pass name the backend that answered and its time; the hit
+                // none.
+                let backend = origin.url().trim_start_matches("http://").to_string();
+                for i in [0, 2] {
+                    assert_eq!(v[i]["upstream_addr"], backend.as_str(), "{}", got[i]);
+                    assert!(v[i]["upstream_time"].as_f64().unwrap() >= 0.0);
+                }
+                assert!(v[1]["upstream_addr"].is_null(), "{}", got[1]);
+                assert!(v[1]["upstream_time"].is_null());
             }
             _ => {
-                assert_eq!(got[0], "GET /a?x=1 200 MISS 5 test-agent/1 \"quoted\"");
-                assert_eq!(got[1], "GET /a?x=1 200 HIT 5 test-agent/1 \"quoted\"");
+                let backend = origin.url().trim_start_matches("http://").to_string();
+                assert_eq!(
+                    got[0],
+                    format!("GET /a?x=1 200 MISS 5 test-agent/1 \"quoted\" {backend}")
+                );
+                assert_eq!(got[1], "GET /a?x=1 200 HIT 5 test-agent/1 \"quoted\" -");
             }
         }
         assert_eq!(larder_dropped(&larder), Some(0));

@@ -242,3 +242,46 @@ addr = "127.0.0.1:0"
     assert_eq!(r.header("x-elsewhere"), None, "its condition does not hold");
     assert_eq!(origin.hits(), 0);
 }
+
+/// Every TOML example in docs/rules.md is a configuration larder reads (alone, or as the rules
+/// of a route, or as a route of a listener): the reference shows no syntax larder refuses.
+#[test]
+fn every_example_in_the_rules_reference_parses() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rules.md")).unwrap();
+    let listener = "[[listener]]\naddr = \"127.0.0.1:1\"\n";
+    let route = "[[listener.route]]\npath = \"/\"\nproxy = { upstream = \"http://127.0.0.1:1\" }\n";
+    let pools = "[pool.blue]\nbackends = [\"http://127.0.0.1:2\"]\n[pool.green]\nbackends = [\"http://127.0.0.1:3\"]\n[pool.shadow]\nbackends = [\"http://127.0.0.1:4\"]\n[cache.shared]\nurl = \"redis://127.0.0.1:1\"\n";
+    let mut n = 0;
+    for block in doc.split("```toml\n").skip(1) {
+        let example = &block[..block.find("```").unwrap()];
+        n += 1;
+        // The pools and shared tier the examples' splits, mirrors and fleet limits name,
+        // unless an example defines its own.
+        let pools = if example.contains("[pool.") {
+            ""
+        } else {
+            pools
+        };
+        let tries = [
+            format!("{pools}{example}"),
+            format!("{pools}{listener}{example}"),
+            format!("{pools}{listener}{route}{example}"),
+        ];
+        let errors: Vec<String> = tries
+            .iter()
+            .map(|t| larder::config::Config::parse(t, "docs/rules.md"))
+            .filter_map(Result::err)
+            .map(|e| e.to_string())
+            .collect();
+        // An example may name a file of the reader's (an error page): reading it is the one
+        // thing that may fail here.
+        let file_only = errors.len() == tries.len()
+            && (errors.iter()).any(|e| e.contains("No such file or directory"));
+        assert!(
+            errors.len() < tries.len() || file_only,
+            "docs/rules.md example {n}:\n{example}\n{errors:#?}"
+        );
+    }
+    assert!(n >= 10, "{n} examples");
+}

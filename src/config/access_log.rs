@@ -55,6 +55,9 @@ pub const LOG_FIELDS: &[&str] = &[
     "cache_rule",
     "user",
     "request_id",
+    "time_iso",
+    "upstream_addr",
+    "upstream_time",
 ];
 
 /// How access log lines are written.

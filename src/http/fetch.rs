@@ -9,6 +9,18 @@ use http::{Response, StatusCode};
 use super::text_response;
 use crate::body::Body;
 
+/// Which backend answered a request and how long its response head took, carried in the
+/// extensions of the response larder passes on or builds from it (the access log's
+/// `upstream_addr` and `upstream_time`, nginx's `$upstream_addr` and
+/// `$upstream_response_time`). Only responses fetched carry it: a hit has none.
+#[derive(Debug, Clone)]
+pub struct Upstreamed {
+    /// The backend's `host:port`.
+    pub addr: std::sync::Arc<str>,
+    /// From sending the request (the first try's, when it was retried) to the response head.
+    pub time: Duration,
+}
+
 /// Why an upstream exchange failed. The text (for the log) carries the detail: hyper's error
 /// chain, addresses. The client gets [`FetchError::response`], a short fixed text. Cloned for
 /// every request waiting on a failed fill.

@@ -35,6 +35,7 @@ use crate::cache::policy::{self, FetchContext, NoStoreReason, Storable};
 use crate::cache::{CacheKey, Entry, Lease, Pending, Selection};
 use crate::compress::Encoding;
 use crate::deliver::CacheStatus;
+use crate::http::fetch::Upstreamed;
 use crate::http::fields::{self, VIA};
 use crate::phases::Cx;
 use crate::upstream::{FetchError, UpstreamBody};
@@ -113,18 +114,26 @@ impl Proxy {
         if let Some(p) = &fill.proxy.0.phases {
             p.upstream_response(&mut rparts, Cx::of(&fill.req.client));
         }
+        // Who answered, for the access log, on whichever response the client gets.
+        let upstreamed = rparts.extensions.get::<Upstreamed>().cloned();
+        let with_upstream = move |mut r: Response<Body>| {
+            if let Some(u) = upstreamed {
+                r.extensions_mut().insert(u);
+            }
+            r
+        };
         if let Some(old) = fill.req.stale.clone() {
             match fill.revalidate(&old, rparts, &ctx) {
-                ControlFlow::Break(answer) => return answer,
+                ControlFlow::Break(answer) => return with_upstream(answer),
                 ControlFlow::Continue(full) => rparts = full,
             }
         }
         // What the policy refuses is passed on from here; what it admits is read, decoded and
         // stored by a boxed future (the larger one, kept out of every uncacheable fetch's).
-        match fill.decide(&rparts, &ctx) {
+        with_upstream(match fill.decide(&rparts, &ctx) {
             Ok(storable) => Box::pin(fill.read_and_store(rparts, rbody, storable)).await,
             Err(reason) => fill.pass(reason, rparts, Body::stream(rbody)).await,
-        }
+        })
     }
 }
 

@@ -368,7 +368,12 @@ impl Pool {
                 )
                 .await;
                 let failure = match result {
-                    Ok(resp) => {
+                    Ok(mut resp) => {
+                        resp.extensions_mut()
+                            .insert(crate::http::fetch::Upstreamed {
+                                addr: Arc::from(backend.url.authority.as_str()),
+                                time: started.elapsed(),
+                            });
                         if resp.status().is_server_error() {
                             backend.health.errors[2].fetch_add(1, Ordering::Relaxed);
                         }
