@@ -84,6 +84,10 @@ pub struct Cli {
     /// under --state-dir (its path is printed, for `curl --cacert`).
     #[arg(long, requires = "quick")]
     pub tls_self_signed: bool,
+    /// Also serve HTTP/3 (QUIC) on --listen's port over UDP, with --tls-cert or
+    /// --tls-self-signed (`http3 = true` in `[listener.tls]`).
+    #[arg(long, requires = "quick")]
+    pub http3: bool,
     /// Where larder keeps what it makes (the self-signed certificate); overrides
     /// `[server] state_dir` (default `larder-state`).
     #[arg(long, value_name = "DIR")]
@@ -268,7 +272,16 @@ impl Cli {
             }
         }
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key.clone()));
+            let mut tls = TlsConfig::single(cert.clone(), key.clone());
+            tls.http3 = self.http3;
+            cfg.listeners[0].tls = Some(tls);
+        }
+        if self.http3 && self.tls_cert.is_none() && !self.tls_self_signed {
+            return Err(config::Error::Semantic {
+                origin: "command line".into(),
+                message: "--http3 needs HTTPS: --tls-cert and --tls-key, or --tls-self-signed"
+                    .into(),
+            });
         }
         Ok((cfg, source))
     }
@@ -321,7 +334,9 @@ impl Cli {
             return Ok(None);
         }
         let (cert, key) = crate::tls::self_signed(&cfg.server.state_dir.join("tls"))?;
-        cfg.listeners[0].tls = Some(TlsConfig::single(cert.clone(), key));
+        let mut tls = TlsConfig::single(cert.clone(), key);
+        tls.http3 = self.http3;
+        cfg.listeners[0].tls = Some(tls);
         Ok(Some(cert))
     }
 }
@@ -336,6 +351,39 @@ fn random_token() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http3_flag_turns_quic_on_for_the_quick_start_tls() {
+        let cli = Cli::parse_from([
+            "larder",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--http3",
+        ]);
+        let (cfg, _) = cli.config().unwrap();
+        assert!(cfg.listeners[0].tls.as_ref().unwrap().http3);
+        let plain = Cli::parse_from(["larder", "--upstream", "http://127.0.0.1:1", "--http3"]);
+        let e = plain.config().err().expect("refused").to_string();
+        assert!(e.contains("--http3 needs HTTPS"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().to_str().unwrap();
+        let cli = Cli::parse_from([
+            "larder",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--tls-self-signed",
+            "--http3",
+            "--state-dir",
+            state,
+        ]);
+        let (mut cfg, _) = cli.config().unwrap();
+        cli.self_signed(&mut cfg).unwrap();
+        assert!(cfg.listeners[0].tls.as_ref().unwrap().http3);
+    }
 
     #[test]
     fn images_flag_runs_the_image_server() {
