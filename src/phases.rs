@@ -159,7 +159,14 @@ pub trait Step: Send + Sync {
     fn deliver(&self, _resp: &mut Response<Body>, _cx: &Cx) {}
 
     /// ⑤ The request is complete (its response head is ready), where it is counted and logged.
+    /// Runs only for a step whose [`Step::logs`] says so.
     fn log(&self, _resp: &Response<Body>, _cx: &Cx) {}
+
+    /// Whether the step acts at ⑤: only then (or when the access log or tracing reads it) is
+    /// the request's context kept in the response until it is logged.
+    fn logs(&self) -> bool {
+        false
+    }
 }
 
 /// A step and its conditions (None: it applies to every request).
@@ -180,6 +187,8 @@ pub const MAX_STEPS: usize = 64;
 /// A route's steps, in the order they run at each phase. Built only for a route that has some.
 pub struct Phases {
     steps: Box<[Guarded]>,
+    /// Some step acts at ⑤ ([`Step::logs`]).
+    logs: bool,
 }
 
 /// The end of ① on a request: go on to the handler, or answer.
@@ -198,6 +207,7 @@ impl Phases {
         );
         (!steps.is_empty()).then(|| {
             Arc::new(Phases {
+                logs: steps.iter().any(|g| g.step.logs()),
                 steps: steps.into_boxed_slice(),
             })
         })
@@ -300,6 +310,11 @@ impl Phases {
     /// ④.
     pub fn deliver(&self, resp: &mut Response<Body>, cx: &Cx) {
         self.applying(cx).for_each(|s| s.deliver(resp, cx));
+    }
+
+    /// Whether some step acts at ⑤.
+    pub fn logs(&self) -> bool {
+        self.logs
     }
 
     /// ⑤, for the request whose context ④ left in the response's extensions.

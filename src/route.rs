@@ -684,7 +684,11 @@ impl Router {
                 ..
             }) => {
                 let serving = match phases {
-                    Some(phases) => phased(phases, handler, req, peer, sink),
+                    Some(phases) => {
+                        // The request's context stays in the response for ⑤ and the log.
+                        let keep = self.logged.is_some() || self.traced.is_some() || phases.logs();
+                        phased(phases, handler, req, peer, sink, keep)
+                    }
                     None => handler.serve(req, peer, sink),
                 };
                 let serving = match extra.is_empty() {
@@ -716,6 +720,7 @@ fn phased(
     req: Request<RequestBody>,
     peer: SocketAddr,
     sink: Option<Sink>,
+    keep: bool,
 ) -> Serving {
     let (req, cx, decided) = match phases.request(req, Cx::new(peer)) {
         Ok(done) => done,
@@ -724,17 +729,17 @@ fn phased(
             return Serving::Pending(Box::pin(async move {
                 let (req, cx, decided) = deciding.await;
                 let (serving, cx) = decide(&handler, req, cx, decided, peer, sink);
-                finish(&phases, serving.await, &cx)
+                finish(&phases, serving.await, &cx, keep)
             }));
         }
     };
     let (serving, cx) = decide(handler, req, cx, decided, peer, sink);
     match serving {
-        Serving::Ready(Some(r)) => Serving::Ready(Some(finish(phases, r, &cx))),
+        Serving::Ready(Some(r)) => Serving::Ready(Some(finish(phases, r, &cx, keep))),
         Serving::Ready(None) => Serving::Ready(None),
         Serving::Pending(f) => {
             let phases = Arc::clone(phases);
-            Serving::Pending(Box::pin(async move { finish(&phases, f.await, &cx) }))
+            Serving::Pending(Box::pin(async move { finish(&phases, f.await, &cx, keep) }))
         }
     }
 }
@@ -759,10 +764,12 @@ fn decide(
     }
 }
 
-/// ④, and the context left in the response for ⑤.
-fn finish(phases: &Phases, mut r: Response<Body>, cx: &Arc<Cx>) -> Response<Body> {
+/// ④, and (`keep`) the context left in the response for ⑤ and the access log.
+fn finish(phases: &Phases, mut r: Response<Body>, cx: &Arc<Cx>, keep: bool) -> Response<Body> {
     phases.deliver(&mut r, cx);
-    r.extensions_mut().insert(Arc::clone(cx));
+    if keep {
+        r.extensions_mut().insert(Arc::clone(cx));
+    }
     r
 }
 

@@ -49,6 +49,9 @@ impl Step for Recorder {
         resp.headers_mut()
             .insert("x-step-deliver", HeaderValue::from_static("1"));
     }
+    fn logs(&self) -> bool {
+        true
+    }
     fn log(&self, resp: &Response<Body>, _cx: &Cx) {
         assert!(resp.headers().contains_key("x-step-deliver"), "④ before ⑤");
         self.note("log");
@@ -205,6 +208,9 @@ async fn an_answer_at_the_request_phase_skips_the_handler() {
         }
         fn deliver(&self, _resp: &mut Response<Body>, _cx: &Cx) {
             self.0.lock().unwrap().push("deliver");
+        }
+        fn logs(&self) -> bool {
+            true
         }
         fn log(&self, _resp: &Response<Body>, _cx: &Cx) {
             self.0.lock().unwrap().push("log");

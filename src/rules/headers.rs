@@ -24,6 +24,8 @@ struct Edits {
     set: Vec<(HeaderName, Value)>,
     add: Vec<(HeaderName, Value)>,
     remove: Vec<HeaderName>,
+    /// Every value is fixed: applied as it is, nothing rendered or collected per request.
+    fixed: bool,
 }
 
 impl Edits {
@@ -43,14 +45,18 @@ impl Edits {
             }
             false => Value::Template(t.clone()),
         };
+        let set: Vec<_> = (cfg.set.iter())
+            .map(|(k, v)| (k.header(), value(v)))
+            .collect();
+        let add: Vec<_> = (cfg.add.iter())
+            .map(|(k, v)| (k.header(), value(v)))
+            .collect();
+        let fixed = (set.iter().chain(&add)).all(|(_, v)| matches!(v, Value::Fixed(_)));
         Edits {
-            set: (cfg.set.iter())
-                .map(|(k, v)| (k.header(), value(v)))
-                .collect(),
-            add: (cfg.add.iter())
-                .map(|(k, v)| (k.header(), value(v)))
-                .collect(),
+            set,
+            add,
             remove: cfg.remove.iter().map(|k| k.header()).collect(),
+            fixed,
         }
     }
 
@@ -87,6 +93,23 @@ impl Edits {
             .collect()
     }
 
+    /// [`Edits::apply`] when every value is fixed.
+    fn apply_fixed(&self, h: &mut HeaderMap) {
+        for name in &self.remove {
+            h.remove(name);
+        }
+        for (name, v) in &self.set {
+            if let Value::Fixed(v) = v {
+                h.insert(name.clone(), v.clone());
+            }
+        }
+        for (name, v) in &self.add {
+            if let Value::Fixed(v) = v {
+                h.append(name.clone(), v.clone());
+            }
+        }
+    }
+
     fn apply(&self, h: &mut HeaderMap, values: Vec<Option<HeaderValue>>) {
         for name in &self.remove {
             h.remove(name);
@@ -121,6 +144,10 @@ impl RequestHeaders {
 
 impl Step for RequestHeaders {
     fn upstream_request(&self, req: &mut request::Parts, cx: &Cx) {
+        if self.0.fixed {
+            self.0.apply_fixed(&mut req.headers);
+            return;
+        }
         let values = self.0.render(Some(Seen::of_parts(req)), cx);
         self.0.apply(&mut req.headers, values);
     }
@@ -165,6 +192,10 @@ impl Step for ResponseHeaders {
     }
 
     fn deliver(&self, resp: &mut Response<Body>, cx: &Cx) {
+        if self.edits.fixed {
+            self.edits.apply_fixed(resp.headers_mut());
+            return;
+        }
         let values = match cx.stashed::<Rendered>(self.id()) {
             Some(r) => r.0.clone(),
             None => self.edits.render(None, cx),

@@ -240,7 +240,8 @@ impl Inner {
         };
         // The name serialized once; two integers after it (what `sf_item` would write).
         let v = format!("{};r={r};t={t}", self.quoted);
-        HeaderValue::from_str(&v).expect("serialized structured field")
+        // The string's buffer becomes the value's (no second copy).
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).expect("serialized structured field")
     }
 
     /// The answer to a request rejected by `d`.
