@@ -615,6 +615,82 @@ fn the_containerfile_copies_the_binary_and_runs_as_a_user() {
     );
 }
 
+/// dist/Containerfile builds with podman (`--target prebuilt`: the binary of this test run,
+/// stripped, on the Debian 12 base tests/provision made with debootstrap, since no registry is
+/// reachable here; `--format docker`, which keeps the HEALTHCHECK), and the image says what the
+/// file says: user `larder`, larder as the entry point on the shipped configuration, port 8080,
+/// the two volumes, the health check running `larder probe`. What cannot run here: a container
+/// (crun: setrlimit refused in this sandbox), nor the first stage (the Rust image is pulled
+/// from a registry).
+#[test]
+fn the_container_image_builds_with_podman() {
+    let podman = common::apt("podman", "podman");
+    let podman = |args: &[&str]| {
+        let out = Command::new(&podman)
+            .arg("--storage-driver=vfs")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "podman {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ctx.path().join("dist")).unwrap();
+    std::fs::create_dir_all(ctx.path().join("bin")).unwrap();
+    for f in ["dist/Containerfile", "dist/larder.toml"] {
+        std::fs::copy(Path::new(ROOT).join(f), ctx.path().join(f)).unwrap();
+    }
+    let binary = ctx.path().join("bin/larder");
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(&binary)
+        .arg(env!("CARGO_BIN_EXE_larder"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(env!("CARGO_BIN_EXE_larder"), &binary).unwrap();
+    }
+    let tag = format!("localhost/larder-test-{}", std::process::id());
+    let context = ctx.path().to_str().unwrap();
+    let file = ctx.path().join("dist/Containerfile");
+    podman(&[
+        "build",
+        "--isolation=chroot",
+        "--format=docker",
+        "--target=prebuilt",
+        "--build-arg=BASE=localhost/bookworm",
+        "--build-arg=LARDER_BIN=bin/larder",
+        "-f",
+        file.to_str().unwrap(),
+        "-t",
+        &tag,
+        context,
+    ]);
+    let inspect = podman(&["image", "inspect", &tag]);
+    podman(&["rmi", "-f", &tag]);
+    let v: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    let config = &v[0]["Config"];
+    assert_eq!(config["User"], "larder", "{config}");
+    assert_eq!(config["Entrypoint"][0], "/usr/bin/larder");
+    assert_eq!(
+        config["Cmd"],
+        serde_json::json!(["--config", "/etc/larder/larder.toml"])
+    );
+    assert!(config["ExposedPorts"].get("8080/tcp").is_some(), "{config}");
+    for volume in ["/var/lib/larder", "/var/cache/larder"] {
+        assert!(config["Volumes"].get(volume).is_some(), "{config}");
+    }
+    let check = v[0]["Healthcheck"]["Test"].to_string();
+    assert!(
+        check.contains("probe") && check.contains("/ping"),
+        "{check}"
+    );
+}
+
 /// `[package.metadata.deb]`: every asset it packages exists, or is one `dist/deb` makes
 /// (under target/release/); the shipped configuration (dist/larder.toml) is
 /// /etc/larder/larder.toml, a conffile; the unit and the maintainer scripts are there, and the
