@@ -409,7 +409,8 @@ impl RouterCache {
 
 impl Router {
     /// The router of `listener`, its handlers built with the shared `cache`, the `fleet` (if
-    /// `[cache.shared]` opened one), `[admin]` and the running `pools`.
+    /// `[cache.shared]` opened one), `[admin]` and the running `pools`, without its routes'
+    /// rules (the server builds routers with [`Router::with_steps`] and `rules::compile`).
     pub fn new(
         listener: &ListenerConfig,
         admin: &AdminConfig,
@@ -417,7 +418,6 @@ impl Router {
         fleet: Option<&Arc<Fleet>>,
         pools: &Pools,
     ) -> Router {
-        // No rules yet: no route has steps (the next rules compile theirs here).
         Router::with_steps(listener, admin, cache, fleet, pools, |_| Vec::new())
     }
 
