@@ -662,11 +662,15 @@ async fn forwards_methods_bodies_and_proxy_headers() {
     let larder = larder(PROXY, &origin.url()).await;
     let c = client();
     let url = format!("http://{}/submit", larder.addr);
+    // A plain-text client claiming HTTPS is not believed.
     let posted = send(
         &c,
         "POST",
         &url,
-        &[("content-type", "text/plain")],
+        &[
+            ("content-type", "text/plain"),
+            ("x-forwarded-proto", "https"),
+        ],
         b"payload",
     )
     .await;

@@ -245,7 +245,7 @@ async fn trusted_proxies_fields_name_the_client() {
     let origin = origin().await;
     let real_ip = "  [listener.real_ip]\n  from = [\"10.0.0.0/8\", \"127.0.0.1/32\"]\n";
     let larder = Larder::start(&config(&origin.url(), &log, real_ip)).await;
-    let xff = "X-Forwarded-For: 198.51.100.9, 10.1.2.3\r\n";
+    let xff = "X-Forwarded-For: 198.51.100.9, 10.1.2.3\r\nX-Forwarded-Proto: https\r\n";
     let mut trusted = Raw::connect(larder.addr).await;
     assert_eq!(get_on(&mut trusted, "/trusted", xff).await.status, 200);
     // A conditional request: the proxy fetches with a copy of its head (without the
@@ -274,6 +274,15 @@ async fn trusted_proxies_fields_name_the_client() {
         );
     }
     assert_eq!(forwarded_for(&origin, "/untrusted"), "127.0.0.2");
+    // The scheme a trusted proxy's client used is kept; an untrusted peer's claim is not.
+    let proto = |path: &str| {
+        let seen = origin.seen();
+        let s = seen.iter().find(|s| s.path == path).unwrap();
+        s.headers["x-forwarded-proto"].to_str().unwrap().to_string()
+    };
+    assert_eq!(proto("/trusted"), "https");
+    assert_eq!(proto("/conditional"), "https");
+    assert_eq!(proto("/untrusted"), "http");
 }
 
 /// RFC 7239's Forwarded, its IPv6 node quoted with a port; from a peer not trusted, dropped.

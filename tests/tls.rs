@@ -135,6 +135,10 @@ async fn alpn_chooses_h2_or_http1_and_the_cache_works_the_same_over_both() {
     let p2 = https_get(larder.addr, "site.test", &ca, &[b"h2"], "/private", &[]).await;
     assert_ne!(p2.cache(), "HIT", "{:?} {:?}", p1.cache(), p2.cache());
     assert_eq!(origin.hits(), 3, "one fill of /a, two of /private");
+    // The origin is told the client came over HTTPS, whichever HTTP version it spoke.
+    for seen in origin.seen() {
+        assert_eq!(seen.headers["x-forwarded-proto"], "https", "{}", seen.path);
+    }
     assert!(larder.tls_counts().handshakes >= 9);
 }
 
@@ -558,6 +562,10 @@ async fn http3_serves_the_same_cache_on_the_same_port() {
     let posted = h3.send("POST", &url("/upload"), &[], &upload).await;
     assert_eq!(posted.text(), "got 100000 bytes");
     assert_eq!(origin.hits(), 3, "a, b, the POST");
+    // Filled over TCP (a), HTTP/3 (b) and the POST over HTTP/3: every one said HTTPS.
+    for seen in origin.seen() {
+        assert_eq!(seen.headers["x-forwarded-proto"], "https", "{}", seen.path);
+    }
     drop(h3);
     assert_eq!(
         larder.shutdown().await,

@@ -94,14 +94,39 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hop(pub IpAddr);
 
+/// On a request that came over TLS (HTTPS on TCP, or HTTP/3): its scheme is `https`. Set by the
+/// server from the connection, never from what the request says (an absolute-form target or
+/// HTTP/2's `:scheme` are the client's word), so a plain-text client cannot pass for a secure
+/// one. Read through [`scheme`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Secure;
+
+/// The scheme the client used to reach larder: `https` on a [`Secure`] request, else `http`.
+pub fn scheme(ext: &http::Extensions) -> &'static str {
+    if ext.get::<Secure>().is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
 /// The Via value larder adds (RFC 9110 §7.6.3).
 pub const VIA: HeaderValue = HeaderValue::from_static("1.1 larder");
 
 /// Adds what the origin is told about a request forwarded from `client`: X-Forwarded-Host (the
 /// request's authority, when it has one), X-Forwarded-For (appended to the list a proxy before
-/// larder started), X-Forwarded-Proto, and Via. `client` is the address appended: whoever
-/// connected to larder (the [`Hop`] when the request has one, else its client).
-pub fn add_forwarding(h: &mut HeaderMap, host: Option<&HeaderValue>, client: IpAddr) {
+/// larder started), X-Forwarded-Proto (`scheme`, see [`scheme`]), and Via. `client` is the
+/// address appended: whoever connected to larder (the [`Hop`] when the request has one, else
+/// its client). `trusted` says the request came through a trusted proxy (`[listener.real_ip]`):
+/// the X-Forwarded-Proto it set, saying what its client used, is then kept, as the client
+/// address it named is.
+pub fn add_forwarding(
+    h: &mut HeaderMap,
+    host: Option<&HeaderValue>,
+    client: IpAddr,
+    scheme: &'static str,
+    trusted: bool,
+) {
     // Names checked at compile time (`from_static` at run time validates every byte).
     const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
     const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -116,7 +141,12 @@ pub fn add_forwarding(h: &mut HeaderMap, host: Option<&HeaderValue>, client: IpA
     if let Some(v) = value {
         h.insert(X_FORWARDED_FOR, v);
     }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    let keep = trusted
+        && h.get(X_FORWARDED_PROTO)
+            .is_some_and(|v| matches!(v.as_bytes(), b"http" | b"https"));
+    if !keep {
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+    }
     h.append(header::VIA, VIA);
 }
 
@@ -186,7 +216,35 @@ mod tests {
         }
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
-        add_forwarding(&mut h, None, "10.0.0.1".parse().unwrap());
+        add_forwarding(&mut h, None, "10.0.0.1".parse().unwrap(), "http", false);
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 10.0.0.1");
+    }
+
+    #[test]
+    fn forwarded_proto_is_the_connections_unless_a_trusted_proxy_said() {
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-proto", HeaderValue::from_static(v));
+            h
+        };
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, None, ip, "https", false);
+        assert_eq!(h["x-forwarded-proto"], "https");
+        // A client's own claim is replaced...
+        let mut h = with("https");
+        add_forwarding(&mut h, None, ip, "http", false);
+        assert_eq!(h["x-forwarded-proto"], "http");
+        // ...a trusted proxy's kept, when it is one of the two schemes.
+        let mut h = with("https");
+        add_forwarding(&mut h, None, ip, "http", true);
+        assert_eq!(h["x-forwarded-proto"], "https");
+        let mut h = with("gopher");
+        add_forwarding(&mut h, None, ip, "http", true);
+        assert_eq!(h["x-forwarded-proto"], "http");
+        let mut ext = http::Extensions::new();
+        assert_eq!(scheme(&ext), "http");
+        ext.insert(Secure);
+        assert_eq!(scheme(&ext), "https");
     }
 }

@@ -647,7 +647,7 @@ async fn buffer_up_to(mut body: UpstreamBody, max: u64) -> Buffered {
 }
 
 /// A copy of a request's head (method, URI, version, fields) without its extensions but the
-/// one the origin's request reads ([`crate::http::fields::Hop`]): what a background refresh or
+/// ones the origin's request reads ([`crate::http::fields::Hop`], [`fields::Secure`]): what a background refresh or
 /// a retried fetch sends again.
 pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
     let mut b = Request::builder()
@@ -661,6 +661,9 @@ pub(super) fn clone_parts(p: &request::Parts) -> request::Parts {
     // request's context on a route with steps (for ② and ③, and what its rules decided).
     if let Some(hop) = p.extensions.get::<fields::Hop>() {
         b = b.extension(*hop);
+    }
+    if let Some(secure) = p.extensions.get::<fields::Secure>() {
+        b = b.extension(*secure);
     }
     if let Some(cx) = Cx::of(p) {
         b = b.extension(Arc::clone(cx));

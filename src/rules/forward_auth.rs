@@ -103,7 +103,7 @@ impl Inner {
             ("x-forwarded-method", req.method().as_str().to_string()),
             (
                 "x-forwarded-proto",
-                req.uri().scheme_str().unwrap_or("http").to_string(),
+                crate::http::fields::scheme(req.extensions()).to_string(),
             ),
             ("x-forwarded-host", seen.host().to_string()),
             (

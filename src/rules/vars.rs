@@ -13,6 +13,8 @@ pub struct Seen<'a> {
     pub method: &'a Method,
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
+    /// `https` or `http`: how the client reached larder ([`crate::http::fields::scheme`]).
+    pub scheme: &'static str,
 }
 
 impl<'a> Seen<'a> {
@@ -21,6 +23,7 @@ impl<'a> Seen<'a> {
             method: req.method(),
             uri: req.uri(),
             headers: req.headers(),
+            scheme: crate::http::fields::scheme(req.extensions()),
         }
     }
 
@@ -29,6 +32,7 @@ impl<'a> Seen<'a> {
             method: &p.method,
             uri: &p.uri,
             headers: &p.headers,
+            scheme: crate::http::fields::scheme(&p.extensions),
         }
     }
 
@@ -123,7 +127,7 @@ pub fn render(t: &Template, seen: Option<Seen<'_>>, cx: &Cx, out: &mut String) {
                         Var::RequestUri => {
                             out.push_str(seen.uri.path_and_query().map_or("/", |p| p.as_str()))
                         }
-                        Var::Scheme => out.push_str(seen.uri.scheme_str().unwrap_or("http")),
+                        Var::Scheme => out.push_str(seen.scheme),
                         Var::Method => out.push_str(seen.method.as_str()),
                         Var::Header(h) => out.push_str(seen.header(h).unwrap_or("")),
                         Var::Cookie(c) => out.push_str(seen.cookie(c).unwrap_or("")),

@@ -153,6 +153,9 @@ pub fn serve_connection<T: Stream>(
     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         use hyper::body::Body as _;
         let busy = InFlight::enter(Arc::clone(&in_service), !req.body().is_end_stream());
+        if T::SECURE {
+            req.extensions_mut().insert(crate::http::fields::Secure);
+        }
         // The router in force now serves this request to its end, whatever reloads come.
         let router = routers.current();
         // The client: the connection's peer, or who the listener's trusted proxies name.

@@ -118,6 +118,8 @@ async fn request(
 ) {
     let head_only = req.method() == Method::HEAD;
     let mut req = req;
+    // HTTP/3 runs on QUIC, which is always TLS.
+    req.extensions_mut().insert(crate::http::fields::Secure);
     // The client: the QUIC peer, or who the listener's trusted proxies name (no PROXY header
     // over UDP).
     let peer = router.client(&mut req, peer);

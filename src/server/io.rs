@@ -23,6 +23,9 @@ use crate::interim;
 /// on. Anything readable and writable serves; the one thing the server asks besides is how to
 /// wait while a connection is parked (hyper's state freed, see `ServeH1`).
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether the stream is TLS: its requests are marked [`crate::http::fields::Secure`].
+    const SECURE: bool = false;
+
     /// Resolves when the parked peer has sent something or closed. Bytes read meanwhile go to
     /// `pending`, which the next hyper connection reads first.
     ///
@@ -74,6 +77,8 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 /// copies the plaintext once for that in any case), so a held write costs nothing more than a
 /// written-through one: the records of several responses then leave in one `sendmsg`.
 impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
+    const SECURE: bool = true;
+
     fn poll_write_held(
         &mut self,
         cx: &mut Context<'_>,

@@ -364,11 +364,15 @@ pub fn upstream_request(
         h.insert(header::HOST, v);
     }
     // Behind a trusted proxy, the proxy is the hop larder appends (see `fields::Hop`).
-    let hop = src
-        .extensions
-        .get::<fields::Hop>()
-        .map_or(peer.ip(), |h| h.0);
-    fields::add_forwarding(&mut h, host.as_ref(), hop);
+    let hop = src.extensions.get::<fields::Hop>();
+    let scheme = fields::scheme(&src.extensions);
+    fields::add_forwarding(
+        &mut h,
+        host.as_ref(),
+        hop.map_or(peer.ip(), |h| h.0),
+        scheme,
+        hop.is_some(),
+    );
     let mut r = Request::new(());
     *r.method_mut() = src.method.clone();
     *r.uri_mut() = Uri::builder()
