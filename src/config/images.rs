@@ -83,6 +83,88 @@ pub struct ImagesConfig {
     /// `thumb = "w=100&h=100&p=1"`. Parameters in the request override the preset's.
     #[serde(default)]
     pub presets: std::collections::BTreeMap<String, Preset>,
+    /// The image proxy's originals: a base URL (`"http://127.0.0.1:3000"`, or
+    /// `"http://host/images/"`) that relative sources of imgproxy and thumbor URLs are fetched
+    /// from, with larder's upstream machinery (keep-alive, TLS verified), cached in the tiers
+    /// by HTTP caching rules, coalesced, limited to `max_source_size`.
+    #[serde(default)]
+    pub origin: Option<String>,
+    /// A directory of originals that relative sources are read from (paths cannot leave it),
+    /// instead of `origin`; also `local:///path` sources.
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+    /// Absolute source URLs allowed (`"https://images.example.com/"`: prefixes); empty allows
+    /// none: only sources relative to `origin` or `root`.
+    #[serde(default)]
+    pub allow_sources: Vec<String>,
+    /// Largest original fetched or read, enforced from Content-Length and while reading (the
+    /// request fails with 422, nothing cached).
+    #[serde(default = "ImagesConfig::default_max_source")]
+    pub max_source_size: ByteSize<0, GIB>,
+    /// Longest an original's fetch may take.
+    #[serde(default = "ImagesConfig::default_source_timeout")]
+    pub source_timeout: Dur<1>,
+    /// imgproxy's URL grammar on this route: signature keys and presets.
+    #[serde(default)]
+    pub imgproxy: ImgproxyConfig,
+    /// thumbor's URL grammar on this route: its signing key.
+    #[serde(default)]
+    pub thumbor: ThumborConfig,
+    /// The watermark image (`wm` / thumbor's `watermark` filter with this image), a file read
+    /// at load.
+    #[serde(default)]
+    pub watermark: Option<PathBuf>,
+}
+
+/// One imgproxy signing key pair, hex-encoded (imgproxy's `IMGPROXY_KEY`/`IMGPROXY_SALT`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyPair {
+    pub key: String,
+    pub salt: String,
+}
+
+/// imgproxy's grammar on an image route (`images.imgproxy`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImgproxyConfig {
+    /// Key pairs: a URL signed with any of them is accepted (rotation). Empty: URLs are
+    /// unsigned (`/insecure/...` or any signature segment).
+    #[serde(default)]
+    pub keys: Vec<KeyPair>,
+    /// Bytes of the HMAC-SHA256 kept in the signature (imgproxy's `IMGPROXY_SIGNATURE_SIZE`).
+    #[serde(default = "ImgproxyConfig::default_signature_size")]
+    pub signature_size: Bounded<1, 32>,
+    /// Named option lists for `pr:NAME`, in imgproxy's grammar: `thumb = "rs:fill:100:100/q:80"`;
+    /// `default` applies to every request.
+    #[serde(default)]
+    pub presets: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for ImgproxyConfig {
+    fn default() -> Self {
+        ImgproxyConfig {
+            keys: Vec::new(),
+            signature_size: Self::default_signature_size(),
+            presets: Default::default(),
+        }
+    }
+}
+
+impl ImgproxyConfig {
+    fn default_signature_size() -> Bounded<1, 32> {
+        Bounded(32)
+    }
+}
+
+/// thumbor's grammar on an image route (`images.thumbor`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThumborConfig {
+    /// The security key (thumbor's `SECURITY_KEY`): URLs must carry its HMAC-SHA1; without
+    /// one, `/unsafe/` URLs are served.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 impl ImagesConfig {
@@ -109,7 +191,21 @@ impl ImagesConfig {
             upload_allow: Vec::new(),
             upload_token: false,
             presets: Default::default(),
+            origin: None,
+            root: None,
+            allow_sources: Vec::new(),
+            max_source_size: Self::default_max_source(),
+            source_timeout: Self::default_source_timeout(),
+            imgproxy: ImgproxyConfig::default(),
+            thumbor: ThumborConfig::default(),
+            watermark: None,
         }
+    }
+    fn default_max_source() -> ByteSize<0, GIB> {
+        ByteSize(20 << 20)
+    }
+    fn default_source_timeout() -> Dur<1> {
+        Dur(Duration::from_secs(10))
     }
     fn default_max_upload() -> ByteSize<0, GIB> {
         ByteSize(20 << 20)

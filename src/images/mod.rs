@@ -26,12 +26,17 @@
 
 pub mod avif;
 pub mod codec;
+pub mod filters;
+pub mod grammar;
 pub mod jpeg;
 pub mod params;
 pub mod pool;
 pub mod raster;
+pub mod smart;
 pub mod sniff;
+pub mod source;
 pub mod storage;
+pub mod thumbor;
 pub mod transform;
 pub mod upload;
 
