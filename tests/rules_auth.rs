@@ -615,6 +615,49 @@ addr = "127.0.0.1:0"
     assert_eq!(r.header("x-claim-sub"), Some("user-EdDSA"));
 }
 
+/// A token in a query parameter is removed from the request to the origin (it would end in
+/// the origin's logs) unless `forward = true`; one in a cookie is forwarded unless `forward =
+/// false`, which removes that cookie alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn where_a_jwt_was_read_decides_whether_the_origin_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = pyjwt(dir.path());
+    let origin = echo().await;
+    let jwks = format!("{}/jwks.json", dir.path().display());
+    let larder = Larder::start(&config(&[
+        route(
+            &origin,
+            "/q/",
+            &format!(r#"jwt = {{ jwks = "{jwks}", query = "token" }}"#),
+        ),
+        route(
+            &origin,
+            "/qf/",
+            &format!(r#"jwt = {{ jwks = "{jwks}", query = "token", forward = true }}"#),
+        ),
+        route(
+            &origin,
+            "/c/",
+            &format!(r#"jwt = {{ jwks = "{jwks}", cookie = "jwt", forward = false }}"#),
+        ),
+    ]))
+    .await;
+    let token = made["tokens"]["EdDSA-kid"]["good"].as_str().unwrap();
+    let c = client();
+    let r = get(&c, &larder.url(&format!("/q/a?x=1&token={token}")), &[]).await;
+    assert_eq!(r.status, 200);
+    let r = get(&c, &larder.url(&format!("/qf/a?token={token}")), &[]).await;
+    assert_eq!(r.status, 200);
+    let cookie = format!("theme=dark; jwt={token}");
+    let r = get(&c, &larder.url("/c/a"), &[("cookie", &cookie)]).await;
+    assert_eq!(r.status, 200);
+    let seen = origin.seen();
+    let at = |prefix: &str| seen.iter().find(|s| s.path.starts_with(prefix)).unwrap();
+    assert_eq!(at("/q/").path, "/q/a?x=1");
+    assert_eq!(at("/qf/").path, format!("/qf/a?token={token}"));
+    assert_eq!(at("/c/").headers["cookie"], "theme=dark");
+}
+
 /// The auth service of the forward-auth test: `Bearer good` is allowed (with `x-user`),
 /// `Bearer bad` refused 401 with its challenge, `Bearer boom` fails (500), `Bearer slow`
 /// answers after 5 s.

@@ -162,6 +162,9 @@ pub struct JwtRuleConfig {
     pub source: KeySource,
     /// Headers set on the request to the origin from the verified claims: (header, claim).
     pub claims_to_headers: Vec<(HeaderNameCfg, String)>,
+    /// Send the token to the origin: by default yes from a header or a cookie (as nginx's
+    /// `auth_jwt`), no from a query parameter (a URL's token ends in the origin's logs).
+    pub forward: bool,
     /// A JWKS URL is fetched again this often (and on an unknown `kid`, at most every
     /// `jwks_min_refresh`).
     pub jwks_refresh: Dur<{ SECOND_MS }, { 24 * HOUR_MS }>,
@@ -238,6 +241,7 @@ struct RawJwt {
     header: Option<HeaderNameCfg>,
     cookie: Option<String>,
     query: Option<String>,
+    forward: Option<bool>,
     #[serde(default)]
     claims_to_headers: BTreeMap<String, String>,
     jwks_refresh: Option<Dur<{ SECOND_MS }, { 24 * HOUR_MS }>>,
@@ -316,6 +320,7 @@ impl<'de> Deserialize<'de> for JwtRuleConfig {
             issuer: OneOrMany::list(r.issuer),
             audience: OneOrMany::list(r.audience),
             leeway: r.leeway.unwrap_or(Dur(std::time::Duration::from_secs(60))),
+            forward: r.forward.unwrap_or(!matches!(source, KeySource::Query(_))),
             source,
             claims_to_headers,
             jwks_refresh: r

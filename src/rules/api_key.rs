@@ -88,7 +88,7 @@ pub fn strip(source: &KeySource, headers: &mut HeaderMap, uri: &mut Uri) {
         KeySource::Header(h) => {
             headers.remove(&h.0);
         }
-        KeySource::Cookie(_) => {}
+        KeySource::Cookie(name) => strip_cookie(headers, name),
         KeySource::Query(name) => {
             let Some(q) = uri.query() else { return };
             let kept: Vec<&str> = q
@@ -108,6 +108,36 @@ pub fn strip(source: &KeySource, headers: &mut HeaderMap, uri: &mut Uri) {
                     *uri = u;
                 }
             }
+        }
+    }
+}
+
+/// Removes the cookie `name` from every Cookie field of `headers` (a field left empty goes).
+fn strip_cookie(headers: &mut HeaderMap, name: &str) {
+    let fields: Vec<http::HeaderValue> = headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    if fields.is_empty() {
+        return;
+    }
+    headers.remove(http::header::COOKIE);
+    for v in fields {
+        let Ok(text) = v.to_str() else {
+            headers.append(http::header::COOKIE, v);
+            continue;
+        };
+        let kept: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|c| !c.is_empty() && c.split_once('=').map_or(*c, |(k, _)| k) != name)
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        if let Ok(v) = http::HeaderValue::from_str(&kept.join("; ")) {
+            headers.append(http::header::COOKIE, v);
         }
     }
 }
@@ -171,6 +201,25 @@ mod tests {
             Verdict::Answer(_)
         ));
         assert_eq!(cx.note("api_key"), None);
+    }
+
+    #[test]
+    fn stripping_a_credential_leaves_the_rest() {
+        let mut h = HeaderMap::new();
+        h.append(
+            http::header::COOKIE,
+            http::HeaderValue::from_static("a=1; token=xyz; b=2"),
+        );
+        h.append(
+            http::header::COOKIE,
+            http::HeaderValue::from_static("token=q"),
+        );
+        let mut uri: Uri = "/p?x=1&token=abc&y=2".parse().unwrap();
+        strip(&KeySource::Cookie("token".into()), &mut h, &mut uri);
+        let cookies: Vec<_> = h.get_all(http::header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1; b=2"]);
+        strip(&KeySource::Query("token".into()), &mut h, &mut uri);
+        assert_eq!(uri, "/p?x=1&y=2");
     }
 
     #[test]

@@ -192,6 +192,8 @@ enum Failure {
 pub struct Jwt {
     verifier: Arc<Verifier>,
     source: KeySource,
+    /// Send the token upstream (`forward`); else it is removed from the origin's request.
+    forward: bool,
     claims_to_headers: Vec<(HeaderName, String)>,
 }
 
@@ -285,6 +287,7 @@ impl Jwt {
                 validation,
             }),
             source: cfg.source.clone(),
+            forward: cfg.forward,
             claims_to_headers: (cfg.claims_to_headers.iter())
                 .map(|(h, c)| (h.0.clone(), c.clone()))
                 .collect(),
@@ -374,6 +377,9 @@ impl Step for Jwt {
     }
 
     fn upstream_request(&self, req: &mut request::Parts, cx: &Cx) {
+        if !self.forward {
+            super::api_key::strip(&self.source, &mut req.headers, &mut req.uri);
+        }
         for (name, claim) in &self.claims_to_headers {
             req.headers.remove(name);
             let value = cx.claims.as_ref().and_then(|c| c.get(claim));
