@@ -46,10 +46,10 @@ PORTS = {
     "larder-bare": 18103,
     "nginx-rules": 18104,
     # the seed systems themselves (issue 44), each optional: a binary named by an environment
-    # variable (ANCHORS)
-    "pingap": 18105,
-    "pike": 18106,
-    "zimg": 18107,
+    # variable (ANCHORS); 18105 is left to the imgproxy anchor (another branch)
+    "pingap": 18110,
+    "pike": 18111,
+    "zimg": 18112,
 }
 # The seed systems built outside this repository: the environment variable naming each one's
 # binary, and where it comes from. Absent, its cells say "skipped: VAR not set".

@@ -278,7 +278,8 @@ class Env:
         if self.larder_bin is None:
             self.larder_bin = build_larder(self.args)
             if not isinstance(self.larder_bin, str):
-                v = sh([str(self.larder_bin), "--version"], timeout=10).split()
+                # `larder 0.1.0 (0a1b110 2026-11-28)`: all after the name
+                v = sh([str(self.larder_bin), "--version"], timeout=10).split(None, 1)
                 self.larder_version = v[-1] if v else "unknown"
         if isinstance(self.larder_bin, str):
             raise SkipSystem(self.larder_bin)
