@@ -45,6 +45,18 @@ PORTS = {
     "larder-rules": 18102,
     "larder-bare": 18103,
     "nginx-rules": 18104,
+    # the seed systems themselves (issue 44), each optional: a binary named by an environment
+    # variable (ANCHORS); 18105 is left to the imgproxy anchor (another branch)
+    "pingap": 18110,
+    "pike": 18111,
+    "zimg": 18112,
+}
+# The seed systems built outside this repository: the environment variable naming each one's
+# binary, and where it comes from. Absent, its cells say "skipped: VAR not set".
+ANCHORS = {
+    "pingap": ("LARDER_BENCH_PINGAP", "crates.io pingap 0.13.1 (cargo install)"),
+    "pike": ("LARDER_BENCH_PIKE", "github.com/vicanso/pike, built from its source (Go)"),
+    "zimg": ("LARDER_BENCH_ZIMG", "github.com/buaazp/zimg, built from its source (C)"),
 }
 # Ports that speak HTTPS (the harness's own requests to them skip certificate checks: the
 # certificates are made per run for 127.0.0.1, and nothing here leaves loopback).

@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import BENCH, BROTLI_MODULE, DATA, HOST, LOAD_CPU, PORTS, SUT_CPU, VENV, warn
+from .common import (ANCHORS, BENCH, BROTLI_MODULE, DATA, HOST, LOAD_CPU, PORTS, SUT_CPU,
+                     VENV, warn)
 from .processes import cmdline, descendants, rss_kb, sh, tree_cpu_ns
 from .probes import http_req, raw_response, wait_http
 from .builds import build_larder, nginx_version, pip_install, varnish_version
@@ -277,7 +278,8 @@ class Env:
         if self.larder_bin is None:
             self.larder_bin = build_larder(self.args)
             if not isinstance(self.larder_bin, str):
-                v = sh([str(self.larder_bin), "--version"], timeout=10).split()
+                # `larder 0.1.0 (0a1b110 2026-11-28)`: all after the name
+                v = sh([str(self.larder_bin), "--version"], timeout=10).split(None, 1)
                 self.larder_version = v[-1] if v else "unknown"
         if isinstance(self.larder_bin, str):
             raise SkipSystem(self.larder_bin)
@@ -447,6 +449,101 @@ class Env:
         ver = sh([str(VENV / "bin" / "python"), "-c",
                   "import thumbor; print(thumbor.__version__)"])
         return System("thumbor", PORTS["thumbor"], p, version=f"thumbor {ver}")
+
+    # -- the seed systems themselves (issue 44): optional binaries -------------------------
+    def _anchor_binary(self, name):
+        """The binary of seed system `name` from its environment variable (common.ANCHORS), or
+        SkipSystem saying why not: nothing here builds or fetches one."""
+        var, origin = ANCHORS[name]
+        path = os.environ.get(var)
+        if not path:
+            raise SkipSystem(f"{var} not set (the {name} binary: {origin}; "
+                             "see docs/benchmarks.md)")
+        exe = Path(path).expanduser()
+        if not (exe.is_file() and os.access(exe, os.X_OK)):
+            raise SkipSystem(f"{var}={path} is not an executable file")
+        return exe
+
+    def _anchor(self, name, argv, ready_path, cache_header=None, version="", ready_timeout=30):
+        """Starts a seed system on CPU 0 and waits until `ready_path` answers 200: a path that
+        goes through the system's upstream where it has one, so a proxy that answers 503
+        until its first health check (pingap) is waited for, as the harness waits for the
+        others."""
+        p = self.procs.spawn(name, argv, self.logfile(name), cpu=SUT_CPU, cwd=str(self.run))
+        deadline = time.time() + ready_timeout
+        st, why = None, ""
+        while time.time() < deadline:
+            ok, why = wait_http(PORTS[name], ready_path, timeout=max(1, deadline - time.time()),
+                                proc=p)
+            if not ok:
+                break
+            try:
+                st, _, _ = http_req(PORTS[name], ready_path, timeout=2)
+            except OSError as e:
+                st, why = None, str(e)
+            if st == 200:
+                return System(name, PORTS[name], p, cache_header=cache_header, version=version)
+            why = f"{ready_path} answered {st}"
+            time.sleep(0.2)
+        self.procs.stop(p)
+        raise SkipSystem(f"did not answer 200 within {ready_timeout}s: {why} {self.tail(name)}")
+
+    def _start_pingap(self):
+        """pingap 0.13.1 as its README's performance section runs it (bench/conf/pingap.toml):
+        one thread, no access log, its ping plugin, its cache and compression plugins."""
+        exe = self._anchor_binary("pingap")
+        conf = fill(BENCH / "conf/pingap.toml", self.run / "pingap.toml",
+                    dict(self.subst, PORT=PORTS["pingap"]))
+        ver = sh([str(exe), "--version"], timeout=10).split("(")[0].strip() or "pingap"
+        chk = sh([str(exe), "-t", "-c", str(conf)], timeout=30)
+        if "error" in chk.lower():
+            raise SkipSystem(f"`pingap -t` rejected bench/conf/pingap.toml: {chk[-300:]}")
+        return self._anchor("pingap", [str(exe), "-c", str(conf)], "/nocache/small.html",
+                            cache_header="x-cache-status", version=ver)
+
+    def _start_pike(self):
+        """pike (v4) in its file-config mode (bench/conf/pike.yml): memory cache storing the
+        br and gzip forms beside the response, no admin UI."""
+        exe = self._anchor_binary("pike")
+        conf = fill(BENCH / "conf/pike.yml", self.run / "pike.yml",
+                    dict(self.subst, PORT=PORTS["pike"]))
+        return self._anchor("pike", [str(exe), f"--config={conf}"], "/small.html",
+                            cache_header="x-status", version=go_binary_version(exe, "pike"))
+
+    def _start_zimg(self):
+        """zimg 3 (bench/conf/zimg.lua): one thread, local-disk storage, no memcached, no
+        stored results; the photo uploaded as larder-img's is (POST /upload, raw body)."""
+        exe = self._anchor_binary("zimg")
+        (self.run / "zimg").mkdir(exist_ok=True)
+        (self.run / "zimg" / "index.html").write_text("<html><body>zimg</body></html>\n")
+        conf = fill(BENCH / "conf/zimg.lua", self.run / "zimg.lua",
+                    dict(self.subst, PORT=PORTS["zimg"]))
+        s = self._anchor("zimg", [str(exe), str(conf)], "/")
+        try:
+            st, h, body = http_req(s.port, "/upload", method="POST",
+                                   headers={"Content-Type": "jpeg"},
+                                   body=(DATA / "photo-640x856.jpg").read_bytes())
+            md5 = json.loads(body)["info"]["md5"] if st == 200 else None
+        except Exception as e:  # noqa: BLE001 - any failure means the upload did not work
+            st, md5, body, h = f"error {e}", None, b"", {}
+        if not md5:
+            self.procs.stop(s.proc)
+            raise SkipSystem(f"POST /upload did not return JSON with info.md5 "
+                             f"(status {st}, {body[:120]!r})")
+        s.md5 = md5
+        s.version = h.get("server", "zimg").split(" ")[0].replace("/", " ")
+        return s
+
+
+def go_binary_version(exe, name):
+    """`NAME VERSION` of a Go binary: its main.version (-X main.version=..., as its release
+    builds set it) or its module version, read with `go version -m` when go is at hand."""
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists()
+                                else None)
+    info = sh([go, "version", "-m", str(exe)], timeout=20) if go else ""
+    m = (re.search(r"-X[ =]main\.version=([^\s'\"]+)", info)
+         or re.search(r"^\s*mod\s+\S+\s+(v[^\s]+)", info, re.M))
+    return f"{name} {m.group(1)}" if m else f"{name} (version unknown)"
 
 
 class SkipSystem(Exception):

@@ -5,7 +5,7 @@ section of docs/benchmarks.md, and the results files of the scenarios that run o
 import json
 import re
 
-from .common import DOC, REPO, RESULTS, SCENARIOS, log, warn
+from .common import ANCHORS, DOC, REPO, RESULTS, SCENARIOS, log, warn
 from .scenarios import METRICS
 
 
@@ -96,6 +96,11 @@ def markdown(doc):
                 why = why.replace("|", "/")[:160]
                 L.append(f"{head} {what} | - | - | - | - | - | - | - | - | {why} | - | - | - |")
     L.append("")
+    versions = [f"{s} {v}" if not v.startswith(s.split("-")[0]) else v
+                for s, v in (doc.get("versions") or {}).items() if v and s != "ceiling"]
+    if versions:
+        L.append("Versions: " + "; ".join(versions) + ".")
+        L.append("")
     if doc["goals"]:
         L += goals_table(doc["goals"], doc["scenario"])
         L.append("")
@@ -110,7 +115,15 @@ COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
           "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd",
           "ceiling": "#7f7f7f", "hyper": "#ff7f0e",
           "larder-tls": "#d62728", "larder-hs-rsa": "#d62728", "larder-hs-ecdsa": "#d62728",
-          "nginx-tls": "#2ca02c", "nginx-hs-rsa": "#2ca02c", "nginx-hs-ecdsa": "#2ca02c"}
+          "nginx-tls": "#2ca02c", "nginx-hs-rsa": "#2ca02c", "nginx-hs-ecdsa": "#2ca02c",
+          # the seed systems themselves (issue 44)
+          "pingap": "#e377c2", "pike": "#17becf", "zimg": "#bcbd22"}
+
+
+def legend_label(doc, s):
+    """A system's name in a chart's legend; a seed system's with its version (pingap 0.13.1)."""
+    v = (doc.get("versions") or {}).get(s, "")
+    return v if s in ANCHORS and v else s
 
 
 def chart(doc, out):
@@ -146,8 +159,8 @@ def chart(doc, out):
             for ax, (k, _) in zip(axes, panels):
                 pts = [(x, val(c, s, k)) for x, c in zip(xs, cells) if val(c, s, k) is not None]
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s,
-                            color=COLORS.get(s))
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                            label=legend_label(doc, s), color=COLORS.get(s))
         for ax, (_, title) in zip(axes, panels):
             ax.set_xscale("log")
             ax.set_xlabel("connections")
@@ -168,7 +181,7 @@ def chart(doc, out):
                     if v is not None:
                         xs.append(j + (i - (len(systems) - 1) / 2) * w)
                         ys.append(v)
-                ax.bar(xs, ys, width=w, label=s, color=COLORS.get(s))
+                ax.bar(xs, ys, width=w, label=legend_label(doc, s), color=COLORS.get(s))
             for j, c in enumerate(cells):  # mark n/a and skipped bars
                 r = c["results"].get(s, {})
                 if s in c["systems"] and val(c, s, "rps") is None:

@@ -2,9 +2,10 @@
 goals are judged, and the time plan of a run (`plan_seconds`, `only_systems`).
 """
 
+import os
 
-
-from .common import BROTLI_MODULE, FIXED_OVERHEAD_S, PAIR_OVERHEAD_S, RUN_OVERHEAD_S, SCENARIOS
+from .common import (ANCHORS, BROTLI_MODULE, FIXED_OVERHEAD_S, PAIR_OVERHEAD_S, RUN_OVERHEAD_S,
+                     SCENARIOS)
 
 
 AE = {"gzip": {"Accept-Encoding": "gzip"},
@@ -61,18 +62,27 @@ def ceiling_goal(what, target=CEILING_HIT):
              f"{what}: larder against the ceiling (no goal)", "rps", ["ceiling"], target)
 
 
+def seed_goals(what, seed, target):
+    """A cell's goal against the seed system itself (issue 44), with CPU per request beside it
+    (for information): larder's req/s >= target x the seed's."""
+    return [G(f"{what}: larder >= {target:g}x {seed}", "rps", [seed], target),
+            G(f"{what}: CPU per request against {seed} (no goal)", "cpu", [seed])]
+
+
 def scenario_cells(name):
-    P = lambda p: {s: p for s in ("larder", "nginx", "varnish")}  # noqa: E731
+    P = lambda p: {s: p for s in ("larder", "nginx", "varnish", "pike", "pingap")}  # noqa: E731
     if name == "pike":
         cells = []
         for enc, label, exp in (("gzip", "Accept-Encoding: gzip", "gzip"),
                                 ("br", "Accept-Encoding: br, gzip", ("br", "gzip")),
                                 ("identity", "no Accept-Encoding", None)):
             cells.append(C(f"pike-{enc}", f"/data.json 140 KB hit, {label}", 1000,
-                           ["larder", "nginx", "varnish", "ceiling"], P("/data.json"), "hit",
-                           AE[enc], exp, goals=[
+                           ["larder", "nginx", "varnish", "pike", "ceiling"], P("/data.json"),
+                           "hit", AE[enc], exp, goals=[
                                G(f"pike {label}: larder >= 1.5x best anchor", "rps",
                                  ["nginx", "varnish"], 1.5),
+                               *seed_goals(f"pike {label}", "pike",
+                                           1.5 if enc == "identity" else 2.0),
                                ceiling_goal(f"pike {label}")]))
         return cells
     if name == "piper":
@@ -105,32 +115,44 @@ def scenario_cells(name):
     if name == "pingap":
         return [
             C("pingap-fixed", "fixed tiny response (/ping, nginx return 200)", 100,
-              ["larder", "nginx", "ceiling"], {"larder": "/ping", "nginx": "/ping"}, "fixed",
+              ["larder", "nginx", "pingap", "ceiling"],
+              {"larder": "/ping", "nginx": "/ping", "pingap": "/ping"}, "fixed",
               goals=[G("pingap fixed response: larder >= 1.0x nginx return 200", "rps",
                        ["nginx"], 1.0),
+                     *seed_goals("pingap fixed response", "pingap", 1.3),
                      G("pingap fixed response: CPU per request against nginx (no goal)", "cpu",
                        ["nginx"]),
                      ceiling_goal("pingap fixed response", None)]),
             C("pingap-8k-gzip", "/page.html 8 KB hit, Accept-Encoding: gzip", 100,
-              ["larder", "nginx", "varnish", "ceiling"], P("/page.html"), "hit", AE["gzip"],
-              "gzip", goals=[G("pingap 8 KB hit, gzip: larder >= 1.3x best anchor", "rps",
-                               ["nginx", "varnish"], 1.3),
+              ["larder", "nginx", "varnish", "pingap", "ceiling"], P("/page.html"), "hit",
+              AE["gzip"], "gzip",
+              goals=[G("pingap 8 KB hit, gzip: larder >= 1.3x best anchor", "rps",
+                       ["nginx", "varnish"], 1.3),
+                     *seed_goals("pingap 8 KB hit, gzip", "pingap", 2.0),
                              ceiling_goal("pingap 8 KB hit, gzip")]),
             C("pingap-8k-identity", "/page.html 8 KB hit, no Accept-Encoding", 100,
-              ["larder", "nginx", "varnish", "ceiling"], P("/page.html"), "hit", {}, None,
+              ["larder", "nginx", "varnish", "pingap", "ceiling"], P("/page.html"), "hit", {},
+              None,
               goals=[G("pingap 8 KB hit, identity: larder >= 1.3x best anchor", "rps",
                        ["nginx", "varnish"], 1.3),
+                     *seed_goals("pingap 8 KB hit, identity", "pingap", 2.0),
                      ceiling_goal("pingap 8 KB hit, identity")]),
             C("pingap-nocache", "/nocache/page.html 8 KB uncacheable (proxied every time)", 10,
-              ["larder", "nginx"], {s: "/nocache/page.html" for s in ("larder", "nginx")},
-              "pass", {}, None,
+              ["larder", "nginx", "pingap"],
+              {s: "/nocache/page.html" for s in ("larder", "nginx", "pingap")}, "pass", {}, None,
               goals=[G("pingap uncacheable proxied page: larder >= 1.0x nginx", "rps",
-                       ["nginx"], 1.0)]),
+                       ["nginx"], 1.0),
+                     *seed_goals("pingap uncacheable proxied page", "pingap", 1.3)]),
         ] + [
             C(f"pingap-otf-{enc}", f"24 KB uncacheable text compressed per request, {enc}", 10,
-              ["larder", "nginx"], {s: "/nocache/gen/text-24k.html" for s in ("larder", "nginx")},
+              ["larder", "nginx", "pingap"],
+              {s: "/nocache/gen/text-24k.html" for s in ("larder", "nginx", "pingap")},
               "pass", hdr, enc,
-              goals=[G(f"pingap on-the-fly {enc}: larder >= 1.0x nginx", "rps", ["nginx"], 1.0)])
+              goals=[G(f"pingap on-the-fly {enc}: larder >= 1.0x nginx", "rps", ["nginx"], 1.0),
+                     G(f"pingap on-the-fly {enc}: larder against pingap (no goal)", "rps",
+                       ["pingap"]),
+                     G(f"pingap on-the-fly {enc}: CPU per request against pingap (no goal)",
+                       "cpu", ["pingap"])])
             for enc, hdr in (("gzip", AE["gzip"]), ("br", AE["br-only"]), ("zstd", AE["zstd"]))
         ]
     if name == "static-8k":
@@ -145,11 +167,13 @@ def scenario_cells(name):
                                     ("identity", "no Accept-Encoding", None))]
     if name == "zimg":
         return [C(f"zimg-{n}", f"640x856 JPEG -> 100x100 grayscale JPEG, {n} conns", n,
-                  ["larder-img", "thumbor"],
+                  ["larder-img", "zimg", "thumbor"],
                   {"larder-img": "/@@MD5@@?w=100&h=100&g=1&f=jpeg",
+                   "zimg": "/@@MD5@@?w=100&h=100&g=1&f=jpeg",
                    "thumbor": "/unsafe/100x100/filters:grayscale():format(jpeg)/photo-640x856.jpg"},
                   "image", goals=[G(f"zimg {n} conns: larder >= 1000 req/s uncached", "rps_abs",
-                                    ["thumbor"], 1000)])
+                                    ["thumbor"], 1000),
+                                  *seed_goals(f"zimg {n} conns", "zimg", 5.0)])
                 for n in (10, 100, 500)] + [
             # The same transform with result caching on: a hit of a stored, prepared
             # response (compare with static-8k). thumbor stores no results by default.
@@ -306,6 +330,8 @@ def plan_seconds(names, duration, reps, args):
     for name in names:
         for c in scenario_cells(name):
             systems = only_systems(c["systems"], args)
+            # a seed system whose binary is not named is skipped at once
+            systems = [s for s in systems if s not in ANCHORS or os.environ.get(ANCHORS[s][0])]
             # cells a system is known to be unable to serve are not run
             if c["id"] == "pingap-otf-zstd":
                 systems = [s for s in systems if s != "nginx"]
