@@ -352,9 +352,15 @@ pub fn encode_stream(body: Body, e: Encoding, cfg: &CompressionConfig) -> Body {
             reader,
             level(cfg.dynamic_gzip_level.get()),
         )),
-        Encoding::Br => frames(BrotliEncoder::with_quality(
+        // A 512 KiB window (lgwin 19), as nginx's brotli module (`brotli_window`) and pingora
+        // use: the encoder's ring buffer and hash tables are sized by it and set up for every
+        // response, and the default 4 MiB window cost 1.85x pingap's CPU a response for an
+        // 8 KB body (bench/run pingap, 2026-11-28).
+        Encoding::Br => frames(BrotliEncoder::with_params(
             reader,
-            level(cfg.dynamic_brotli_level.get()),
+            async_compression::brotli::EncoderParams::default()
+                .quality(level(cfg.dynamic_brotli_level.get()))
+                .window_size(19),
         )),
         Encoding::Zstd => frames(ZstdEncoder::with_quality(
             reader,
