@@ -6,7 +6,7 @@ import json
 import re
 
 from .common import DOC, REPO, RESULTS, SCENARIOS, log, warn
-from .quality import SSIM_SLACK
+from .quality import SSIM_SLACK, describe
 from .scenarios import METRICS
 
 
@@ -77,7 +77,7 @@ def markdown(doc):
                     served = "{}x{} {}ch".format(*chk["jpeg"])
                 q = r.get("quality") or {}
                 if "ssim" in q:  # scenario imgproxy: the output against the float reference
-                    served = f"{q['size']} {q['format']}, SSIM {q['ssim']:.4f}, {q['bytes']:,} B"
+                    served = f"{q['size']} {q['format']}, {describe(q)}"
                 elif q.get("error"):
                     served = f"{chk.get('format')}, quality {q['error']}"
                 elif chk.get("format") and not chk.get("jpeg"):

@@ -18,7 +18,7 @@ from .common import (BENCH, DATA, HOST, LOAD_CPU, SUT_CPU, TLS_PORTS, WARMUP_S, 
                      warn)
 from .processes import CLK_TCK, busy_pct, cpu_busy_ticks, cpu_ticks, tree_cpu_ns
 from .probes import http_req, image_format, jpeg_info, origin_requests
-from .quality import judge, measure, reference
+from .quality import describe, judge, measure, reference
 from .scenarios import only_systems, scenario_cells
 from .report import fmt_us
 
@@ -356,7 +356,7 @@ def quality_line(res):
     def q(name):
         qq = (res.get(name) or {}).get("quality") or {}
         if "ssim" in qq:
-            return f"{name} SSIM {qq['ssim']:.4f}, {qq['bytes']:,} bytes"
+            return f"{name} {describe(qq)}"
         why = qq.get("error") or (res.get(name) or {}).get("skipped") or "not measured"
         return f"{name} quality {why}"
 
