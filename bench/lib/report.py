@@ -43,6 +43,8 @@ def goals_table(rows, scenario):
         base = (f"{g['baseline_system']} {fmt_goal(metric, g['baseline'])}"
                 if g["baseline"] is not None else "-")
         ratio = f"{g['ratio']:.2f}x" if g["ratio"] is not None else "-"
+        if metric == "quality" and g["ratio"] is not None:
+            ratio += " bytes"
         t = g["target"]
         tgt = ("0" if metric == "errors" else "-" if t is None else
                f"SSIM >= -{SSIM_SLACK:g}, bytes <= {t:g}x" if metric == "quality" else
