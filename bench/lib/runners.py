@@ -70,6 +70,10 @@ def check_response(cell, sysm, path, tries=12):
     if cell.get("cached") and (info["cache"] or "").upper() != "HIT":
         return dict(info, ok=True, na=False, hit=False,
                     why=f"{sysm.cache_header}: {info['cache']} after {tries} warm-up requests")
+    if cell.get("transform") and not cell.get("cached") and \
+            (info["cache"] or "").upper() == "HIT":
+        return dict(info, ok=False, na=False,
+                    why="served from its result cache in an uncached cell")
     if cell["kind"] == "image":
         fmt = image_format(body)
         want = (cell.get("transform") or {}).get("fmt", "jpeg")
