@@ -8,6 +8,7 @@ that no bench module imports one that imports it back).
 - common: paths, ports, CPUs, the time budget, the log.
 - processes: commands, /proc CPU and RSS accounting, `Procs` (children stopped on exit).
 - probes: HTTP requests and waits against a running server.
+- quality: SSIM of a transformed image against a float reference downscale (numpy, Pillow).
 - builds: bench/.venv installs, larder's release build, versions, machine facts.
 - environment: `System` and `Env` (the origin and every system under test, started on demand).
 - scenarios: the cells, their goals, the time plan.
@@ -18,6 +19,7 @@ that no bench module imports one that imports it back).
 from .common import *  # noqa: F401,F403
 from .processes import *  # noqa: F401,F403
 from .probes import *  # noqa: F401,F403
+from .quality import *  # noqa: F401,F403
 from .builds import *  # noqa: F401,F403
 from .environment import *  # noqa: F401,F403
 from .scenarios import *  # noqa: F401,F403

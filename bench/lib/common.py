@@ -25,6 +25,8 @@ PORTS = {
     # examples/hyper_floor.rs: hyper and tokio alone, for piper (what larder's stack costs)
     "hyper": 18101,
     "thumbor": 18888,
+    # scenario imgproxy: the anchor of image transforms (a binary named by LARDER_BENCH_IMGPROXY)
+    "imgproxy": 18105,
     # scenario tls: HTTPS keep-alive (resumption on) and full handshakes (resumption off)
     "larder-tls": 18093,
     "larder-hs-rsa": 18094,
@@ -66,7 +68,8 @@ LOAD_CPU = 1  # wrk (and the origin)
 WRK_THREADS = 1
 NOFILE = 65536
 BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
-SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "tls", "pools", "rules"]
+SCENARIOS = ["pike", "piper", "pingap", "static-8k", "zimg", "imgproxy", "tls", "pools",
+             "rules"]
 SUITE_BUDGET_S = 15 * 60
 WARMUP_S = 1
 MIN_RUN_S = 5           # the shortest run the budget may cut a full suite's runs to

@@ -416,21 +416,52 @@ class Env:
     def _start_nginx_hs_ecdsa(self):
         return self._nginx_tls("nginx-hs-ecdsa", "ecdsa", False)
 
+    # the sources larder-img is given (POST /upload) and its URLs name by md5 (@@MD5:file@@;
+    # the zimg scenario's @@MD5@@ is the first)
+    IMAGE_SOURCES = ("photo-640x856.jpg", "photo-1000x872.jpg")
+
     def _start_larder_img(self):
         s = self._larder("larder-img", "larder-images.toml", "/")
-        try:
-            st, h, body = http_req(s.port, "/upload", method="POST",
-                                   headers={"Content-Type": "image/jpeg"},
-                                   body=(DATA / "photo-640x856.jpg").read_bytes())
-            md5 = json.loads(body)["md5"] if st == 200 else None
-        except Exception as e:  # noqa: BLE001 - any failure means "not built yet"
-            st, md5, body = f"error {e}", None, b""
-        if not md5:
-            self.procs.stop(s.proc)
-            raise SkipSystem(f"POST /upload did not return JSON with md5 "
-                             f"(status {st}, {body[:120]!r}): image server not built yet?")
-        s.md5 = md5
+        s.md5s = {}
+        for src in self.IMAGE_SOURCES:
+            try:
+                st, h, body = http_req(s.port, "/upload", method="POST",
+                                       headers={"Content-Type": "image/jpeg"},
+                                       body=(DATA / src).read_bytes())
+                md5 = json.loads(body)["md5"] if st == 200 else None
+            except Exception as e:  # noqa: BLE001 - any failure means "not built yet"
+                st, md5, body = f"error {e}", None, b""
+            if not md5:
+                self.procs.stop(s.proc)
+                raise SkipSystem(f"POST /upload of {src} did not return JSON with md5 "
+                                 f"(status {st}, {body[:120]!r}): image server not built yet?")
+            s.md5s[src] = md5
+        s.md5 = s.md5s[self.IMAGE_SOURCES[0]]
         return s
+
+    def _start_imgproxy(self):
+        """imgproxy, the anchor of scenario imgproxy: the binary LARDER_BENCH_IMGPROXY names (built
+        outside this repository; see docs/benchmarks.md), one worker, no signature, sources read
+        from bench/data (local://), its defaults otherwise (no result cache: it has none)."""
+        exe = os.environ.get("LARDER_BENCH_IMGPROXY")
+        if not exe:
+            raise SkipSystem("LARDER_BENCH_IMGPROXY not set (the path of an imgproxy binary)")
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise SkipSystem(f"LARDER_BENCH_IMGPROXY={exe} is not an executable file")
+        env = dict(os.environ, IMGPROXY_BIND=f"{HOST}:{PORTS['imgproxy']}", IMGPROXY_WORKERS="1",
+                   IMGPROXY_LOCAL_FILESYSTEM_ROOT=str(DATA), IMGPROXY_LOG_LEVEL="warn")
+        for k in ("IMGPROXY_KEY", "IMGPROXY_SALT"):  # no signature: /insecure/ URLs
+            env.pop(k, None)
+        p = self.procs.spawn("imgproxy", [exe], self.logfile("imgproxy"), cpu=SUT_CPU, env=env)
+        ok, why = wait_http(PORTS["imgproxy"], "/health", timeout=30, proc=p)
+        if not ok:
+            self.procs.stop(p)
+            raise SkipSystem(f"did not start: {why} {self.tail('imgproxy')}")
+        ver = sh([exe, "version"], timeout=10).split()
+        vips = sh(["pkg-config", "--modversion", "vips"]) or \
+            sh(["dpkg-query", "-W", "-f", "${Version}", "libvips42"])
+        return System("imgproxy", PORTS["imgproxy"], p,
+                      version=f"imgproxy {ver[-1] if ver else '?'} (libvips {vips or '?'})")
 
     def _start_thumbor(self):
         exe = VENV / "bin" / "thumbor"

@@ -1,5 +1,6 @@
 """What the harness asks of a running server: one HTTP request (HTTP or HTTPS), a raw
-response, waiting until a port answers, a JPEG's size, the origin's request count.
+response, waiting until a port answers, a JPEG's size, an image's format, the origin's request
+count.
 """
 
 import http.client
@@ -109,6 +110,22 @@ def jpeg_info(data):
             w = int.from_bytes(data[i + 7:i + 9], "big")
             return w, h, data[i + 9]
         i += 2 + seglen
+    return None
+
+
+def image_format(data):
+    """jpeg, png, webp, avif (or another ISO-BMFF image brand, as named), gif, or None, from the
+    first bytes."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[4:8] == b"ftyp":
+        return data[8:12].decode("latin-1").strip()
+    if data[:4] == b"GIF8":
+        return "gif"
     return None
 
 

@@ -6,6 +6,7 @@ import json
 import re
 
 from .common import ANCHORS, DOC, REPO, RESULTS, SCENARIOS, log, warn
+from .quality import SSIM_SLACK, describe
 from .scenarios import METRICS
 
 
@@ -29,7 +30,7 @@ def fmt_goal(metric, v):
         return "-"
     return {"rps": f"{v:,.0f} req/s", "rps_abs": f"{v:,.0f} req/s", "cpu": f"{v:.1f} µs/req",
             "p99": f"{v:.2f} ms p99", "errors": f"{v} socket errors",
-            "lost": f"{v} lost"}[metric]
+            "lost": f"{v} lost", "quality": f"SSIM {v:.4f}"}[metric]
 
 
 def goals_table(rows, scenario):
@@ -42,8 +43,11 @@ def goals_table(rows, scenario):
         base = (f"{g['baseline_system']} {fmt_goal(metric, g['baseline'])}"
                 if g["baseline"] is not None else "-")
         ratio = f"{g['ratio']:.2f}x" if g["ratio"] is not None else "-"
+        if metric == "quality" and g["ratio"] is not None:
+            ratio += " bytes"
         t = g["target"]
         tgt = ("0" if metric == "errors" else "-" if t is None else
+               f"SSIM >= -{SSIM_SLACK:g}, bytes <= {t:g}x" if metric == "quality" else
                f">= {t:g} req/s" if metric == "rps_abs" else
                f"{METRICS[metric][2]} {t:g}x")
         met = {True: "yes", False: "**no**", None: "-"}[g["met"]]
@@ -73,6 +77,13 @@ def markdown(doc):
                         served += f"->{after}"
                 if chk.get("jpeg"):
                     served = "{}x{} {}ch".format(*chk["jpeg"])
+                q = r.get("quality") or {}
+                if "ssim" in q:  # scenario imgproxy: the output against the float reference
+                    served = f"{q['size']} {q['format']}, {describe(q)}"
+                elif q.get("error"):
+                    served = f"{chk.get('format')}, quality {q['error']}"
+                elif chk.get("format") and not chk.get("jpeg"):
+                    served = chk["format"]
                 if chk.get("hit") is False:
                     served += " (NOT A HIT)"
                 if r.get("replays"):
@@ -111,7 +122,7 @@ def markdown(doc):
     return "\n".join(L)
 
 
-COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c",
+COLORS = {"larder": "#d62728", "larder-img": "#d62728", "nginx": "#2ca02c", "imgproxy": "#8c564b",
           "nginx-debian": "#98df8a", "varnish": "#1f77b4", "thumbor": "#9467bd",
           "ceiling": "#7f7f7f", "hyper": "#ff7f0e",
           "larder-tls": "#d62728", "larder-hs-rsa": "#d62728", "larder-hs-ecdsa": "#d62728",

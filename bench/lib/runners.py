@@ -14,9 +14,11 @@ import time
 import zlib
 from pathlib import Path
 
-from .common import BENCH, HOST, LOAD_CPU, SUT_CPU, TLS_PORTS, WARMUP_S, WRK_THREADS, log, warn
+from .common import (BENCH, DATA, HOST, LOAD_CPU, SUT_CPU, TLS_PORTS, WARMUP_S, WRK_THREADS, log,
+                     warn)
 from .processes import CLK_TCK, busy_pct, cpu_busy_ticks, cpu_ticks, tree_cpu_ns
-from .probes import http_req, jpeg_info, origin_requests
+from .probes import http_req, image_format, jpeg_info, origin_requests
+from .quality import describe, judge, measure, reference
 from .scenarios import only_systems, scenario_cells
 from .report import fmt_us
 
@@ -43,7 +45,8 @@ def check_response(cell, sysm, path, tries=12):
                     encoding=h.get("content-encoding"), length=len(body),
                     content_type=h.get("content-type"), tries=i + 1)
         enc = (info["encoding"] or "").lower() or None
-        hit_ok = cell["kind"] != "hit" or (info["cache"] or "").upper() == "HIT"
+        needs_hit = cell["kind"] == "hit" or cell.get("cached")
+        hit_ok = not needs_hit or (info["cache"] or "").upper() == "HIT"
         if st == 200 and hit_ok and _enc_ok(exp, enc):
             break
         time.sleep(0.05 * (i + 1))
@@ -64,13 +67,24 @@ def check_response(cell, sysm, path, tries=12):
     if cell["kind"] == "hit" and (info["cache"] or "").upper() != "HIT":
         return dict(info, ok=True, na=False, hit=False,
                     why=f"{sysm.cache_header}: {info['cache']} after {tries} warm-up requests")
+    if cell.get("cached") and (info["cache"] or "").upper() != "HIT":
+        return dict(info, ok=True, na=False, hit=False,
+                    why=f"{sysm.cache_header}: {info['cache']} after {tries} warm-up requests")
+    if cell.get("transform") and not cell.get("cached") and \
+            (info["cache"] or "").upper() == "HIT":
+        return dict(info, ok=False, na=False,
+                    why="served from its result cache in an uncached cell")
     if cell["kind"] == "image":
-        ji = jpeg_info(body)
-        info["jpeg"] = ji
-        if not ji:
-            return dict(info, ok=False, na=False, why="response is not a JPEG")
-        if ji[:2] != (100, 100):
-            info["note"] = f"output is {ji[0]}x{ji[1]}, {ji[2]} component(s)"
+        fmt = image_format(body)
+        want = (cell.get("transform") or {}).get("fmt", "jpeg")
+        info["format"] = fmt
+        if fmt != want:
+            return dict(info, ok=False, na=False, why=f"response is {fmt or 'no image'}, not {want}")
+        if fmt == "jpeg":
+            ji = jpeg_info(body)
+            info["jpeg"] = ji
+            if ji and ji[:2] != (100, 100) and "transform" not in cell:
+                info["note"] = f"output is {ji[0]}x{ji[1]}, {ji[2]} component(s)"
     return dict(info, ok=True, na=False, hit=cell["kind"] == "hit" or None, why="")
 
 
@@ -224,7 +238,7 @@ def run_scenario(name, env, args, duration):
     for c in cells:
         c["systems"] = only_systems(c["systems"], args)
     log(f"\n=== scenario {name}: {len(cells)} cells, {args.reps} runs each, {duration}s per run ===")
-    timeout_s = 10 if name == "zimg" else 2
+    timeout_s = 10 if name in ("zimg", "imgproxy") else 2
     results = []
     for cell in cells:
         log(f"--- {cell['id']}: {cell['label']} @ {cell['conns']} conns")
@@ -251,7 +265,7 @@ def run_scenario(name, env, args, duration):
             if sysm is None:
                 res[sname] = dict(skipped=env.skipped.get(sname, "not started"))
                 continue
-            path = cell["paths"][sname].replace("@@MD5@@", getattr(sysm, "md5", ""))
+            path = image_path(cell["paths"][sname], sysm)
             chk = check_response(cell, sysm, path)
             res[sname] = dict(path=path, check=chk, runs=[])
             if sname == "ceiling":
@@ -266,6 +280,8 @@ def run_scenario(name, env, args, duration):
                 if chk.get("hit") is False:
                     log(f"    {sname:13s} WARNING: not a cache hit: {chk['why']}")
                 active.append((sname, sysm, path))
+        if cell.get("transform") and not cell.get("cached"):
+            measure_quality(cell, res, active)
         for sname, sysm, path in active:  # 1 s unrecorded warm-up at the cell's concurrency
             run_wrk(sysm.port, path, cell["conns"], WARMUP_S, cell["headers"], timeout_s,
                     env.procs, sysm, tool=cell.get("tool", "wrk"))
@@ -300,8 +316,71 @@ def run_scenario(name, env, args, duration):
             if cell["kind"] == "hit":
                 after = check_response(dict(cell, kind="hit"), sysm, path, tries=1)
                 res[sname]["check_after"] = after
+        if cell.get("transform") and not cell.get("cached"):
+            log(f"    {quality_line(res)}")
         results.append(dict(cell, results=res))
     return results
+
+
+def image_path(path, sysm):
+    """A cell's path with the md5 of each source larder-img was given filled in
+    (@@MD5:file@@; @@MD5@@ the first)."""
+    for src, md5 in getattr(sysm, "md5s", {}).items():
+        path = path.replace(f"@@MD5:{src}@@", md5)
+    return path.replace("@@MD5@@", getattr(sysm, "md5", ""))
+
+
+def measure_quality(cell, res, active):
+    """One output of each system that passed its check, against the float reference of the
+    cell's transform (bench/lib/quality.py): res[system]["quality"] = dict(ssim, bytes, ...)."""
+    t = cell["transform"]
+    src = (DATA / t["src"]).read_bytes()
+    try:
+        ref = reference(src, t["mode"], t["w"], t["h"])
+    except ImportError as e:
+        ref = None
+        why = f"not measured: {e.name} missing from bench/.venv"
+    for sname, sysm, path in active:
+        if ref is None:
+            res[sname]["quality"] = dict(error=why)
+            continue
+        st, _, body = http_req(sysm.port, path, cell["headers"])
+        q = measure(src, body, t["mode"], t["w"], t["h"], ref) if st == 200 else \
+            dict(error=f"status {st}")
+        res[sname]["quality"] = q
+
+
+def quality_line(res):
+    """larder against the anchor: req/s and CPU per request ratios, each output's SSIM and bytes,
+    and the quality goal (SSIM >= the anchor's - 0.005 at <= 1.05x its bytes)."""
+    def s(name):
+        r = res.get(name) or {}
+        return r.get("summary") if r.get("summary") and "error" not in r["summary"] else None
+
+    def q(name):
+        qq = (res.get(name) or {}).get("quality") or {}
+        if "ssim" in qq:
+            return f"{name} {describe(qq)}"
+        why = qq.get("error") or (res.get(name) or {}).get("skipped") or "not measured"
+        return f"{name} quality {why}"
+
+    lname, anchor = "larder-img", "imgproxy"
+    parts = []
+    ls, as_ = s(lname), s(anchor)
+    if ls and as_ and as_["rps"]:
+        parts.append(f"larder/imgproxy {ls['rps'] / as_['rps']:.2f}x req/s "
+                     f"({ls['rps']:,.0f} against {as_['rps']:,.0f}), CPU per request "
+                     f"{fmt_us(ls['cpu_us'])} against {fmt_us(as_['cpu_us'])} µs")
+    else:
+        parts.append("larder/imgproxy req/s: no ratio (" + ", ".join(
+            f"{n}: {(res.get(n) or {}).get('skipped') or 'not measured'}"
+            for n, x in ((lname, ls), (anchor, as_)) if not x) + ")")
+    parts += [q(lname), q(anchor)]
+    met, _ = judge((res.get(lname) or {}).get("quality") or {},
+                   (res.get(anchor) or {}).get("quality") or {})
+    parts.append("goal: >= imgproxy-0.005 at <=1.05x bytes: "
+                 + {True: "met", False: "NOT MET", None: "not judged"}[met])
+    return "; ".join(parts)
 
 
 # Passive ejection lasts this long in both failover pools (larder's default fail_timeout,

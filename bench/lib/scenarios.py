@@ -6,6 +6,7 @@ import os
 
 from .common import (ANCHORS, BROTLI_MODULE, FIXED_OVERHEAD_S, PAIR_OVERHEAD_S, RUN_OVERHEAD_S,
                      SCENARIOS)
+from .quality import judge
 
 
 AE = {"gzip": {"Accept-Encoding": "gzip"},
@@ -43,10 +44,12 @@ def C(cid, label, conns, systems, paths, kind, headers=None, expect_enc=None, go
 #   p99      larder's p99 <= target x that of `against`
 #   errors   larder's socket errors (connect/read/write) == 0
 #   lost     larder's failed requests (socket errors, timeouts, non-2xx) == 0
+#   quality  larder's output's SSIM >= that of `against` - 0.005, its bytes <= target x theirs
+#            (bench/lib/quality.py; cells with a `transform`)
 # target None: the ratio is shown for information, nothing is judged.
 METRICS = {"rps": ("rps", max, ">="), "rps_abs": ("rps", max, ">="),
            "cpu": ("cpu_us", min, "<="), "p99": ("p99_ms", min, "<="), "errors": (None, None, "=="),
-           "lost": (None, None, "==")}
+           "lost": (None, None, "=="), "quality": ("ssim", None, ">=")}
 
 
 def G(text, metric, against=(), target=None):
@@ -67,6 +70,35 @@ def seed_goals(what, seed, target):
     (for information): larder's req/s >= target x the seed's."""
     return [G(f"{what}: larder >= {target:g}x {seed}", "rps", [seed], target),
             G(f"{what}: CPU per request against {seed} (no goal)", "cpu", [seed])]
+# Scenario imgproxy: a transform as the systems' URLs write it, from one description
+# T(source file in bench/data, fill|fit, width, height (0: proportional), format, quality).
+def T(src, mode, w, h, fmt, q):
+    return dict(src=src, mode=mode, w=w, h=h, fmt=fmt, q=q)
+
+
+def imgproxy_path(t):
+    """imgproxy's URL (no signature: `insecure`), the source read from bench/data (`local://`)."""
+    return (f"/insecure/rs:{t['mode']}:{t['w']}:{t['h']}/q:{t['q']}/plain/local:///{t['src']}"
+            f"@{'jpg' if t['fmt'] == 'jpeg' else t['fmt']}")
+
+
+def larder_zimg_path(t, prefix="/"):
+    """larder's zimg API: the uploaded source by its md5 (@@MD5:file@@, filled in per run); fill
+    is p=1 (cover, then the centre), fit p=4."""
+    size = "".join(f"&{k}={t[k]}" for k in ("w", "h") if t[k])
+    mode = {"fill": 1, "fit": 4}[t["mode"]]
+    return f"{prefix}@@MD5:{t['src']}@@?p={mode}{size}&f={t['fmt']}&q={t['q']}"
+
+
+# The one place a system's image URL is chosen. larder speaks zimg's API today; when it reads
+# imgproxy's URL grammar too, its entry becomes imgproxy_path (with its route's source).
+IMAGE_URL = {"larder-img": larder_zimg_path, "imgproxy": imgproxy_path}
+
+
+def image_cell(cid, label, t, conns, goals, systems=("larder-img", "imgproxy")):
+    return dict(C(cid, label, conns, list(systems),
+                  {s: IMAGE_URL[s](t) for s in systems if s in IMAGE_URL}, "image",
+                  goals=goals), transform=t)
 
 
 def scenario_cells(name):
@@ -181,6 +213,31 @@ def scenario_cells(name):
               ["larder-img", "ceiling"], {"larder-img": "/cached/@@MD5@@?w=100&h=100&g=1&f=jpeg"},
               "image", goals=[ceiling_goal(f"zimg cached {n} conns")])
             for n in (10, 100, 500)]
+    if name == "imgproxy":
+        cells = []
+        for src, mode, w, h, fmt, what in (
+                ("photo-640x856.jpg", "fill", 100, 100, "jpeg", "640x856 -> 100x100 fill"),
+                ("photo-640x856.jpg", "fill", 100, 100, "webp", "640x856 -> 100x100 fill"),
+                ("photo-1000x872.jpg", "fit", 500, 0, "webp", "1000x872 -> 500 wide fit"),
+                ("photo-1000x872.jpg", "fit", 500, 0, "avif", "1000x872 -> 500 wide fit")):
+            t = T(src, mode, w, h, fmt, 80)
+            label = f"{what} {fmt.upper()} q80, uncached"
+            cells.append(image_cell(
+                f"imgproxy-{mode}-{fmt}", label, t, 10, goals=[
+                    G(f"{label}: larder >= 4x imgproxy", "rps", ["imgproxy"], 4.0),
+                    G(f"{label}: CPU per request against imgproxy (no goal)", "cpu",
+                      ["imgproxy"]),
+                    G(f"{label}: output at least as good: SSIM >= imgproxy's - 0.005 at <= 1.05x "
+                      "its bytes", "quality", ["imgproxy"], 1.05)]))
+        # A cached variant: larder's stored result of the WebP fill, against the ceiling
+        # replaying it.
+        t = T("photo-640x856.jpg", "fill", 100, 100, "webp", 80)
+        cells.append(dict(image_cell(
+            "imgproxy-cached-webp", "640x856 -> 100x100 fill WEBP q80, result cached "
+            "(x-cache: HIT)", dict(t), 100, goals=[ceiling_goal("cached WebP variant")],
+            systems=("larder-img", "ceiling")), cached=True,
+            paths={"larder-img": larder_zimg_path(t, "/cached/"), "ceiling": "/"}))
+        return cells
     if name == "tls":
         page = {s: "/page.html" for s in ("larder-tls", "nginx-tls")}
         ping = {s: "/ping" for s in ("larder-hs-rsa", "larder-hs-ecdsa", "nginx-hs-rsa",
@@ -262,6 +319,20 @@ def goals(name, cells):
                        larder=None, baseline=None, baseline_system=None, ratio=None,
                        met=None, note="")
             out.append(row)
+            if metric == "quality":
+                b = g["against"][0]
+                mine = (res.get(lname) or {}).get("quality")
+                theirs = (res.get(b) or {}).get("quality")
+                row["baseline_system"] = b
+                if not mine or not theirs:
+                    row["note"] = "not measured (" + ", ".join(
+                        f"{s}: {(res.get(s) or {}).get('skipped') or 'no output'}"
+                        for s, q in ((lname, mine), (b, theirs)) if not q) + ")"
+                    continue
+                row["larder"], row["baseline"] = mine.get("ssim"), theirs.get("ssim")
+                row["ratio"] = mine["bytes"] / theirs["bytes"] if theirs["bytes"] else None
+                row["met"], row["note"] = judge(mine, theirs, target)
+                continue
             if not lsum:
                 lr = res.get(lname) or {}
                 row["note"] = "larder " + ("n/a" if lr.get("na") else "not measured")
