@@ -118,6 +118,10 @@ async fn a_mirror_sees_the_requests_never_slows_the_client_and_is_bounded() {
     let hung = Origin::start(|_, _| Reply::ok("late").delay(Duration::from_secs(60))).await;
     let larder = Larder::start(&format!(
         r#"
+[admin]
+token = "a-metrics-token"
+listen = "127.0.0.1:0"
+
 [pool.shadow]
 backends = ["{}"]
 [pool.hung]
@@ -204,6 +208,16 @@ addr = "127.0.0.1:0"
         p["mirrors_dropped"].as_u64().unwrap()
     };
     assert_eq!((dropped("hung"), dropped("shadow")), (4, 0));
+    // And in /metrics, per pool.
+    let text = larder.metrics_text().expect("an admin listener counts");
+    assert!(
+        text.contains("larder_upstream_mirrors_dropped_total{pool=\"hung\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("larder_upstream_mirrors_dropped_total{pool=\"shadow\"} 0"),
+        "{text}"
+    );
     assert_eq!(origin.hits(), 3 + 6);
     // A mirror sent after those (to the answering shadow) has arrived: the dropped ones would
     // have been sent before it.

@@ -109,8 +109,17 @@ impl Pools {
              or body in time), 5xx (an answer of 500-599), other (reset, garbage, broken body).",
             true,
         );
+        let mut mirrors_dropped = family(
+            "larder_upstream_mirrors_dropped",
+            "Mirrored requests to a pool dropped because their `mirror` rule's bound was reached.",
+            true,
+        );
         for p in self.iter() {
             let now = p.now_ms();
+            mirrors_dropped.samples.push((
+                vec![("pool", p.name.clone())],
+                p.mirrors_dropped.load(Ordering::Relaxed),
+            ));
             for b in p.backends.iter() {
                 let labels = vec![
                     ("pool", p.name.clone()),
@@ -137,7 +146,7 @@ impl Pools {
                     .push((labels, h.inflight.load(Ordering::Relaxed) as u64));
             }
         }
-        vec![up, requests, failures, in_flight, errors]
+        vec![up, requests, failures, in_flight, errors, mirrors_dropped]
     }
 
     /// Drains or undrains backend `backend` (its URL) of pool `pool`; an error says which is
