@@ -214,11 +214,16 @@ impl Config {
     }
 
     /// Sets `[server] state_dir` (as `--state-dir` does), and with it where the listeners'
-    /// `self_signed` certificates are kept (its `tls/`).
+    /// `self_signed` certificates are kept (its `tls/`) and ACME's state unless a listener
+    /// names its own (its `acme/`).
     pub fn set_state_dir(&mut self, dir: PathBuf) {
         for l in &mut self.listeners {
             if let Some(tls) = &mut l.tls {
                 tls.self_signed_dir = dir.join("tls");
+                if let Some(acme) = &mut tls.acme {
+                    acme.state_dir =
+                        (acme.given_state_dir.clone()).unwrap_or_else(|| dir.join("acme"));
+                }
             }
         }
         self.server.state_dir = dir;
@@ -824,6 +829,27 @@ mod tests {
 
     const POOLED: &str =
         "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nproxy = { pool = \"app\" }\n";
+
+    #[test]
+    fn acme_keeps_its_state_in_the_servers_state_dir_unless_told() {
+        let acme = |extra: &str| {
+            format!(
+                "[server]\nstate_dir = \"/var/lib/larder\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n  [listener.tls.acme]\n  domains = [\"a.test\"]\n  {extra}\n[[listener.route]]\nrespond = {{ body = \"x\" }}\n"
+            )
+        };
+        let dir = |c: &Config| {
+            let tls = c.listeners[0].tls.as_ref().unwrap();
+            tls.acme.as_ref().unwrap().state_dir.clone()
+        };
+        let mut c = Config::parse(&acme(""), "t").unwrap();
+        assert_eq!(dir(&c), PathBuf::from("/var/lib/larder/acme"));
+        // `--state-dir` moves it along.
+        c.set_state_dir(PathBuf::from("/srv/state"));
+        assert_eq!(dir(&c), PathBuf::from("/srv/state/acme"));
+        let mut c = Config::parse(&acme("state_dir = \"/etc/acme\""), "t").unwrap();
+        c.set_state_dir(PathBuf::from("/srv/state"));
+        assert_eq!(dir(&c), PathBuf::from("/etc/acme"));
+    }
 
     #[test]
     fn pools_are_checked_and_named() {

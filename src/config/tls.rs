@@ -80,8 +80,12 @@ pub struct AcmeConfig {
     /// A CA certificate (PEM) to trust for the directory's HTTPS, instead of the system's
     /// (a private or test CA such as pebble).
     pub directory_ca: Option<PathBuf>,
-    /// Where the account key, the certificate and its key are kept (0700; keys 0600).
-    #[serde(default = "AcmeConfig::default_state_dir")]
+    /// `state_dir` as written, if it was.
+    #[serde(default, rename = "state_dir")]
+    pub given_state_dir: Option<PathBuf>,
+    /// Where the account key, the certificate and its key are kept (0700; keys 0600): the one
+    /// given, else `[server] state_dir` plus `acme`, set by [`super::Config::set_state_dir`].
+    #[serde(skip)]
     pub state_dir: PathBuf,
     /// Renew when the certificate expires within this long.
     #[serde(default = "AcmeConfig::default_renew_before")]
@@ -108,10 +112,6 @@ pub enum AcmeChallenge {
 impl AcmeConfig {
     fn default_directory() -> String {
         "https://acme-v02.api.letsencrypt.org/directory".into()
-    }
-
-    fn default_state_dir() -> PathBuf {
-        PathBuf::from("larder-state/acme")
     }
 
     fn default_renew_before() -> Dur<{ HOUR_MS }, YEAR_MS> {
