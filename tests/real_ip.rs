@@ -153,7 +153,9 @@ async fn proxy_headers_name_the_client_and_a_connection_without_one_is_closed() 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
     let origin = origin().await;
-    let larder = Larder::start(&config(&origin.url(), &log, "proxy_protocol = true")).await;
+    let admin = "[admin]\ntoken = \"metrics-token\"\nlisten = \"127.0.0.1:0\"\n";
+    let proxied = config(&origin.url(), &log, "proxy_protocol = true");
+    let larder = Larder::start(&format!("{admin}{proxied}")).await;
     let mut raw = Raw::connect(larder.addr).await;
     raw.write(v2(1, "203.0.113.7:4711", larder.addr)).await;
     // Two requests on the connection: the header is read once, at its start.
@@ -185,6 +187,12 @@ async fn proxy_headers_name_the_client_and_a_connection_without_one_is_closed() 
     raw.write("PROXY TCP4 not-an-address 127.0.0.1 1 2\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
     assert!(raw.read_to_end(Duration::from_secs(5)).await.is_empty());
+    // Both counted (each before its connection was closed).
+    let metrics = larder.metrics_text().unwrap();
+    assert!(
+        metrics.contains("larder_proxy_protocol_refused_total 2"),
+        "{metrics}"
+    );
     let l = logged(&log, 5).await;
     assert_eq!(
         l,

@@ -53,6 +53,8 @@ pub struct Builders {
     max_headers: usize,
     /// The server's count of origins' 1xx responses dropped, shared by every connection.
     pub interim_dropped: interim::Dropped,
+    /// Connections closed on a `proxy_protocol` listener for want of a valid PROXY header.
+    pub proxy_refused: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub fn connection_builder(cfg: &ServerConfig) -> Builders {
@@ -94,6 +96,7 @@ pub fn connection_builder(cfg: &ServerConfig) -> Builders {
         header_read_timeout: cfg.header_read_timeout.0,
         max_headers,
         interim_dropped: Default::default(),
+        proxy_refused: Default::default(),
     }
 }
 

@@ -19,11 +19,13 @@ pub(super) fn register(
     conns: &Arc<Semaphore>,
     max_conns: usize,
     interim_dropped: &interim::Dropped,
+    proxy_refused: &Arc<std::sync::atomic::AtomicU64>,
     tls: &[Arc<tls::Acceptor>],
 ) {
     use crate::metrics::Family;
     let (conns, cache) = (Arc::clone(conns), Arc::clone(cache));
     let dropped = Arc::clone(interim_dropped);
+    let refused = Arc::clone(proxy_refused);
     m.families(move || {
         let open = max_conns - conns.available_permits();
         vec![
@@ -68,6 +70,12 @@ pub(super) fn register(
                 "Origins' 1xx responses dropped at their bounds.",
                 true,
                 dropped.load(Ordering::Relaxed),
+            ),
+            Family::one(
+                "larder_proxy_protocol_refused",
+                "Connections closed on a proxy_protocol listener: no valid PROXY header in time.",
+                true,
+                refused.load(Ordering::Relaxed),
             ),
         ]
     });

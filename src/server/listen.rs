@@ -12,6 +12,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -149,7 +150,8 @@ pub async fn accept_loop(
         };
         let (router, builder) = (Arc::clone(&router), Arc::clone(&builder));
         // Read per connection from the router in force: a reload may turn it on or off.
-        let proxied = router.proxy_protocol();
+        // With the server's count of connections refused for want of a valid PROXY header.
+        let proxied = (router.proxy_protocol()).then(|| Arc::clone(&builder.proxy_refused));
         if let Some(tls) = &tls {
             let (tls, mut shutdown) = (Arc::clone(tls), shutdown.clone());
             let timeout = builder.header_read_timeout;
@@ -157,8 +159,10 @@ pub async fn accept_loop(
                 let mut stream = stream;
                 // The PROXY header comes before the TLS handshake.
                 let peer = match proxied {
-                    true => proxied_client(&mut stream, peer, timeout, &mut shutdown).await?,
-                    false => peer,
+                    Some(refused) => {
+                        proxied_client(&mut stream, peer, timeout, &mut shutdown, &refused).await?
+                    }
+                    None => peer,
                 };
                 let (stream, h2) = tls.accept(stream, timeout).await?;
                 let protocol = if h2 { Protocol::Http2 } else { Protocol::Http1 };
@@ -269,19 +273,20 @@ where
 async fn protocol(
     mut stream: TcpStream,
     peer: SocketAddr,
-    proxied: bool,
+    proxied: Option<Arc<AtomicU64>>,
     h2c: bool,
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Opened<TcpStream> {
     // The PROXY header and the first bytes after it share the request-head deadline.
     let (peer, left) = match proxied {
-        true => {
+        Some(refused) => {
             let start = tokio::time::Instant::now();
-            let client = proxied_client(&mut stream, peer, timeout, &mut shutdown).await?;
+            let client =
+                proxied_client(&mut stream, peer, timeout, &mut shutdown, &refused).await?;
             (client, timeout.saturating_sub(start.elapsed()))
         }
-        false => (peer, timeout),
+        None => (peer, timeout),
     };
     if !h2c {
         return Some((stream, Protocol::Http1, shutdown, peer));
@@ -296,12 +301,14 @@ async fn protocol(
 
 /// The client of a connection on a `proxy_protocol` listener: the source its PROXY header
 /// names (or `peer`, for a health check's `LOCAL` header and addresses that are not IP). None:
-/// no valid header within `timeout` (the connection is closed), or the server is shutting down.
+/// no valid header within `timeout` (the connection is closed and counted in `refused`), or the
+/// server is shutting down.
 async fn proxied_client(
     stream: &mut TcpStream,
     peer: SocketAddr,
     timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
+    refused: &AtomicU64,
 ) -> Option<SocketAddr> {
     let deadline = tokio::time::Instant::now() + timeout;
     let read = tokio::select! {
@@ -311,6 +318,7 @@ async fn proxied_client(
     match read {
         Ok(client) => Some(client),
         Err(why) => {
+            refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, ?why, "connection closed: no valid PROXY protocol header");
             None
         }

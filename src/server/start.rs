@@ -201,7 +201,8 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
     let max_conns = serving.server.max_connections.get() as usize;
     if let Some(m) = &shared.metrics {
         let (cache, conns, dropped) = (&shared.cache, &serving.conns, &interim_dropped);
-        super::gauges::register(m, cache, conns, max_conns, dropped, &tls_acceptors);
+        let refused = &serving.builder.proxy_refused;
+        super::gauges::register(m, cache, conns, max_conns, dropped, refused, &tls_acceptors);
         super::gauges::register_families(m, cache, &shared.pools, &shared.push, &shared.access_log);
     }
     let (admin, watch_config) = (config.admin.clone(), config.server.watch_config.0);
