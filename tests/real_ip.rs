@@ -243,6 +243,31 @@ async fn a_proxy_header_precedes_the_tls_handshake() {
     );
 }
 
+/// Over HTTP/3 (QUIC has no PROXY header) a trusted peer's X-Forwarded-For names the client as
+/// over TCP, and the origin is told the scheme was https.
+#[tokio::test(flavor = "multi_thread")]
+async fn http3_reads_a_trusted_proxys_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let origin = origin().await;
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue(dir.path(), "site", &["site.test"]);
+    let listener = format!(
+        "  [listener.tls]\n  cert = {:?}\n  key = {:?}\n  http3 = true\n  [listener.real_ip]\n  from = [\"127.0.0.1\"]\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    let larder = Larder::start(&config(&origin.url(), &log, &listener)).await;
+    let mut h3 = H3::connect(larder.addr, "site.test", &ca).await;
+    let xff = [("x-forwarded-for", "198.51.100.30")];
+    let got = h3.send("GET", "https://site.test/h3", &xff, b"").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(logged(&log, 1).await, ["198.51.100.30 /h3 200"]);
+    assert_eq!(forwarded_for(&origin, "/h3"), "198.51.100.30, 127.0.0.1");
+    let seen = origin.seen();
+    assert_eq!(seen[0].headers["x-forwarded-proto"], "https");
+}
+
 /// `[listener.real_ip]` as nginx's realip with `real_ip_recursive on`: from a trusted peer the
 /// field is walked right to left past the trusted proxies, and the origin gets the chain with
 /// the peer appended; from a peer not trusted the field is ignored, and not passed on.
