@@ -16,7 +16,8 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
+//! [`codec`] (decoders and encoders per format), [`colour`] (embedded ICC profiles to sRGB,
+//! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
 //! order), [`smart`] (content-aware crop placement: edges, skin, saturation).
@@ -26,6 +27,7 @@
 
 pub mod avif;
 pub mod codec;
+pub mod colour;
 pub mod jpeg;
 pub mod params;
 pub mod pool;

@@ -63,6 +63,11 @@ pub struct Resolved {
     pub target: Target,
     /// The resolved output format (set by [`Resolved::for_source`]).
     pub format: ImageFormat,
+    /// Keep the source's ICC profile (pixels untouched, the output carries it) instead of
+    /// converting to sRGB; only where the output format carries one (JPEG, PNG, WebP).
+    pub keep_icc: bool,
+    /// What transparent pixels are flattened onto where the output has no alpha (JPEG).
+    pub bg: [u8; 3],
 }
 
 impl Resolved {
@@ -94,6 +99,8 @@ impl Resolved {
             quality_given: p.q.is_some(),
             target,
             format: ImageFormat::Jpeg,
+            keep_icc: false,
+            bg: [255; 3],
         }
     }
 
@@ -137,6 +144,17 @@ impl Resolved {
             if self.quality_given { "!" } else { "" },
             self.target.key()
         );
+        // Only when not the default, so that zimg's keys stay as they were.
+        if self.keep_icc {
+            s.push_str("&icc=keep");
+        }
+        if self.bg != [255; 3] {
+            let _ = write!(
+                s,
+                "&bg={:02x}{:02x}{:02x}",
+                self.bg[0], self.bg[1], self.bg[2]
+            );
+        }
         s
     }
 }

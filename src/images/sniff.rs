@@ -46,6 +46,8 @@ pub struct Probe {
     pub frames: u32,
     /// EXIF orientation 1-8: JPEG's EXIF tag, or AVIF's `irot`/`imir` properties; 1 when absent.
     pub orientation: u8,
+    /// A JPEG with four components (CMYK or YCCK): decoded as CMYK, then converted to RGB.
+    pub cmyk: bool,
 }
 
 impl Probe {
@@ -100,6 +102,7 @@ pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
         height: 0,
         frames: 1,
         orientation: 1,
+        cmyk: false,
     };
     match format {
         ImageFormat::Jpeg => jpeg(b, &mut p)?,
@@ -166,6 +169,7 @@ fn jpeg(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
             0xC0..=0xCF if marker != 0xC4 && marker != 0xC8 && marker != 0xCC => {
                 p.height = u32::from(be16(seg, 1).ok_or(err.clone())?);
                 p.width = u32::from(be16(seg, 3).ok_or(err)?);
+                p.cmyk = seg.get(5) == Some(&4);
                 return Ok(());
             }
             0xD9 | 0xDA => return Err(err),
