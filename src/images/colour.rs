@@ -628,4 +628,45 @@ mod tests {
             assert!((f64::from(*g) - w).abs() <= 2.0, "{got:?} vs {want:?}");
         }
     }
+
+    /// Profiles come from uploads: mutated ones are ignored or used, never a panic.
+    #[test]
+    fn mutated_profiles_never_panic() {
+        let seeds = [
+            p3(),
+            ColorProfile::new_adobe_rgb().encode().unwrap(),
+            ColorProfile::new_srgb().encode().unwrap(),
+        ];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        for i in 0..300 {
+            let mut icc = seeds[i % 3].clone();
+            for _ in 0..=next() % 4 {
+                let at = (next() % icc.len() as u64) as usize;
+                match next() % 3 {
+                    0 => icc[at] = next() as u8,
+                    1 => icc.truncate(at),
+                    _ => icc[at] ^= 0x80,
+                }
+                if icc.is_empty() {
+                    break;
+                }
+            }
+            let mut img = Raster {
+                width: 2,
+                height: 1,
+                channels: 4,
+                data: vec![10, 200, 30, 255, 250, 5, 128, 0],
+            };
+            let _ = to_srgb(&mut img, &icc);
+            let _ = cmyk_to_rgb(vec![0, 255, 255, 0], 1, Some(&icc), true);
+            let mut s16 = vec![0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC];
+            srgb_8bit_from_16(&mut s16, 3, 1, Some(&icc));
+        }
+    }
 }

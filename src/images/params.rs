@@ -68,6 +68,8 @@ pub struct Resolved {
     pub keep_icc: bool,
     /// What transparent pixels are flattened onto where the output has no alpha (JPEG).
     pub bg: [u8; 3],
+    /// Place a cover crop on the content (`super::smart`) rather than at the centre.
+    pub smart: bool,
 }
 
 impl Resolved {
@@ -101,6 +103,7 @@ impl Resolved {
             format: ImageFormat::Jpeg,
             keep_icc: false,
             bg: [255; 3],
+            smart: false,
         }
     }
 
@@ -108,6 +111,12 @@ impl Resolved {
     pub fn for_source(mut self, source: ImageFormat) -> Resolved {
         self.format = self.target.output(source);
         self
+    }
+
+    /// A cover crop placed by content ([`Resolved::smart`] applies to cover crops only: the
+    /// other modes keep the whole source or place the crop where asked).
+    pub fn smart_cover(&self) -> bool {
+        self.smart && self.mode == Mode::Cover
     }
 
     /// Whether the response depends on Accept (`Vary: Accept`).
@@ -147,6 +156,9 @@ impl Resolved {
         // Only when not the default, so that zimg's keys stay as they were.
         if self.keep_icc {
             s.push_str("&icc=keep");
+        }
+        if self.smart {
+            s.push_str("&smart=1");
         }
         if self.bg != [255; 3] {
             let _ = write!(

@@ -1,7 +1,8 @@
 //! The transform pipeline, pure and synchronous (it runs on the blocking pool):
 //! plan the geometry → decode (shrinking on load) → orient → crop+resize (SIMD) → rotate →
 //! grayscale → encode. Decoding converts to sRGB (or keeps the source's profile, `keep_icc`);
-//! encoding flattens alpha onto `bg` where the format has none. [`prepare`] plans from the
+//! encoding flattens alpha onto `bg` where the format has none; a `smart` crop is placed on
+//! the content ([`super::smart`]). [`prepare`] plans from the
 //! header alone and estimates the peak memory and CPU cost (never enlarging past
 //! `max_upscale`, holding AVIF output to its pixel cap); [`run`] returns the encoded bytes and
 //! the time spent in each step.
@@ -228,8 +229,9 @@ pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared,
     let need = if swapped { (need.1, need.0) } else { need };
 
     // Rows the plan keeps, when the source's rows are the output's (no orientation change): a
-    // JPEG decoder then decodes only that band.
-    let rows = if probe.orientation <= 1 {
+    // JPEG decoder then decodes only that band. A smart crop's place is known only once the
+    // pixels are: the whole height is decoded.
+    let rows = if probe.orientation <= 1 && !r.smart_cover() {
         (
             plan.crop.1 / f64::from(oh),
             (plan.crop.1 + plan.crop.3) / f64::from(oh),
@@ -376,6 +378,12 @@ pub fn run(
         crop.2,
         crop.3.min(f64::from(img.height) - crop.1.max(0.0)),
     );
+    // A smart crop keeps the planned size and moves it to the content.
+    let crop = if r.smart_cover() {
+        super::smart::place(&img, crop)
+    } else {
+        crop
+    };
     let mut img = resize(img, crop, plan.out)?;
     if r.r != 0 {
         img = rotate(&img, r.r);
@@ -719,5 +727,51 @@ mod tests {
         assert!(decoded(&out).0.data[32 * 3..32 * 3 + 3]
             .iter()
             .all(|&v| v > 240));
+    }
+
+    #[test]
+    fn a_smart_crop_keeps_the_subject_a_centre_crop_cuts() {
+        // A flat background with a striped, saturated square in the top-left corner.
+        let (w, h) = (300u32, 200u32);
+        let mut data = Vec::new();
+        for y in 0..h {
+            for x in 0..w {
+                let inside = (5..45).contains(&x) && (5..45).contains(&y);
+                let px = match (inside, (x / 3 + y / 3) % 2) {
+                    (false, _) => [120, 130, 140],
+                    (true, 0) => [230, 20, 20],
+                    (true, _) => [20, 20, 230],
+                };
+                data.extend_from_slice(&px);
+            }
+        }
+        let img = Raster {
+            width: w,
+            height: h,
+            channels: 3,
+            data,
+        };
+        let png = codec::encode(&img, ImageFormat::Png, 75).unwrap();
+        let probe = crate::images::sniff::probe(&png).unwrap();
+        let saturated = |out: &[u8]| {
+            let (img, _) = decoded(out);
+            img.data
+                .chunks_exact(3)
+                .filter(|p| p.iter().max().unwrap() - p.iter().min().unwrap() > 80)
+                .count()
+        };
+        // A 100×100 cover crop (of 200×200 source pixels): the centre one, x 50..250, misses
+        // the square entirely.
+        let mut r = resolved("w=100&h=100&f=png");
+        r.format = ImageFormat::Png;
+        let (centre, _) = run(&png, &probe, &r, &limits()).unwrap();
+        assert_eq!(saturated(&centre), 0);
+        r.smart = true;
+        assert!(r.key().ends_with("&smart=1"), "{}", r.key());
+        let (smart, _) = run(&png, &probe, &r, &limits()).unwrap();
+        let (out, _) = decoded(&smart);
+        assert_eq!((out.width, out.height), (100, 100));
+        // The whole square, halved: 20×20 pixels (less the stripes' blended edges).
+        assert!(saturated(&smart) >= 350, "{}", saturated(&smart));
     }
 }
