@@ -1048,22 +1048,25 @@ fn p3_to_srgb(p: [u8; 3]) -> [f64; 3] {
     m.map(|row| enc(row[0] * l[0] + row[1] * l[1] + row[2] * l[2]))
 }
 
-/// A `w`×`h` JPEG of one colour (4:4:4, quality 100), with `icc` embedded when given.
-fn flat_jpeg(w: u32, h: u32, rgb: [u8; 3], icc: Option<&[u8]>) -> Vec<u8> {
-    let px = rgb.repeat((w * h) as usize);
+/// A JPEG (4:4:4, quality 100) of `w`×`h` pixels `px` in `format`.
+fn jpeg_of(px: &[u8], w: usize, h: usize, format: turbojpeg::PixelFormat) -> Vec<u8> {
     let mut c = turbojpeg::Compressor::new().unwrap();
     c.set_quality(100).unwrap();
     c.set_subsamp(turbojpeg::Subsamp::None).unwrap();
-    let jpeg = c
-        .compress_to_owned(turbojpeg::Image {
-            pixels: px.as_slice(),
-            width: w as usize,
-            pitch: w as usize * 3,
-            height: h as usize,
-            format: turbojpeg::PixelFormat::RGB,
-        })
-        .unwrap()
-        .to_vec();
+    let image = turbojpeg::Image {
+        pixels: px,
+        width: w,
+        pitch: w * format.size(),
+        height: h,
+        format,
+    };
+    c.compress_to_owned(image).unwrap().to_vec()
+}
+
+/// A `w`×`h` JPEG of one colour, with `icc` embedded when given.
+fn flat_jpeg(w: u32, h: u32, rgb: [u8; 3], icc: Option<&[u8]>) -> Vec<u8> {
+    let px = rgb.repeat((w * h) as usize);
+    let jpeg = jpeg_of(&px, w as usize, h as usize, turbojpeg::PixelFormat::RGB);
     match icc {
         Some(icc) => larder::images::colour::embed_jpeg(&jpeg, icc),
         None => jpeg,
@@ -1152,19 +1155,7 @@ async fn cmyk_jpeg_decodes_to_its_colours() {
             px.extend(ink.map(|v| 255 - v));
         }
     }
-    let mut c = turbojpeg::Compressor::new().unwrap();
-    c.set_quality(100).unwrap();
-    c.set_subsamp(turbojpeg::Subsamp::None).unwrap();
-    let jpeg = c
-        .compress_to_owned(turbojpeg::Image {
-            pixels: px.as_slice(),
-            width: w,
-            pitch: w * 4,
-            height: h,
-            format: turbojpeg::PixelFormat::CMYK,
-        })
-        .unwrap()
-        .to_vec();
+    let jpeg = jpeg_of(&px, w, h, turbojpeg::PixelFormat::CMYK);
     // What the decoder asked of libjpeg before: refused.
     assert!(turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).is_err());
     let r = upload(l.addr, &jpeg, "image/jpeg").await;
