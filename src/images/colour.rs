@@ -1,7 +1,8 @@
-//! Colour: the ICC profile a source embeds (JPEG APP2 chunks, PNG iCCP, WebP ICCP) read from
-//! its container, pixels converted to sRGB with moxcms (Display P3 from phones, Adobe RGB, CMYK
-//! with its LUT profile), CMYK without a profile converted naively, and the profile written
-//! back into an output (JPEG APP2, PNG iCCP, WebP ICCP) when the caller keeps it.
+//! Colour: the ICC profile a source embeds (JPEG APP2 chunks, PNG iCCP, WebP ICCP, AVIF `colr`
+//! prof, located by `sniff`) read from its container, pixels converted to sRGB with moxcms
+//! (Display P3 from phones, Adobe RGB, CMYK with its LUT profile), CMYK without a profile
+//! converted naively, and the profile written back into an output (JPEG APP2, PNG iCCP, WebP
+//! ICCP) when the caller keeps it.
 //!
 //! ```text
 //! source ─▶ embedded(): no profile ─▶ nothing to do (the common case pays a header walk)
@@ -12,7 +13,7 @@
 //! ```
 //!
 //! A profile that cannot be parsed or used is ignored (the pixels are taken as sRGB, as
-//! browsers do), never an error. AVIF's `colr` profiles are not read (see docs/images.md).
+//! browsers do), never an error.
 
 use std::io::Read;
 use std::sync::{Arc, OnceLock};
@@ -52,7 +53,16 @@ pub fn embedded(src: &[u8], format: ImageFormat) -> Embedded {
             icc: webp(src),
             adobe: false,
         },
-        ImageFormat::Gif | ImageFormat::Avif => Embedded::default(),
+        ImageFormat::Avif => Embedded {
+            icc: super::sniff::avif_header(src)
+                .ok()
+                .and_then(|h| h.icc)
+                .and_then(|(start, end)| src.get(start..end))
+                .filter(|p| p.len() <= MAX_PROFILE)
+                .map(<[u8]>::to_vec),
+            adobe: false,
+        },
+        ImageFormat::Gif => Embedded::default(),
     }
 }
 

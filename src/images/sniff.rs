@@ -298,12 +298,15 @@ pub struct Nclx {
 }
 
 /// What an AVIF's `meta` box says of its primary item: its size (`ispe`), its colour
-/// description (`colr` nclx) and the EXIF orientation equivalent of its `irot`/`imir`.
+/// description (`colr` nclx), where its ICC profile is (`colr` prof or rICC) and the EXIF
+/// orientation equivalent of its `irot`/`imir`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AvifHeader {
     pub width: u32,
     pub height: u32,
     pub nclx: Option<Nclx>,
+    /// The ICC profile's bytes in the file: start and end offsets.
+    pub icc: Option<(usize, usize)>,
     pub orientation: u8,
 }
 
@@ -434,6 +437,7 @@ pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
         width: 0,
         height: 0,
         nclx: None,
+        icc: None,
         orientation: 1,
     };
     let (mut sized, mut rotation, mut mirror) = (false, 0u8, None);
@@ -457,6 +461,11 @@ pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
                     matrix: be16(v, 8).ok_or(err.clone())?,
                     full_range: v.get(10).ok_or(err.clone())? & 0x80 != 0,
                 });
+            }
+            b"colr"
+                if header.icc.is_none() && (v.starts_with(b"prof") || v.starts_with(b"rICC")) =>
+            {
+                header.icc = Some((p.body.start + 4, p.body.end));
             }
             b"irot" => rotation = v.first().ok_or(err.clone())? & 3,
             b"imir" => mirror = Some(v.first().ok_or(err.clone())? & 1),
@@ -581,8 +590,13 @@ mod tests {
                 full_range: true
             })
         );
+        assert_eq!(h.icc, None);
         let p = probe(&b).unwrap();
         assert_eq!((p.format, p.width, p.height), (ImageFormat::Avif, 640, 480));
+        // An ICC profile beside the nclx box.
+        let with_icc = avif_header_with(&[bx(b"colr", b"profICC bytes")]);
+        let (start, end) = avif_header(&with_icc).unwrap().icc.unwrap();
+        assert_eq!(&with_icc[start..end], b"ICC bytes");
         // A quarter turn anticlockwise is EXIF's "rotate 270° clockwise" (8); then a
         // left-right mirror makes it 7. A top-bottom mirror alone is 4.
         let irot = bx(b"irot", &[1]);
