@@ -103,10 +103,11 @@ pub fn decode_colour(
         ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole)?,
     };
     let mut icc = None;
-    if let Some(profile) = embedded.icc {
-        if keep_icc && !applied {
-            icc = colour::fits(&profile, raster.channels).then_some(profile);
-        } else if !applied {
+    if let Some(profile) = embedded.icc.filter(|_| !applied) {
+        // A profile kept must fit the pixels; one that does not is converted as usual.
+        if keep_icc && colour::fits(&profile, raster.channels) {
+            icc = Some(profile);
+        } else {
             colour::to_srgb(&mut raster, &profile)?;
         }
     }
