@@ -649,4 +649,86 @@ mod tests {
             srgb_8bit_from_16(&mut s16, 3, 1, Some(&icc));
         }
     }
+
+    /// A CMYK output profile (ICC v2, lut16 to Lab) written by hand: every corner of its 2⁴
+    /// grid is white, black where there is black ink, except magenta + yellow, which is a
+    /// neutral grey of L* 50 (sRGB 119): unlike the naive conversion's red.
+    fn grey_red_cmyk_profile() -> Vec<u8> {
+        let be16 = |v: u16| v.to_be_bytes();
+        let mut lut = b"mft2\0\0\0\0".to_vec();
+        lut.extend_from_slice(&[4, 3, 2, 0]);
+        for i in 0..9 {
+            let one: i32 = if i % 4 == 0 { 0x1_0000 } else { 0 };
+            lut.extend_from_slice(&one.to_be_bytes());
+        }
+        lut.extend(be16(2));
+        lut.extend(be16(2));
+        for _ in 0..4 {
+            lut.extend(be16(0));
+            lut.extend(be16(0xFFFF));
+        }
+        for c in 0..2 {
+            for m in 0..2 {
+                for y in 0..2 {
+                    for k in 0..2 {
+                        let l: u16 = match (c, m, y, k) {
+                            (_, _, _, 1) => 0,
+                            (0, 1, 1, 0) => 0x7F80,
+                            _ => 0xFF00,
+                        };
+                        for v in [l, 0x8000, 0x8000] {
+                            lut.extend(be16(v));
+                        }
+                    }
+                }
+            }
+        }
+        for _ in 0..3 {
+            lut.extend(be16(0));
+            lut.extend(be16(0xFFFF));
+        }
+        let s15 = |v: f64| ((v * 65536.0).round() as i32).to_be_bytes();
+        let mut wtpt = b"XYZ \0\0\0\0".to_vec();
+        for v in [0.9642, 1.0, 0.8249] {
+            wtpt.extend(s15(v));
+        }
+        let tags: [(&[u8; 4], &[u8]); 3] = [(b"A2B0", &lut), (b"A2B1", &lut), (b"wtpt", &wtpt)];
+        let table = 4 + 12 * tags.len();
+        let mut body = Vec::new();
+        let mut entries = (tags.len() as u32).to_be_bytes().to_vec();
+        for (sig, data) in tags {
+            entries.extend_from_slice(sig);
+            entries.extend(((128 + table + body.len()) as u32).to_be_bytes());
+            entries.extend((data.len() as u32).to_be_bytes());
+            body.extend_from_slice(data);
+            while body.len() % 4 != 0 {
+                body.push(0);
+            }
+        }
+        let mut header = vec![0u8; 128];
+        let size = (128 + table + body.len()) as u32;
+        header[0..4].copy_from_slice(&size.to_be_bytes());
+        header[8..12].copy_from_slice(&[2, 0x10, 0, 0]);
+        header[12..16].copy_from_slice(b"prtr");
+        header[16..20].copy_from_slice(b"CMYK");
+        header[20..24].copy_from_slice(b"Lab ");
+        header[36..40].copy_from_slice(b"acsp");
+        for (i, v) in [0.9642, 1.0, 0.8249].into_iter().enumerate() {
+            header[68 + 4 * i..72 + 4 * i].copy_from_slice(&s15(v));
+        }
+        [header, entries, body].concat()
+    }
+
+    #[test]
+    fn cmyk_converts_through_its_profile() {
+        let icc = grey_red_cmyk_profile();
+        // Magenta + yellow, no ink, black ink only; stored inverted (Adobe).
+        let ink = [0u8, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255];
+        let adobe: Vec<u8> = ink.iter().map(|v| 255 - v).collect();
+        let rgb = cmyk_to_rgb(adobe, 3, Some(&icc), true);
+        let near = |got: &[u8], want: u8| got.iter().all(|v| v.abs_diff(want) <= 3);
+        assert!(near(&rgb[0..3], 119), "grey, not red: {rgb:?}");
+        assert!(near(&rgb[3..6], 255), "white: {rgb:?}");
+        assert!(near(&rgb[6..9], 0), "black: {rgb:?}");
+    }
 }
