@@ -83,6 +83,24 @@ fn png16(w: u32, h: u32) -> Vec<u8> {
     encode_png(w, h, png::ColorType::Rgba, png::BitDepth::Sixteen, &px)
 }
 
+/// A CMYK JPEG (decoded as CMYK, then converted to RGB).
+fn cmyk_jpeg(w: usize, h: usize) -> Vec<u8> {
+    let px: Vec<u8> = (0..w * h)
+        .flat_map(|i| [(i % w) as u8, (i / w) as u8, (i % 7 * 30) as u8, 40])
+        .collect();
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_quality(90).unwrap();
+    c.compress_to_owned(turbojpeg::Image {
+        pixels: px.as_slice(),
+        width: w,
+        pitch: w * 4,
+        height: h,
+        format: turbojpeg::PixelFormat::CMYK,
+    })
+    .unwrap()
+    .to_vec()
+}
+
 /// A gray + alpha PNG (decoded through a 2-byte buffer, then expanded to RGBA).
 fn png_gray_alpha(w: u32, h: u32) -> Vec<u8> {
     let px: Vec<u8> = (0..w * h).flat_map(|i| [(i % 251) as u8, 128]).collect();
@@ -124,6 +142,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("jpeg to avif", photo.clone(), "w=200&h=200&f=avif"),
         ("jpeg to gif", photo.clone(), "w=320&f=gif"),
         ("jpeg oriented", exif_oriented(&photo, 6), "q=80"),
+        ("jpeg cmyk", cmyk_jpeg(1200, 900), "w=300&f=png"),
         ("png 16-bit", png16(1200, 900), "w=300&f=jpeg"),
         ("png 16-bit full", png16(600, 400), "f=webp"),
         ("png gray+alpha", png_gray_alpha(800, 600), "q=80&f=png"),

@@ -1017,3 +1017,211 @@ async fn regression_cheap_transform_is_not_queued_behind_expensive_ones() {
     assert!(cheap < 4, "the cheap transform completed last: {order:?}");
     l.larder.shutdown().await;
 }
+
+/// Display P3 to sRGB from the published matrices (P3 and sRGB share the sRGB transfer curve
+/// and D65 white): the reference the server's conversion is checked against, computed without
+/// colour-management code.
+fn p3_to_srgb(p: [u8; 3]) -> [f64; 3] {
+    let lin = |v: u8| {
+        let v = f64::from(v) / 255.0;
+        if v <= 0.04045 {
+            v / 12.92
+        } else {
+            ((v + 0.055) / 1.055).powf(2.4)
+        }
+    };
+    let enc = |v: f64| {
+        let v = v.clamp(0.0, 1.0);
+        255.0
+            * if v <= 0.003_130_8 {
+                12.92 * v
+            } else {
+                1.055 * v.powf(1.0 / 2.4) - 0.055
+            }
+    };
+    let m = [
+        [1.224_940, -0.224_940, 0.0],
+        [-0.042_057, 1.042_057, 0.0],
+        [-0.019_638, -0.078_636, 1.098_274],
+    ];
+    let l = p.map(lin);
+    m.map(|row| enc(row[0] * l[0] + row[1] * l[1] + row[2] * l[2]))
+}
+
+/// A JPEG (4:4:4, quality 100) of `w`×`h` pixels `px` in `format`.
+fn jpeg_of(px: &[u8], w: usize, h: usize, format: turbojpeg::PixelFormat) -> Vec<u8> {
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_quality(100).unwrap();
+    c.set_subsamp(turbojpeg::Subsamp::None).unwrap();
+    let image = turbojpeg::Image {
+        pixels: px,
+        width: w,
+        pitch: w * format.size(),
+        height: h,
+        format,
+    };
+    c.compress_to_owned(image).unwrap().to_vec()
+}
+
+/// A `w`×`h` JPEG of one colour, with `icc` embedded when given.
+fn flat_jpeg(w: u32, h: u32, rgb: [u8; 3], icc: Option<&[u8]>) -> Vec<u8> {
+    let px = rgb.repeat((w * h) as usize);
+    let jpeg = jpeg_of(&px, w as usize, h as usize, turbojpeg::PixelFormat::RGB);
+    match icc {
+        Some(icc) => larder::images::colour::embed_jpeg(&jpeg, icc),
+        None => jpeg,
+    }
+}
+
+fn centre_rgb(jpeg: &[u8]) -> [u8; 3] {
+    let img = turbojpeg::decompress(jpeg, turbojpeg::PixelFormat::RGB).unwrap();
+    let i = (img.height / 2 * img.width + img.width / 2) * 3;
+    [img.pixels[i], img.pixels[i + 1], img.pixels[i + 2]]
+}
+
+fn assert_near(got: [u8; 3], want: [f64; 3], tolerance: f64, what: &str) {
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (f64::from(*g) - w).abs() <= tolerance,
+            "{what}: got {got:?}, want {want:?}"
+        );
+    }
+}
+
+/// Issue #42 item 4: a phone's Display P3 JPEG came out with its P3 numbers read as sRGB (dull
+/// colours) and no profile; now its pixels are converted and the output carries no profile.
+#[tokio::test(flavor = "multi_thread")]
+async fn display_p3_jpeg_comes_out_srgb() {
+    let l = start("").await;
+    let p3 = moxcms::ColorProfile::new_display_p3().encode().unwrap();
+    let colour = [200u8, 60, 40];
+    let want = p3_to_srgb(colour);
+    // The conversion moves this colour far more than the tolerance.
+    assert!((want[0] - 200.0).abs() > 10.0, "{want:?}");
+    let md5 = upload(l.addr, flat_jpeg(64, 64, colour, Some(&p3)), "image/jpeg")
+        .await
+        .field("md5");
+    for f in ["jpeg", "png", "webp"] {
+        let r = get(l.addr, &format!("/{md5}?w=32&h=32&f={f}&q=100")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let format = sniff::format(&r.body).unwrap();
+        let embedded = larder::images::colour::embedded(&r.body, format);
+        assert_eq!(embedded.icc, None, "{f} output carries no profile");
+        let got = match f {
+            "png" => {
+                let (_, _, _, px) = decode_png(&r.body);
+                [px[0], px[1], px[2]]
+            }
+            "webp" => {
+                let img = webp::Decoder::new(&r.body).decode().unwrap();
+                [img[0], img[1], img[2]]
+            }
+            _ => centre_rgb(&r.body),
+        };
+        // WebP's lossy chroma is coarser than JPEG's at q=100.
+        assert_near(got, want, if f == "webp" { 6.0 } else { 4.0 }, f);
+    }
+
+    // An sRGB profile changes nothing: the same bytes as the same source without a profile.
+    let srgb = moxcms::ColorProfile::new_srgb().encode().unwrap();
+    let tagged = upload(l.addr, flat_jpeg(64, 64, colour, Some(&srgb)), "image/jpeg")
+        .await
+        .field("md5");
+    let bare = upload(l.addr, flat_jpeg(64, 64, colour, None), "image/jpeg")
+        .await
+        .field("md5");
+    let a = get(l.addr, &format!("/{tagged}?w=32&h=32&f=png")).await;
+    let b = get(l.addr, &format!("/{bare}?w=32&h=32&f=png")).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.body, b.body);
+    l.larder.shutdown().await;
+}
+
+/// A CMYK JPEG as Adobe writes it (APP14, inverted samples) decodes to its colours; it was
+/// refused (libjpeg converts CMYK to nothing else).
+#[tokio::test(flavor = "multi_thread")]
+async fn cmyk_jpeg_decodes_to_its_colours() {
+    let l = start("").await;
+    // Left half red (magenta + yellow ink), right half 50 % black; stored inverted.
+    let (w, h) = (32usize, 16usize);
+    let mut px = Vec::with_capacity(w * h * 4);
+    for _ in 0..h {
+        for x in 0..w {
+            let ink = if x < w / 2 {
+                [0u8, 255, 255, 0]
+            } else {
+                [0, 0, 0, 128]
+            };
+            px.extend(ink.map(|v| 255 - v));
+        }
+    }
+    let jpeg = jpeg_of(&px, w, h, turbojpeg::PixelFormat::CMYK);
+    // What the decoder asked of libjpeg before: refused.
+    assert!(turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).is_err());
+    let r = upload(l.addr, &jpeg, "image/jpeg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, &format!("/{}?p=2&w=32&h=16&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (_, _, color, px) = decode_png(&r.body);
+    assert_eq!(color, png::ColorType::Rgb);
+    let at = |x: usize| {
+        [
+            px[(8 * w + x) * 3],
+            px[(8 * w + x) * 3 + 1],
+            px[(8 * w + x) * 3 + 2],
+        ]
+    };
+    assert_near(at(4), [255.0, 0.0, 0.0], 3.0, "red");
+    assert_near(at(28), [127.0, 127.0, 127.0], 3.0, "grey");
+    l.larder.shutdown().await;
+}
+
+/// 16-bit PNGs: converted from their profile at 16 bits, rounded (not truncated) to 8.
+#[tokio::test(flavor = "multi_thread")]
+async fn sixteen_bit_png_decodes() {
+    let l = start("").await;
+    let (w, h) = (8u32, 8u32);
+    // Rounded: 0x00FF is 0.99 of a level (1), 0xFF00 254.01 (254); their high bytes, what
+    // truncation keeps, are 0 and 255.
+    let px: Vec<u8> = [0x00FFu16, 0xFF00, 0xFFFF]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect::<Vec<u8>>()
+        .repeat((w * h) as usize);
+    let plain = encode_png(w, h, png::ColorType::Rgb, png::BitDepth::Sixteen, &px);
+    let r = upload(l.addr, &plain, "image/png").await;
+    let r = get(l.addr, &format!("/{}?w=4&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (_, _, _, out) = decode_png(&r.body);
+    assert_eq!(&out[..3], &[1, 254, 255]);
+
+    // With a Display P3 profile (iCCP).
+    let p3 = moxcms::ColorProfile::new_display_p3().encode().unwrap();
+    let mut tagged = Vec::new();
+    let mut info = png::Info::with_size(w, h);
+    info.color_type = png::ColorType::Rgb;
+    info.bit_depth = png::BitDepth::Sixteen;
+    info.icc_profile = Some(p3.into());
+    let px: Vec<u8> = [200u16 * 257, 60 * 257, 40 * 257]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect::<Vec<u8>>()
+        .repeat((w * h) as usize);
+    let mut wr = png::Encoder::with_info(&mut tagged, info)
+        .unwrap()
+        .write_header()
+        .unwrap();
+    wr.write_image_data(&px).unwrap();
+    wr.finish().unwrap();
+    let r = upload(l.addr, &tagged, "image/png").await;
+    let r = get(l.addr, &format!("/{}?w=4&f=png", r.field("md5"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (_, _, _, out) = decode_png(&r.body);
+    assert_near(
+        [out[0], out[1], out[2]],
+        p3_to_srgb([200, 60, 40]),
+        2.0,
+        "P3 16-bit",
+    );
+    l.larder.shutdown().await;
+}

@@ -2,14 +2,22 @@
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
 //! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
 //! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
-//! its own memory limit where it offers one; a bad image is an error, never a panic. Output never
-//! carries the source's metadata. The pixels, limits and errors they share are in
-//! [`super::raster`] (re-exported here), which avif imports rather than this file.
+//! its own memory limit where it offers one; a bad image is an error, never a panic. Decoded
+//! pixels are sRGB: an embedded ICC profile is converted ([`super::colour`]) unless the caller
+//! keeps it, CMYK JPEGs are converted to RGB, 16-bit PNGs are rounded to 8 bits after their
+//! conversion. Output never carries the source's metadata, except its ICC profile when kept;
+//! alpha is flattened onto a background colour where the format has none (JPEG). The pixels,
+//! limits and errors they share are in [`super::raster`] (re-exported here), which avif imports
+//! rather than this file.
 
 use std::io::Cursor;
 
+use super::colour::{self, Embedded};
 pub use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{ImageFormat, Probe};
+
+/// The background transparent pixels are flattened onto by default: white.
+pub const WHITE: [u8; 3] = [255, 255, 255];
 
 /// Refuses sources over the pixel or frame limits, from the header alone.
 pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {
@@ -36,10 +44,10 @@ pub struct Band {
     pub full_height: u32,
 }
 
-/// Decodes the first frame. `need` is the smallest size (unoriented) the pipeline needs: a JPEG
-/// decoder may shrink to it. `gray` lets the JPEG decoder skip chroma. `rows` (fractions of the
-/// unoriented height, top and bottom) is the band the pipeline keeps: a JPEG decoder may decode
-/// only it; other decoders return the whole image.
+/// Decodes the first frame, converted to sRGB. `need` is the smallest size (unoriented) the
+/// pipeline needs: a JPEG decoder may shrink to it. `gray` lets the JPEG decoder skip chroma.
+/// `rows` (fractions of the unoriented height, top and bottom) is the band the pipeline keeps:
+/// a JPEG decoder may decode only it; other decoders return the whole image.
 pub fn decode(
     src: &[u8],
     p: &Probe,
@@ -48,6 +56,30 @@ pub fn decode(
     rows: (f64, f64),
     limits: &Limits,
 ) -> Result<(Raster, Band), CodecError> {
+    decode_colour(src, p, need, gray, rows, limits, false).map(|d| (d.raster, d.band))
+}
+
+/// A decoded image and the colour profile its pixels are still in.
+pub struct Decoded {
+    pub raster: Raster,
+    pub band: Band,
+    /// The source's ICC profile when it was kept (`keep_icc`) and fits the pixels (an RGB
+    /// profile for RGB pixels, a gray one for gray pixels): the output should carry it.
+    pub icc: Option<Vec<u8>>,
+}
+
+/// [`decode`], converting an embedded ICC profile to sRGB unless `keep_icc` (then the pixels
+/// are untouched and the profile comes back in [`Decoded::icc`]). CMYK sources are converted
+/// to RGB whatever `keep_icc` says (no output format here carries CMYK).
+pub fn decode_colour(
+    src: &[u8],
+    p: &Probe,
+    need: (u32, u32),
+    gray: bool,
+    rows: (f64, f64),
+    limits: &Limits,
+    keep_icc: bool,
+) -> Result<Decoded, CodecError> {
     let whole = |r: Raster| {
         let band = Band {
             top: 0,
@@ -55,13 +87,31 @@ pub fn decode(
         };
         (r, band)
     };
-    match p.format {
-        ImageFormat::Jpeg => decode_jpeg(src, p, need, gray, rows),
-        ImageFormat::Png => decode_png(src, limits).map(whole),
-        ImageFormat::Gif => decode_gif(src, p, limits).map(whole),
-        ImageFormat::Webp => decode_webp(src, p).map(whole),
-        ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole),
+    let embedded = colour::embedded(src, p.format);
+    // Whether the decoder already applied the profile (CMYK, 16-bit PNG).
+    let mut applied = false;
+    let convert = if keep_icc {
+        None
+    } else {
+        embedded.icc.as_deref()
+    };
+    let (mut raster, band) = match p.format {
+        ImageFormat::Jpeg => decode_jpeg(src, p, need, gray, rows, &embedded, &mut applied)?,
+        ImageFormat::Png => decode_png(src, limits, convert, &mut applied).map(whole)?,
+        ImageFormat::Gif => decode_gif(src, p, limits).map(whole)?,
+        ImageFormat::Webp => decode_webp(src, p).map(whole)?,
+        ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole)?,
+    };
+    let mut icc = None;
+    if let Some(profile) = embedded.icc.filter(|_| !applied) {
+        // A profile kept must fit the pixels; one that does not is converted as usual.
+        if keep_icc && colour::fits(&profile, raster.channels) {
+            icc = Some(profile);
+        } else {
+            colour::to_srgb(&mut raster, &profile)?;
+        }
     }
+    Ok(Decoded { raster, band, icc })
 }
 
 fn decode_jpeg(
@@ -70,6 +120,8 @@ fn decode_jpeg(
     need: (u32, u32),
     gray: bool,
     rows: (f64, f64),
+    embedded: &Embedded,
+    applied: &mut bool,
 ) -> Result<(Raster, Band), CodecError> {
     let err = |e: super::jpeg::JpegError| CodecError::Decode("JPEG", e.to_string());
     // The probed pixel count bounds the frame libjpeg really decodes: a second, larger SOF is
@@ -84,13 +136,28 @@ fn decode_jpeg(
         p.pixels(),
     )
     .map_err(err)?;
+    let mut raster = Raster {
+        width: d.width,
+        height: d.height,
+        channels: d.channels,
+        data: d.data,
+    };
+    if d.cmyk {
+        // Through the CMYK profile (the only one a CMYK JPEG can have) or naively.
+        raster.data = colour::cmyk_to_rgb(
+            std::mem::take(&mut raster.data),
+            raster.width,
+            embedded.icc.as_deref(),
+            embedded.adobe,
+        );
+        raster.channels = 3;
+        *applied = true;
+        if gray {
+            raster = raster.to_gray();
+        }
+    }
     Ok((
-        Raster {
-            width: d.width,
-            height: d.height,
-            channels: d.channels,
-            data: d.data,
-        },
+        raster,
         Band {
             top: d.top,
             full_height: d.full_height,
@@ -98,7 +165,15 @@ fn decode_jpeg(
     ))
 }
 
-fn decode_png(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
+/// PNG with palettes, low bit depths and tRNS expanded. 16-bit samples are converted through
+/// `icc` (when given) at 16 bits, then rounded to 8 (`applied` is set); 8-bit ones are left to
+/// the caller.
+fn decode_png(
+    src: &[u8],
+    limits: &Limits,
+    icc: Option<&[u8]>,
+    applied: &mut bool,
+) -> Result<Raster, CodecError> {
     let err = |e: png::DecodingError| CodecError::Decode("PNG", e.to_string());
     let mut dec = png::Decoder::new_with_limits(
         Cursor::new(src),
@@ -106,7 +181,7 @@ fn decode_png(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
             bytes: (limits.max_pixels as usize).saturating_mul(8),
         },
     );
-    dec.set_transformations(png::Transformations::normalize_to_color8());
+    dec.set_transformations(png::Transformations::EXPAND);
     let mut reader = dec.read_info().map_err(err)?;
     let size = reader
         .output_buffer_size()
@@ -115,25 +190,34 @@ fn decode_png(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
     let info = reader.next_frame(&mut buf).map_err(err)?;
     buf.truncate(info.buffer_size());
     let (w, h) = (info.width, info.height);
+    let samples: u8 = match info.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::Indexed => {
+            return Err(CodecError::Decode("PNG", "palette not expanded".into()))
+        }
+    };
+    if info.bit_depth == png::BitDepth::Sixteen {
+        let colour = if samples >= 3 { icc } else { None };
+        colour::srgb_8bit_from_16(&mut buf, samples, w, colour);
+        *applied = colour.is_some();
+    }
     let raster = |channels: u8, data: Vec<u8>| Raster {
         width: w,
         height: h,
         channels,
         data,
     };
-    Ok(match info.color_type {
-        png::ColorType::Grayscale => raster(1, buf),
-        png::ColorType::Rgb => raster(3, buf),
-        png::ColorType::Rgba => raster(4, buf),
-        png::ColorType::GrayscaleAlpha => raster(
+    Ok(match samples {
+        2 => raster(
             4,
             buf.chunks_exact(2)
                 .flat_map(|p| [p[0], p[0], p[0], p[1]])
                 .collect(),
         ),
-        png::ColorType::Indexed => {
-            return Err(CodecError::Decode("PNG", "palette not expanded".into()))
-        }
+        n => raster(n, buf),
     })
 }
 
@@ -221,16 +305,52 @@ pub fn encode_at(
     quality: u8,
     avif_speed: u8,
 ) -> Result<Vec<u8>, CodecError> {
-    match format {
-        ImageFormat::Jpeg => encode_jpeg(img, quality),
-        ImageFormat::Png => encode_png(img),
-        ImageFormat::Gif => encode_gif(img),
-        ImageFormat::Webp => encode_webp(img, quality),
-        ImageFormat::Avif => encode_avif(img, quality, avif_speed),
-    }
+    encode_with(
+        img,
+        format,
+        &Output {
+            quality,
+            avif_speed,
+            bg: WHITE,
+            icc: None,
+        },
+    )
 }
 
-fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
+/// How an image is encoded, besides its format.
+#[derive(Debug, Clone, Copy)]
+pub struct Output<'a> {
+    /// 1-100, for JPEG, WebP and AVIF.
+    pub quality: u8,
+    /// rav1e's speed preset (1 slowest to 10 fastest).
+    pub avif_speed: u8,
+    /// What transparent pixels are flattened onto where the format has no alpha (JPEG).
+    pub bg: [u8; 3],
+    /// An ICC profile the output carries (JPEG, PNG and WebP; the others have none).
+    pub icc: Option<&'a [u8]>,
+}
+
+/// Encodes as `out` says.
+pub fn encode_with(
+    img: &Raster,
+    format: ImageFormat,
+    out: &Output<'_>,
+) -> Result<Vec<u8>, CodecError> {
+    let bytes = match format {
+        ImageFormat::Jpeg => encode_jpeg(img, out.quality, out.bg)?,
+        ImageFormat::Png => return encode_png(img, out.icc),
+        ImageFormat::Gif => encode_gif(img)?,
+        ImageFormat::Webp => encode_webp(img, out.quality)?,
+        ImageFormat::Avif => encode_avif(img, out.quality, out.avif_speed)?,
+    };
+    Ok(match (format, out.icc) {
+        (ImageFormat::Jpeg, Some(icc)) => colour::embed_jpeg(&bytes, icc),
+        (ImageFormat::Webp, Some(icc)) => colour::embed_webp(&bytes, icc),
+        _ => bytes,
+    })
+}
+
+fn encode_jpeg(img: &Raster, quality: u8, bg: [u8; 3]) -> Result<Vec<u8>, CodecError> {
     let err = |e: turbojpeg::Error| CodecError::Encode("JPEG", e.to_string());
     let rgb;
     let (pixels, format, channels, subsamp) = if img.channels == 1 {
@@ -241,7 +361,7 @@ fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
             turbojpeg::Subsamp::Gray,
         )
     } else {
-        rgb = img.to_rgb();
+        rgb = img.to_rgb_over(bg);
         (
             rgb.as_slice(),
             turbojpeg::PixelFormat::RGB,
@@ -278,16 +398,18 @@ fn encode_jpeg(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
     })
 }
 
-fn encode_png(img: &Raster) -> Result<Vec<u8>, CodecError> {
+fn encode_png(img: &Raster, icc: Option<&[u8]>) -> Result<Vec<u8>, CodecError> {
     let err = |e: png::EncodingError| CodecError::Encode("PNG", e.to_string());
     let mut out = Vec::new();
-    let mut enc = png::Encoder::new(&mut out, img.width, img.height);
-    enc.set_color(match img.channels {
+    let mut info = png::Info::with_size(img.width, img.height);
+    info.color_type = match img.channels {
         1 => png::ColorType::Grayscale,
         3 => png::ColorType::Rgb,
         _ => png::ColorType::Rgba,
-    });
-    enc.set_depth(png::BitDepth::Eight);
+    };
+    info.bit_depth = png::BitDepth::Eight;
+    info.icc_profile = icc.map(std::borrow::Cow::Borrowed);
+    let mut enc = png::Encoder::with_info(&mut out, info).map_err(err)?;
     enc.set_compression(png::Compression::Fast);
     let mut w = enc.write_header().map_err(err)?;
     w.write_image_data(&img.data).map_err(err)?;

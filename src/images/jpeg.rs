@@ -2,7 +2,8 @@
 //! library, called through its `raw` bindings because its safe wrapper has no cropping): DCT
 //! scaling (shrink on load) and a band of rows, so that a cover or crop transform decodes only
 //! the rows it keeps. Rows below the band are never entropy-decoded; rows above it are skipped
-//! without IDCT or colour conversion.
+//! without IDCT or colour conversion. CMYK and YCCK sources decode to CMYK samples (4 a pixel,
+//! as stored), which the caller converts (`colour::cmyk_to_rgb`).
 //!
 //! One handle per pool thread is reused from image to image; a handle that failed is dropped.
 
@@ -90,6 +91,8 @@ pub struct Decoded {
     pub top: u32,
     pub full_height: u32,
     pub channels: u8,
+    /// The samples are CMYK, as stored (4 channels), whatever `gray` asked.
+    pub cmyk: bool,
     pub data: Vec<u8>,
 }
 
@@ -155,7 +158,14 @@ pub fn decode(src: &[u8], req: Request, max_pixels: u64) -> Result<Decoded, Jpeg
         };
         // SAFETY: valid handle; the region lies within the scaled image and starts at x = 0.
         h.check(unsafe { raw::tj3SetCroppingRegion(h.0, region) })?;
-        let (format, channels) = if req.gray {
+        // SAFETY: valid handle after a header was read; a plain integer getter.
+        let space = unsafe { raw::tj3Get(h.0, raw::TJPARAM_TJPARAM_COLORSPACE as libc::c_int) };
+        let cmyk = space == raw::TJCS_TJCS_CMYK as libc::c_int
+            || space == raw::TJCS_TJCS_YCCK as libc::c_int;
+        let (format, channels) = if cmyk {
+            // libjpeg converts CMYK to nothing else.
+            (raw::TJPF_TJPF_CMYK, 4u8)
+        } else if req.gray {
             (raw::TJPF_TJPF_GRAY, 1u8)
         } else {
             (raw::TJPF_TJPF_RGB, 3u8)
@@ -181,6 +191,7 @@ pub fn decode(src: &[u8], req: Request, max_pixels: u64) -> Result<Decoded, Jpeg
             top,
             full_height: sh,
             channels,
+            cmyk,
             data,
         })
     })

@@ -16,16 +16,18 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
+//! [`codec`] (decoders and encoders per format), [`colour`] (embedded ICC profiles to sRGB,
+//! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
-//! order).
+//! order), [`smart`] (content-aware crop placement: edges, skin, saturation).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
 
 pub mod avif;
 pub mod codec;
+pub mod colour;
 pub mod filters;
 pub mod grammar;
 pub mod jpeg;

@@ -63,6 +63,13 @@ pub struct Resolved {
     pub target: Target,
     /// The resolved output format (set by [`Resolved::for_source`]).
     pub format: ImageFormat,
+    /// Keep the source's ICC profile (pixels untouched, the output carries it) instead of
+    /// converting to sRGB; only where the output format carries one (JPEG, PNG, WebP).
+    pub keep_icc: bool,
+    /// What transparent pixels are flattened onto where the output has no alpha (JPEG).
+    pub bg: [u8; 3],
+    /// Place a cover crop on the content (`super::smart`) rather than at the centre.
+    pub smart: bool,
 }
 
 impl Resolved {
@@ -94,6 +101,9 @@ impl Resolved {
             quality_given: p.q.is_some(),
             target,
             format: ImageFormat::Jpeg,
+            keep_icc: false,
+            bg: [255; 3],
+            smart: false,
         }
     }
 
@@ -101,6 +111,12 @@ impl Resolved {
     pub fn for_source(mut self, source: ImageFormat) -> Resolved {
         self.format = self.target.output(source);
         self
+    }
+
+    /// A cover crop placed by content ([`Resolved::smart`] applies to cover crops only: the
+    /// other modes keep the whole source or place the crop where asked).
+    pub fn smart_cover(&self) -> bool {
+        self.smart && self.mode == Mode::Cover
     }
 
     /// Whether the response depends on Accept (`Vary: Accept`).
@@ -137,6 +153,20 @@ impl Resolved {
             if self.quality_given { "!" } else { "" },
             self.target.key()
         );
+        // Only when not the default, so that zimg's keys stay as they were.
+        if self.keep_icc {
+            s.push_str("&icc=keep");
+        }
+        if self.smart {
+            s.push_str("&smart=1");
+        }
+        if self.bg != [255; 3] {
+            let _ = write!(
+                s,
+                "&bg={:02x}{:02x}{:02x}",
+                self.bg[0], self.bg[1], self.bg[2]
+            );
+        }
         s
     }
 }

@@ -41,6 +41,11 @@ impl Raster {
 
     /// RGB, alpha composited over white.
     pub(super) fn to_rgb(&self) -> Vec<u8> {
+        self.to_rgb_over([255; 3])
+    }
+
+    /// RGB, alpha composited over `bg`.
+    pub(super) fn to_rgb_over(&self, bg: [u8; 3]) -> Vec<u8> {
         match self.channels {
             1 => self.data.iter().flat_map(|&l| [l, l, l]).collect(),
             3 => self.data.clone(),
@@ -49,8 +54,10 @@ impl Raster {
                 .chunks_exact(4)
                 .flat_map(|p| {
                     let a = u32::from(p[3]);
-                    let over = |c: u8| ((u32::from(c) * a + 255 * (255 - a) + 127) / 255) as u8;
-                    [over(p[0]), over(p[1]), over(p[2])]
+                    let over = |c: u8, b: u8| {
+                        ((u32::from(c) * a + u32::from(b) * (255 - a) + 127) / 255) as u8
+                    };
+                    [over(p[0], bg[0]), over(p[1], bg[1]), over(p[2], bg[2])]
                 })
                 .collect(),
         }

@@ -46,6 +46,8 @@ pub struct Probe {
     pub frames: u32,
     /// EXIF orientation 1-8: JPEG's EXIF tag, or AVIF's `irot`/`imir` properties; 1 when absent.
     pub orientation: u8,
+    /// A JPEG with four components (CMYK or YCCK): decoded as CMYK, then converted to RGB.
+    pub cmyk: bool,
 }
 
 impl Probe {
@@ -100,6 +102,7 @@ pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
         height: 0,
         frames: 1,
         orientation: 1,
+        cmyk: false,
     };
     match format {
         ImageFormat::Jpeg => jpeg(b, &mut p)?,
@@ -166,6 +169,7 @@ fn jpeg(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
             0xC0..=0xCF if marker != 0xC4 && marker != 0xC8 && marker != 0xCC => {
                 p.height = u32::from(be16(seg, 1).ok_or(err.clone())?);
                 p.width = u32::from(be16(seg, 3).ok_or(err)?);
+                p.cmyk = seg.get(5) == Some(&4);
                 return Ok(());
             }
             0xD9 | 0xDA => return Err(err),
@@ -294,12 +298,15 @@ pub struct Nclx {
 }
 
 /// What an AVIF's `meta` box says of its primary item: its size (`ispe`), its colour
-/// description (`colr` nclx) and the EXIF orientation equivalent of its `irot`/`imir`.
+/// description (`colr` nclx), where its ICC profile is (`colr` prof or rICC) and the EXIF
+/// orientation equivalent of its `irot`/`imir`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AvifHeader {
     pub width: u32,
     pub height: u32,
     pub nclx: Option<Nclx>,
+    /// The ICC profile's bytes in the file: start and end offsets.
+    pub icc: Option<(usize, usize)>,
     pub orientation: u8,
 }
 
@@ -430,6 +437,7 @@ pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
         width: 0,
         height: 0,
         nclx: None,
+        icc: None,
         orientation: 1,
     };
     let (mut sized, mut rotation, mut mirror) = (false, 0u8, None);
@@ -453,6 +461,11 @@ pub fn avif_header(b: &[u8]) -> Result<AvifHeader, SniffError> {
                     matrix: be16(v, 8).ok_or(err.clone())?,
                     full_range: v.get(10).ok_or(err.clone())? & 0x80 != 0,
                 });
+            }
+            b"colr"
+                if header.icc.is_none() && (v.starts_with(b"prof") || v.starts_with(b"rICC")) =>
+            {
+                header.icc = Some((p.body.start + 4, p.body.end));
             }
             b"irot" => rotation = v.first().ok_or(err.clone())? & 3,
             b"imir" => mirror = Some(v.first().ok_or(err.clone())? & 1),
@@ -577,8 +590,13 @@ mod tests {
                 full_range: true
             })
         );
+        assert_eq!(h.icc, None);
         let p = probe(&b).unwrap();
         assert_eq!((p.format, p.width, p.height), (ImageFormat::Avif, 640, 480));
+        // An ICC profile beside the nclx box.
+        let with_icc = avif_header_with(&[bx(b"colr", b"profICC bytes")]);
+        let (start, end) = avif_header(&with_icc).unwrap().icc.unwrap();
+        assert_eq!(&with_icc[start..end], b"ICC bytes");
         // A quarter turn anticlockwise is EXIF's "rotate 270° clockwise" (8); then a
         // left-right mirror makes it 7. A top-bottom mirror alone is 4.
         let irot = bx(b"irot", &[1]);

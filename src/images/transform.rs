@@ -1,8 +1,11 @@
 //! The transform pipeline, pure and synchronous (it runs on the blocking pool):
 //! plan the geometry → decode (shrinking on load) → orient → crop+resize (SIMD) → rotate →
-//! grayscale → encode. [`prepare`] plans from the header alone and estimates the peak memory
-//! and CPU cost (never enlarging past `max_upscale`, holding AVIF output to its pixel cap);
-//! [`run`] returns the encoded bytes and the time spent in each step.
+//! grayscale → encode. Decoding converts to sRGB (or keeps the source's profile, `keep_icc`);
+//! encoding flattens alpha onto `bg` where the format has none; a `smart` crop is placed on
+//! the content ([`super::smart`]). [`prepare`] plans from the
+//! header alone and estimates the peak memory and CPU cost (never enlarging past
+//! `max_upscale`, holding AVIF output to its pixel cap); [`run`] returns the encoded bytes and
+//! the time spent in each step.
 
 use std::time::{Duration, Instant};
 
@@ -226,8 +229,9 @@ pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared,
     let need = if swapped { (need.1, need.0) } else { need };
 
     // Rows the plan keeps, when the source's rows are the output's (no orientation change): a
-    // JPEG decoder then decodes only that band.
-    let rows = if probe.orientation <= 1 {
+    // JPEG decoder then decodes only that band. A smart crop's place is known only once the
+    // pixels are: the whole height is decoded.
+    let rows = if probe.orientation <= 1 && !r.smart_cover() {
         (
             plan.crop.1 / f64::from(oh),
             (plan.crop.1 + plan.crop.3) / f64::from(oh),
@@ -286,9 +290,12 @@ impl Prepared {
         const MIB: u64 = 1 << 20;
         // Decoding: bytes per pixel (the decoder's buffers and the raster), bytes besides the
         // pixels, work per pixel. rav1d's frame buffers, several planes each, dwarf the raster.
+        // CMYK JPEGs hold their CMYK samples and the RGB made of them; 16-bit RGBA PNGs are
+        // decoded into 8 bytes a pixel (made 8-bit in place) beside the decoder's own buffers.
         let (decode_bytes, decode_fixed, decode_work) = match probe.format {
+            ImageFormat::Jpeg if probe.cmyk => (7, 0, 2),
             ImageFormat::Jpeg => (channels, 0, 1),
-            ImageFormat::Png => (6, 0, 3),
+            ImageFormat::Png => (10, 0, 3),
             ImageFormat::Gif => (8, 0, 2),
             ImageFormat::Webp => (8, 0, 3),
             ImageFormat::Avif => (32, 2 * MIB, 8),
@@ -340,7 +347,18 @@ pub fn run(
     };
 
     let start = Instant::now();
-    let (img, band) = codec::decode(src, probe, p.need, r.gray, p.rows, limits)?;
+    // A kept profile must be one the output can carry, and fit its pixels (not a gray output).
+    let keep_icc = r.keep_icc
+        && !r.gray
+        && matches!(
+            p.format,
+            ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
+        );
+    let codec::Decoded {
+        raster: img,
+        band,
+        icc,
+    } = codec::decode_colour(src, probe, p.need, r.gray, p.rows, limits, keep_icc)?;
     let img = orient(img, probe.orientation);
     t.decode = start.elapsed();
 
@@ -360,6 +378,12 @@ pub fn run(
         crop.2,
         crop.3.min(f64::from(img.height) - crop.1.max(0.0)),
     );
+    // A smart crop keeps the planned size and moves it to the content.
+    let crop = if r.smart_cover() {
+        super::smart::place(&img, crop)
+    } else {
+        crop
+    };
     let mut img = resize(img, crop, plan.out)?;
     if r.r != 0 {
         img = rotate(&img, r.r);
@@ -370,7 +394,16 @@ pub fn run(
     t.resize = start.elapsed();
 
     let start = Instant::now();
-    let out = codec::encode_at(&img, p.format, r.quality, limits.avif_speed)?;
+    let out = codec::encode_with(
+        &img,
+        p.format,
+        &codec::Output {
+            quality: r.quality,
+            avif_speed: limits.avif_speed,
+            bg: r.bg,
+            icc: icc.as_deref(),
+        },
+    )?;
     t.encode = start.elapsed();
     Ok((out, t))
 }
@@ -586,5 +619,159 @@ mod tests {
         assert_eq!(r.data, vec![2, 1]);
         assert_eq!(rotate(&img, 180).data, vec![2, 1]);
         assert_eq!(rotated_size(100, 100, 45), (141, 141));
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_pixels: 1 << 24,
+            max_dim: 4096,
+            max_frames: 1,
+            max_upscale: 1.0,
+            avif_speed: 10,
+            max_avif_pixels: 1 << 20,
+        }
+    }
+
+    /// A 16×16 JPEG of one colour with a Display P3 profile.
+    fn p3_jpeg(rgb: [u8; 3]) -> (Vec<u8>, Vec<u8>) {
+        let icc = moxcms::ColorProfile::new_display_p3().encode().unwrap();
+        let px = rgb.repeat(256);
+        let mut c = turbojpeg::Compressor::new().unwrap();
+        c.set_quality(100).unwrap();
+        c.set_subsamp(turbojpeg::Subsamp::None).unwrap();
+        let jpeg = c
+            .compress_to_owned(turbojpeg::Image {
+                pixels: px.as_slice(),
+                width: 16,
+                pitch: 48,
+                height: 16,
+                format: turbojpeg::PixelFormat::RGB,
+            })
+            .unwrap();
+        (super::super::colour::embed_jpeg(&jpeg, &icc), icc)
+    }
+
+    /// Pixels as stored (a profile is kept, not applied) and the profile, if any.
+    fn decoded(bytes: &[u8]) -> (Raster, Option<Vec<u8>>) {
+        let p = crate::images::sniff::probe(bytes).unwrap();
+        let whole = (p.width, p.height);
+        let d = codec::decode_colour(bytes, &p, whole, false, (0.0, 1.0), &limits(), true);
+        let d = d.unwrap();
+        (d.raster, d.icc)
+    }
+
+    #[test]
+    fn a_kept_profile_travels_with_untouched_pixels() {
+        let (src, icc) = p3_jpeg([200, 60, 40]);
+        let probe = crate::images::sniff::probe(&src).unwrap();
+        for f in ["jpeg", "png", "webp"] {
+            let mut r = resolved(&format!("w=8&f={f}&q=100"));
+            r.keep_icc = true;
+            let (out, _) = run(&src, &probe, &r, &limits()).unwrap();
+            let (img, kept) = decoded(&out);
+            assert_eq!(kept.as_deref(), Some(icc.as_slice()), "{f}");
+            let px = &img.data[..3];
+            assert!(
+                px.iter()
+                    .zip([200u8, 60, 40])
+                    .all(|(a, b)| a.abs_diff(b) <= 6),
+                "{f}: {px:?}"
+            );
+        }
+        // Not where the format has no profile (AVIF), nor for a gray output: converted.
+        let mut r = resolved("w=8&f=avif&q=100");
+        r.keep_icc = true;
+        let (out, _) = run(&src, &probe, &r, &limits()).unwrap();
+        let (img, kept) = decoded(&out);
+        assert_eq!(kept, None);
+        assert!(img.data[0] > 210, "converted: {:?}", &img.data[..3]);
+        // The default: converted, no profile.
+        let (out, _) = run(&src, &probe, &resolved("w=8&q=100"), &limits()).unwrap();
+        let (img, kept) = decoded(&out);
+        assert_eq!(kept, None);
+        assert!(img.data[0] > 210, "converted: {:?}", &img.data[..3]);
+    }
+
+    #[test]
+    fn alpha_is_flattened_onto_bg_for_jpeg() {
+        // Left half transparent, right half opaque green.
+        let mut px = Vec::new();
+        for _ in 0..8 {
+            for x in 0..8 {
+                px.extend_from_slice(if x < 4 {
+                    &[0, 0, 0, 0]
+                } else {
+                    &[0, 200, 0, 255]
+                });
+            }
+        }
+        let img = Raster {
+            width: 8,
+            height: 8,
+            channels: 4,
+            data: px,
+        };
+        let png = codec::encode(&img, ImageFormat::Png, 75).unwrap();
+        let probe = crate::images::sniff::probe(&png).unwrap();
+        let mut r = resolved("f=jpeg&q=100");
+        r.format = ImageFormat::Jpeg;
+        r.bg = [0, 0, 255];
+        let (out, _) = run(&png, &probe, &r, &limits()).unwrap();
+        let (img, _) = decoded(&out);
+        let at = |x: usize| &img.data[(4 * 8 + x) * 3..(4 * 8 + x) * 3 + 3];
+        assert!(at(0)[2] > 240 && at(0)[0] < 15, "blue: {:?}", at(0));
+        assert!(at(7)[1] > 185 && at(7)[2] < 15, "green: {:?}", at(7));
+        // The default background is white.
+        r.bg = codec::WHITE;
+        let (out, _) = run(&png, &probe, &r, &limits()).unwrap();
+        assert!(decoded(&out).0.data[32 * 3..32 * 3 + 3]
+            .iter()
+            .all(|&v| v > 240));
+    }
+
+    #[test]
+    fn a_smart_crop_keeps_the_subject_a_centre_crop_cuts() {
+        // A flat background with a striped, saturated square in the top-left corner.
+        let (w, h) = (300u32, 200u32);
+        let mut data = Vec::new();
+        for y in 0..h {
+            for x in 0..w {
+                let inside = (5..45).contains(&x) && (5..45).contains(&y);
+                let px = match (inside, (x / 3 + y / 3) % 2) {
+                    (false, _) => [120, 130, 140],
+                    (true, 0) => [230, 20, 20],
+                    (true, _) => [20, 20, 230],
+                };
+                data.extend_from_slice(&px);
+            }
+        }
+        let img = Raster {
+            width: w,
+            height: h,
+            channels: 3,
+            data,
+        };
+        let png = codec::encode(&img, ImageFormat::Png, 75).unwrap();
+        let probe = crate::images::sniff::probe(&png).unwrap();
+        let saturated = |out: &[u8]| {
+            let (img, _) = decoded(out);
+            img.data
+                .chunks_exact(3)
+                .filter(|p| p.iter().max().unwrap() - p.iter().min().unwrap() > 80)
+                .count()
+        };
+        // A 100×100 cover crop (of 200×200 source pixels): the centre one, x 50..250, misses
+        // the square entirely.
+        let mut r = resolved("w=100&h=100&f=png");
+        r.format = ImageFormat::Png;
+        let (centre, _) = run(&png, &probe, &r, &limits()).unwrap();
+        assert_eq!(saturated(&centre), 0);
+        r.smart = true;
+        assert!(r.key().ends_with("&smart=1"), "{}", r.key());
+        let (smart, _) = run(&png, &probe, &r, &limits()).unwrap();
+        let (out, _) = decoded(&smart);
+        assert_eq!((out.width, out.height), (100, 100));
+        // The whole square, halved: 20×20 pixels (less the stripes' blended edges).
+        assert!(saturated(&smart) >= 350, "{}", saturated(&smart));
     }
 }

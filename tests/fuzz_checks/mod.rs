@@ -88,12 +88,22 @@ pub fn image_params(data: &[u8]) {
     }
 }
 
-/// Image sniffing reads headers only and never panics on any bytes.
+/// Image sniffing reads headers only and never panics on any bytes; nor does reading the
+/// embedded colour profile, whatever format the bytes are taken for.
 pub fn image_sniff(data: &[u8]) {
+    use larder::images::sniff::ImageFormat;
     let _ = larder::images::sniff::format(data);
     let _ = larder::images::sniff::probe(data);
     let _ = larder::images::sniff::avif_header(data);
     let _ = larder::images::sniff::boxes_fit(data);
+    for f in [
+        ImageFormat::Jpeg,
+        ImageFormat::Png,
+        ImageFormat::Webp,
+        ImageFormat::Avif,
+    ] {
+        let _ = larder::images::colour::embedded(data, f);
+    }
 }
 
 /// Configuration text never panics the loader.
