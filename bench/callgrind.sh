@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh LARDER_BINARY [static|fixed|proxy|pass|nostore ...]: instructions per request, counted
+# bench/callgrind.sh LARDER_BINARY [static|fixed|proxy|pass|nostore|rules|rulesbare ...]: instructions per request, counted
 # by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
 # "The per-request path").
 #
@@ -16,6 +16,12 @@
 #           proxy's pass path, without the origin's own cost, which runs outside valgrind);
 # - nostore: the caching route of `proxy`, the page answered `Cache-Control: no-store` by the
 #           origin: every request a miss that is not stored (pingap-nocache's path).
+# - rules:  the cached page of `proxy` behind bench/conf/larder-rules.toml's rules (basic auth
+#           from a bcrypt htpasswd file, a rate limit per client address that never refuses,
+#           three response header rules), every request with `Authorization: Basic` of user
+#           `bench` (bench/run's rules scenario; use PAGE=page.html for its 8 KB page);
+# - rulesbare: its twin, the same hit and the same `Authorization` on the `proxy` route
+#           without rules (what the rules cost a hit: rules minus rulesbare).
 # PAGE=NAME picks another file of bench/data (default small.html; page.html is 8 KB).
 # ENCODING=gzip (or br, zstd) sends that Accept-Encoding with every request.
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
@@ -24,7 +30,7 @@
 # LARDER_BINARY: the `profiling` profile's build (release with line tables, so callgrind names
 # functions and lines): `cargo build --profile profiling --bin larder`, then
 # bench/callgrind.sh target/profiling/larder.
-# Needs valgrind and wrk (apt-get install valgrind wrk). 127.0.0.1 only; bounded in time.
+# Needs valgrind and wrk (apt-get install valgrind wrk), and htpasswd (apache2-utils) for rules. 127.0.0.1 only; bounded in time.
 set -euo pipefail
 bin=$(realpath "${1:?larder binary}"); shift
 cells=("$@"); ((${#cells[@]})) || cells=(static proxy)
@@ -54,16 +60,31 @@ for cell in "${cells[@]}"; do
     static) route="static = { root = \"$data\" }" ;;
     fixed)  route="respond = { status = 200, body = \"pong\", content_type = \"text/plain\" }"
             path="/ping" ;;
-    proxy|pass|nostore)
+    proxy|pass|nostore|rules|rulesbare)
             route="proxy = { upstream = \"http://127.0.0.1:$origin\" }"
             # pass: nothing stored, every request goes to the origin (the pass path's cost).
             [ "$cell" = pass ] && route="proxy = { upstream = \"http://127.0.0.1:$origin\", cache = false }"
             [ "$cell" = nostore ] && path="/nostore/$page"
+            if [ "$cell" = rules ]; then
+              # larder-rules.toml's rules, on an htpasswd file as bench/run writes it.
+              htpasswd -nbB -C 5 bench bench >"$tmp/bench.htpasswd"
+              route="$route
+    [[listener.route.rule]]
+    basic_auth = { htpasswd = \"$tmp/bench.htpasswd\", realm = \"bench\" }
+    [[listener.route.rule]]
+    rate_limit = { rate = \"1000000/s\", burst = 1000000, key = \"client\" }
+    [[listener.route.rule]]
+    response_headers = { set = { \"x-frame-options\" = \"DENY\" } }
+    [[listener.route.rule]]
+    response_headers = { set = { \"x-content-type-options\" = \"nosniff\" } }
+    [[listener.route.rule]]
+    response_headers = { set = { \"referrer-policy\" = \"same-origin\" } }"
+            fi
             if ! (exec 3<>"/dev/tcp/127.0.0.1/$origin") 2>/dev/null; then
               "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
               wait_port "$origin"
             fi ;;
-    *) echo "unknown cell $cell (static, fixed, proxy, pass, nostore)" >&2; exit 2 ;;
+    *) echo "unknown cell $cell (static, fixed, proxy, pass, nostore, rules, rulesbare)" >&2; exit 2 ;;
   esac
   admin=""
   # ADMIN=1: an admin listener, so that requests are counted for /metrics.
@@ -84,6 +105,8 @@ TOML
   vg=$!
   wait_port "$port"
   hdr=(); [ -n "${ENCODING:-}" ] && hdr=(-H "Accept-Encoding: $ENCODING")
+  # `bench:bench`, the user of the rules' htpasswd file (sent to the twin too).
+  case "$cell" in rules|rulesbare) hdr+=(-H "Authorization: Basic YmVuY2g6YmVuY2g=") ;; esac
   wrk -t1 -c"$conns" -d2s "${hdr[@]}" "http://127.0.0.1:$port$path" >/dev/null
   # The measured window lies inside one wrk run, after its connections are open, so that no
   # connection's accept or close is counted (at 10,000 connections they were a third of the

@@ -96,7 +96,7 @@
 //!    [`metrics`]; [`body`] (metrics: a response's body carries its outcome); [`memory`] (the
 //!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
 //!    sockets with `send`/`sendmsg`); [`clock`].
-//! 2. [`http`] (body); [`phases`] (body); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
+//! 2. [`http`] (body); [`phases`] (body, clock); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`real_ip`] (config, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics); [`service`] (config).

@@ -32,13 +32,15 @@ use std::sync::Arc;
 use http::{request, response, Request, Response};
 
 use crate::body::{Body, RequestBody};
+use crate::clock::Clock;
 
 /// What a request carries through the phases of a route with steps: who sent it, which of the
 /// route's steps apply to it (decided at ①, in order), what they found (a path's captures, a
 /// request id, a token's claims) and what must live as long as the request (an in-flight
-/// count). Made at ① (mutable there), then shared: the request carries it to the handler (in
-/// its extensions, as `Arc<Cx>`; the proxy reads it for ② and ③) and the router keeps it for
-/// ④.
+/// count). Made at ① (mutable there), then kept by the router for ④; shared only when
+/// something else needs it: the request carries it to the handler when a step acts at ② or ③
+/// (in its extensions, as `Arc<Cx>`; the proxy reads it there), the response to ⑤ when
+/// something logs it.
 pub struct Cx {
     /// The client's address (the real one, when the listener trusts a proxy's word for it).
     pub client: SocketAddr,
@@ -53,13 +55,17 @@ pub struct Cx {
     pub claims: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// Named values steps leave for later ones (`$name`-free: e.g. the API key's name, the
     /// authenticated user), as (name, value).
-    pub notes: Vec<(&'static str, Box<str>)>,
+    pub notes: Vec<(&'static str, Arc<str>)>,
     /// Held until the response is complete (an in-flight count's guard): dropped with the
     /// last holder of this context.
     pub holds: Vec<Box<dyn Send + Sync>>,
     /// What a step keeps for its own later phases (values rendered at ① for ④), by the step's
     /// address.
     stash: Vec<(usize, Box<dyn Any + Send + Sync>)>,
+    /// The clock's monotonic reading for ①'s steps, read by the first that asks (None: not
+    /// yet; again after a step waited): one clock read a request, however many steps look at
+    /// the time.
+    now_ns: Option<u64>,
 }
 
 impl Cx {
@@ -74,7 +80,14 @@ impl Cx {
             notes: Vec::new(),
             holds: Vec::new(),
             stash: Vec::new(),
+            now_ns: None,
         }
+    }
+
+    /// [`Clock::monotonic_ns`] of `clock` (the server's, which every step holds) at ①: read
+    /// once for the request, by the first step that asks.
+    pub fn monotonic_ns(&mut self, clock: &Clock) -> u64 {
+        *self.now_ns.get_or_insert_with(|| clock.monotonic_ns())
     }
 
     /// Keeps `value` for the step `owner` (its address) until its later phases.
@@ -167,6 +180,20 @@ pub trait Step: Send + Sync {
     fn logs(&self) -> bool {
         false
     }
+
+    /// Whether the step may act at ② or ③, or must have the request's context live as long as
+    /// the handler's request (an in-flight count's guard): only then does the request carry its
+    /// context to the handler (one allocation for the `Arc`, another for the request's
+    /// extension map). True unless a step knows it does nothing there.
+    fn upstream(&self) -> bool {
+        true
+    }
+
+    /// About how many fields the step adds to a response at ④: room for all the steps' is made
+    /// at once, before ④ (a cached response's header map is a clone with no room to spare).
+    fn fields(&self) -> usize {
+        0
+    }
 }
 
 /// A step and its conditions (None: it applies to every request).
@@ -189,6 +216,10 @@ pub struct Phases {
     steps: Box<[Guarded]>,
     /// Some step acts at ⑤ ([`Step::logs`]).
     logs: bool,
+    /// Some step acts at ② or ③ ([`Step::upstream`]): the request carries its context.
+    upstream: bool,
+    /// The fields the steps may add at ④ ([`Step::fields`]).
+    fields: usize,
 }
 
 /// The end of ① on a request: go on to the handler, or answer.
@@ -208,6 +239,8 @@ impl Phases {
         (!steps.is_empty()).then(|| {
             Arc::new(Phases {
                 logs: steps.iter().any(|g| g.step.logs()),
+                upstream: steps.iter().any(|g| g.step.upstream()),
+                fields: steps.iter().map(|g| g.step.fields()).sum(),
                 steps: steps.into_boxed_slice(),
             })
         })
@@ -228,7 +261,10 @@ impl Phases {
                     let mut wait = wait;
                     let mut next = next;
                     loop {
-                        match wait.await {
+                        let waited = wait.await;
+                        // Time went by: the steps after the wait read the clock again.
+                        cx.now_ns = None;
+                        match waited {
                             Err(answer) => return (req, cx, Err(answer)),
                             Ok(edit) => {
                                 if let Some(edit) = edit {
@@ -307,14 +343,21 @@ impl Phases {
         }
     }
 
-    /// ④.
+    /// ④ (room made first for the fields the steps add: one growth of the header map, not one
+    /// for each step's).
     pub fn deliver(&self, resp: &mut Response<Body>, cx: &Cx) {
+        resp.headers_mut().reserve(self.fields);
         self.applying(cx).for_each(|s| s.deliver(resp, cx));
     }
 
     /// Whether some step acts at ⑤.
     pub fn logs(&self) -> bool {
         self.logs
+    }
+
+    /// Whether some step acts at ② or ③ (the request carries its context to the handler).
+    pub fn upstream(&self) -> bool {
+        self.upstream
     }
 
     /// ⑤, for the request whose context ④ left in the response's extensions.

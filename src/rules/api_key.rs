@@ -146,7 +146,7 @@ impl Step for ApiKey {
     fn request(&self, req: &mut Request<RequestBody>, cx: &mut Cx) -> Verdict {
         match credential(&self.source, Seen::of(req)).and_then(|k| self.holder(k)) {
             Some(name) => {
-                cx.notes.push(("api_key", name));
+                cx.notes.push(("api_key", name.into()));
                 Verdict::Next
             }
             None => Verdict::Answer(text_response(

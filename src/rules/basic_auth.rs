@@ -5,20 +5,24 @@
 //! (`user`).
 //!
 //! bcrypt is slow by design (milliseconds a check), so a successful check is remembered: a
-//! bounded map from SHA-256 of `user:password` to the user, that lives as long as the file's
-//! version it was checked against (a changed file starts an empty one), so a request behind
-//! basic auth costs a hash and a lookup, not a bcrypt. A check that must run bcrypt runs it on
-//! the blocking pool (the step waits), at most [`CHECKS_AT_ONCE`] at a time.
+//! bounded map ([`REMEMBERED_BYTES`]) from the `Authorization` value as sent to the user it
+//! names, that lives as long as the file's version it was checked against (a changed file
+//! starts an empty one), so a request behind basic auth costs one keyed hash of that value and
+//! a lookup (compared in constant time), not a base64 decode, a SHA-256 or a bcrypt. Only a
+//! check that succeeded is remembered. A check that must run bcrypt runs it on the blocking
+//! pool (the step waits), at most [`CHECKS_AT_ONCE`] at a time.
 //!
 //! `Authorization` is sent upstream unless `forward = false`; then it is removed at ② only, from
 //! the request to the origin: the cache decides on the request as received (RFC 9111 §3.5), so
 //! a response is shared between users only when the origin marks it so (`public`, `s-maxage`).
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use base64::Engine;
 use http::{header, request, HeaderValue, Request, Response, StatusCode};
+use quick_cache::Equivalent;
 use tokio::sync::Semaphore;
 
 use super::watch::Watched;
@@ -28,8 +32,12 @@ use crate::config::rules_auth::{parse_htpasswd, BasicAuthConfig, PasswordHash};
 use crate::http::text_response;
 use crate::phases::{Cx, Step, Verdict};
 
-/// Successful checks remembered per version of the file.
+/// Successful checks remembered per version of the file (about).
 const REMEMBERED: usize = 10_000;
+
+/// The most bytes the remembered checks of one version of the file hold (values and the map's
+/// own, [`Weight`]): 10,000 `Authorization` values of 200 bytes.
+const REMEMBERED_BYTES: u64 = 10_000 * 256;
 
 /// bcrypt checks running at once (each takes a blocking thread for milliseconds).
 pub const CHECKS_AT_ONCE: usize = 4;
@@ -37,16 +45,62 @@ pub const CHECKS_AT_ONCE: usize = 4;
 /// The longest `Authorization` value looked at (a longer one is refused without decoding).
 const MAX_CREDENTIALS: usize = 4096;
 
+/// An `Authorization` value whose check succeeded, as it was sent (the remembered map's key):
+/// compared in constant time.
+struct Good(Box<[u8]>);
+
+/// An `Authorization` value looked up in the remembered map (without copying it).
+struct Offered<'a>(&'a [u8]);
+
+impl Hash for Good {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write(&self.0);
+    }
+}
+
+impl Hash for Offered<'_> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write(self.0);
+    }
+}
+
+impl PartialEq for Good {
+    fn eq(&self, other: &Good) -> bool {
+        Offered(&other.0).equivalent(self)
+    }
+}
+
+impl Eq for Good {}
+
+impl Equivalent<Good> for Offered<'_> {
+    /// The time taken tells nothing of how much of a remembered value matched (aws-lc's
+    /// `CRYPTO_memcmp`: one pass that ORs the bytes' differences, without the optimization
+    /// barrier `subtle` puts on every byte).
+    fn equivalent(&self, key: &Good) -> bool {
+        aws_lc_rs::constant_time::verify_slices_are_equal(self.0, &key.0).is_ok()
+    }
+}
+
+/// A remembered check's weight: its value's bytes and about what the map keeps beside them.
+#[derive(Clone)]
+struct Weight;
+
+impl quick_cache::Weighter<Good, Arc<str>> for Weight {
+    fn weight(&self, key: &Good, user: &Arc<str>) -> u64 {
+        (key.0.len() + user.len() + 56) as u64
+    }
+}
+
 /// One version of the htpasswd file: its users and the checks that succeeded against it.
 pub struct Users {
     users: HashMap<String, PasswordHash>,
-    ok: quick_cache::sync::Cache<[u8; 32], ()>,
+    ok: quick_cache::sync::Cache<Good, Arc<str>, Weight>,
 }
 
 fn users(text: &str) -> Result<Users, String> {
     Ok(Users {
         users: parse_htpasswd(text)?.into_iter().collect(),
-        ok: quick_cache::sync::Cache::new(REMEMBERED),
+        ok: quick_cache::sync::Cache::with_weighter(REMEMBERED, REMEMBERED_BYTES, Weight),
     })
 }
 
@@ -98,16 +152,6 @@ pub fn credentials(value: &HeaderValue) -> Option<(String, String)> {
     Some((user.to_string(), password.to_string()))
 }
 
-fn sha256(parts: &[&[u8]]) -> [u8; 32] {
-    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-    for p in parts {
-        ctx.update(p);
-    }
-    let mut out = [0; 32];
-    out.copy_from_slice(ctx.finish().as_ref());
-    out
-}
-
 /// The hash an unknown user's password is checked against: bcrypt at `htpasswd -B`'s default
 /// cost (5), made once.
 fn unknown_user() -> &'static PasswordHash {
@@ -132,24 +176,29 @@ fn verify(password: &str, hash: &PasswordHash) -> bool {
 
 impl Step for BasicAuth {
     fn request(&self, req: &mut Request<RequestBody>, cx: &mut Cx) -> Verdict {
-        let Some((user, password)) = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(credentials)
-        else {
+        let Some(value) = req.headers().get(header::AUTHORIZATION) else {
             return Verdict::Answer(self.refuse());
         };
-        let Some(file) = self.file.get() else {
+        let file = self.file.get_in(cx);
+        // The value as sent, checked before against this version of the file.
+        let sent = Offered(value.as_bytes());
+        let remembered = (file.as_ref())
+            .filter(|_| sent.0.len() <= MAX_CREDENTIALS)
+            .and_then(|f| f.ok.get(&sent));
+        if let Some(user) = remembered {
+            cx.notes.push(("user", user));
+            return Verdict::Next;
+        }
+        let Some((user, password)) = credentials(value) else {
+            return Verdict::Answer(self.refuse());
+        };
+        let Some(file) = file else {
             return Verdict::Answer(text_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "authentication is not available\n",
             ));
         };
-        let key = sha256(&[user.as_bytes(), b":", password.as_bytes()]);
-        if file.ok.get(&key).is_some() {
-            cx.notes.push(("user", user.into()));
-            return Verdict::Next;
-        }
+        let sent = Good(value.as_bytes().into());
         // An unknown user costs a bcrypt too (against a hash of htpasswd's default cost), so
         // that the time of a refusal does not tell which user names exist.
         let (hash, known) = match file.users.get(&user) {
@@ -167,10 +216,11 @@ impl Step for BasicAuth {
             if !good {
                 return Err(refusal(&challenge));
             }
-            file.ok.insert(key, ());
+            let user: Arc<str> = user.into();
+            file.ok.insert(sent, Arc::clone(&user));
             Ok(Some(
                 Box::new(move |_: &mut Request<RequestBody>, cx: &mut Cx| {
-                    cx.notes.push(("user", user.into()))
+                    cx.notes.push(("user", user))
                 }) as crate::phases::Edit,
             ))
         }))
@@ -180,6 +230,10 @@ impl Step for BasicAuth {
         if !self.forward {
             req.headers.remove(header::AUTHORIZATION);
         }
+    }
+
+    fn upstream(&self) -> bool {
+        !self.forward
     }
 }
 
@@ -260,5 +314,62 @@ mod tests {
             };
             assert_eq!(w.await.is_ok(), good, "{user}:{pw}");
         }
+    }
+
+    fn basic(user_password: &str) -> String {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(user_password);
+        format!("Basic {b64}")
+    }
+
+    /// None: let through at once (a remembered check); Some(good): checked with bcrypt.
+    async fn check(step: &BasicAuth, auth: &str) -> Option<bool> {
+        let mut cx = Cx::new("127.0.0.1:1".parse().unwrap());
+        match step.request(&mut request(auth), &mut cx) {
+            Verdict::Next => None,
+            Verdict::Wait(w) => Some(w.await.is_ok()),
+            Verdict::Answer(_) => panic!("well-formed credentials are checked"),
+        }
+    }
+
+    /// Only a check that succeeded is remembered, by the `Authorization` value as sent, and
+    /// only for the version of the file it was made against: a wrong password runs bcrypt (and
+    /// is refused) every time; once the file changes, a remembered value is checked again
+    /// against the new file.
+    #[tokio::test]
+    async fn only_good_checks_are_remembered_and_a_changed_file_forgets_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("users");
+        let line = |user: &str, pw: &str| format!("{user}:{}\n", bcrypt::hash(pw, 4).unwrap());
+        std::fs::write(&file, line("ann", "pw")).unwrap();
+        let cfg = BasicAuthConfig {
+            htpasswd: file.clone(),
+            realm: crate::config::rules_auth::Realm("r".into()),
+            forward: true,
+        };
+        let clock = Clock::manual();
+        let step = BasicAuth::new(&cfg, &clock);
+        let good = basic("ann:pw");
+        for _ in 0..2 {
+            assert_eq!(check(&step, &basic("ann:no")).await, Some(false));
+        }
+        assert_eq!(check(&step, &good).await, Some(true));
+        assert_eq!(check(&step, &good).await, None, "remembered");
+        // The same credentials sent otherwise are another value: checked on their own.
+        let spaced = good.replacen("Basic ", "basic  ", 1);
+        assert_eq!(check(&step, &spaced).await, Some(true));
+        assert_eq!(check(&step, &spaced).await, None);
+        // Ann's password changes: within the second, the file is not looked at again.
+        std::fs::write(&file, line("ann", "new") + &line("bob", "b")).unwrap();
+        assert_eq!(check(&step, &good).await, None);
+        clock.advance(std::time::Duration::from_secs(2));
+        assert_eq!(
+            check(&step, &good).await,
+            Some(false),
+            "forgotten, checked again"
+        );
+        assert_eq!(check(&step, &good).await, Some(false));
+        assert_eq!(check(&step, &basic("ann:new")).await, Some(true));
+        assert_eq!(check(&step, &basic("ann:new")).await, None);
     }
 }

@@ -202,4 +202,12 @@ impl Step for ResponseHeaders {
         };
         self.edits.apply(resp.headers_mut(), values);
     }
+
+    fn upstream(&self) -> bool {
+        false
+    }
+
+    fn fields(&self) -> usize {
+        self.edits.set.len() + self.edits.add.len()
+    }
 }

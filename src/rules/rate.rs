@@ -9,7 +9,8 @@
 //! Every request a rule applies to, let through or not, gets the IETF RateLimit fields
 //! (draft-ietf-httpapi-ratelimit-headers-11): `RateLimit-Policy: "NAME";q=COUNT;w=SECONDS` and
 //! `RateLimit: "NAME";r=REMAINING;t=SECONDS`, those of one let through at ④ (kept in the
-//! request's context at ①).
+//! request's context at ①). The field of a request that found its bucket full (under a limit
+//! set well above a client's rate, most requests) is the same every time: made once at load.
 //!
 //! Keys live in a bounded map (quick_cache: `max_keys` entries of 8-byte SipHash keys and an
 //! 8-byte TAT, evicting the cold ones first: an attacker rotating addresses fills the cold side
@@ -107,6 +108,11 @@ impl Gcra {
         (d, Some(next))
     }
 
+    /// The decision on a request that finds its key's bucket full (no TAT ahead of now).
+    pub fn full(&self) -> Decision {
+        self.decide(0, 0).0
+    }
+
     /// Requests that may still pass at once after `d`.
     pub fn remaining(&self, d: &Decision) -> u64 {
         if !d.allowed || d.wait > 0 {
@@ -114,6 +120,19 @@ impl Gcra {
         }
         (self.now_limit - d.debt) / self.t
     }
+}
+
+/// The `RateLimit` field of decision `d` of `g` (times in `unit`s a second) for the rule whose
+/// name is `quoted` (a structured-field string).
+fn field(quoted: &str, g: &Gcra, d: &Decision, unit: u64) -> HeaderValue {
+    let (r, t) = match d.allowed {
+        true => (g.remaining(d), secs_up(d.debt, unit)),
+        false => (0, secs_up(d.wait, unit)),
+    };
+    // The name serialized once; two integers after it (what `sf_item` would write).
+    let v = format!("{quoted};r={r};t={t}");
+    // The string's buffer becomes the value's (no second copy).
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).expect("serialized structured field")
 }
 
 /// Whole seconds of `n` units, rounded up.
@@ -136,6 +155,10 @@ struct Inner {
     /// The rule's name as a structured-field string (`"api"`), which each `RateLimit` field
     /// starts with.
     quoted: String,
+    /// The `RateLimit` field of a request that found its bucket full (most requests under a
+    /// limit set well above their rate), made once: locally and in the fleet's units.
+    full: HeaderValue,
+    fleet_full: HeaderValue,
     local: Cache<u64, u64>,
     clock: Clock,
     fleet: Option<Arc<Fleet>>,
@@ -182,14 +205,19 @@ impl RateLimit {
                 "rate_limit: fleet = true without [cache.shared]: decided on this node alone"
             );
         }
+        let quoted = sf_item_unit(name, &[], None);
+        let (gcra, fleet_gcra) = (Gcra::new(cfg, NS), Gcra::new(cfg, US));
+        let full = |g: Gcra, unit| field(&quoted, &g, &g.full(), unit);
         RateLimit(Arc::new(Inner {
             name: name.to_string(),
             key: KeyOf::new(&cfg.key, cfg.missing),
             status: StatusCode::from_u16(cfg.status.0).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
-            gcra: Gcra::new(cfg, NS),
-            fleet_gcra: Gcra::new(cfg, US),
+            full: full(gcra, NS),
+            fleet_full: full(fleet_gcra, US),
+            gcra,
+            fleet_gcra,
             policy: HeaderValue::from_str(&policy).expect("serialized structured field"),
-            quoted: sf_item_unit(name, &[], None),
+            quoted,
             local: Cache::new(cfg.max_keys.as_usize().max(1)),
             clock: clock.clone(),
             fleet: if cfg.fleet { fleet.cloned() } else { None },
@@ -203,9 +231,8 @@ impl RateLimit {
 }
 
 impl Inner {
-    /// The local decision for the key hashed `h`, now.
-    fn local(&self, h: u64) -> (Decision, u64) {
-        let now = self.clock.monotonic_ns();
+    /// The local decision for the key hashed `h` at `now` (the clock's monotonic reading).
+    fn local(&self, h: u64, now: u64) -> (Decision, u64) {
         let g = self.gcra;
         let decided = self.local.entry(&h, None, |_, tat| {
             let (d, next) = g.decide(*tat, now);
@@ -229,19 +256,15 @@ impl Inner {
 
     /// The `RateLimit` field of a decision (times in `unit`s a second).
     fn field(&self, d: &Decision, unit: u64) -> HeaderValue {
-        let g = if unit == NS {
-            self.gcra
-        } else {
-            self.fleet_gcra
+        let (g, full) = match unit == NS {
+            true => (&self.gcra, &self.full),
+            false => (&self.fleet_gcra, &self.fleet_full),
         };
-        let (r, t) = match d.allowed {
-            true => (g.remaining(d), secs_up(d.debt, unit)),
-            false => (0, secs_up(d.wait, unit)),
-        };
-        // The name serialized once; two integers after it (what `sf_item` would write).
-        let v = format!("{};r={r};t={t}", self.quoted);
-        // The string's buffer becomes the value's (no second copy).
-        HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).expect("serialized structured field")
+        // Its bucket was full: the field made at load (a reference count, no formatting).
+        if *d == g.full() {
+            return full.clone();
+        }
+        field(&self.quoted, g, d, unit)
     }
 
     /// The answer to a request rejected by `d`.
@@ -328,7 +351,7 @@ impl Step for RateLimit {
                         Some(d) => (d, US),
                         None => {
                             me.fell_back();
-                            me.local(me.key.hash(&key))
+                            me.local(me.key.hash(&key), me.clock.monotonic_ns())
                         }
                     };
                     me.after(d, unit, id).await
@@ -336,7 +359,7 @@ impl Step for RateLimit {
             }
             me.fell_back();
         }
-        let (d, unit) = me.local(me.key.hash(&key));
+        let (d, unit) = me.local(me.key.hash(&key), cx.monotonic_ns(&me.clock));
         if !d.allowed {
             return Verdict::Answer(me.reject(&d, unit));
         }
@@ -354,6 +377,14 @@ impl Step for RateLimit {
             h.append(RATELIMIT_POLICY, self.0.policy.clone());
             h.append(RATELIMIT, v.clone());
         }
+    }
+
+    fn upstream(&self) -> bool {
+        false
+    }
+
+    fn fields(&self) -> usize {
+        2
     }
 }
 
@@ -449,6 +480,21 @@ mod tests {
             tat = next.unwrap();
         }
         assert!(!g.decide(tat, now).0.allowed);
+    }
+
+    /// The field of a request that found its bucket full is made once, and is the one that
+    /// would be formatted for it; others are formatted.
+    #[test]
+    fn a_full_buckets_field_is_made_once_and_the_same() {
+        let rl = RateLimit::new("api", &cfg("5/s", 2, false), &Clock::manual(), None);
+        let me = &rl.0;
+        let full = me.gcra.full();
+        assert_eq!(me.field(&full, NS), r#""api";r=6;t=1"#);
+        assert_eq!(me.field(&full, NS), field(&me.quoted, &me.gcra, &full, NS));
+        assert_eq!(me.field(&me.fleet_gcra.full(), US), r#""api";r=6;t=1"#);
+        let (d, next) = me.gcra.decide(NS + NS / 5, NS);
+        assert_eq!(next, Some(NS + 2 * NS / 5));
+        assert_eq!(me.field(&d, NS), r#""api";r=5;t=1"#);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! A file that rules read (an htpasswd, a keys file, a JWKS), read again when it changes: on
 //! the request path its stamp (modification time, length, inode) is looked at at most once a
-//! second of the cache's clock (one `stat`), and only a changed file is read and parsed again.
+//! second of the cache's clock (its monotonic reading, which tests move; one `stat`), and only a
+//! changed file is read and parsed again.
 //! A file that cannot be read or parsed any more keeps what was read before (a half-written
 //! file is not taken); one that could never be read holds nothing, and the rule refuses every
 //! request (fails closed).
@@ -8,12 +9,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwapOption;
 
 use crate::clock::Clock;
 use crate::config::rules_auth::read_auth_file;
+use crate::phases::Cx;
+
+/// The whole seconds of a monotonic reading.
+fn second(ns: u64) -> u64 {
+    ns / 1_000_000_000
+}
 
 /// What identifies a version of a file without reading it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -45,7 +52,7 @@ pub struct Watched<T> {
     clock: Clock,
     parse: fn(&str) -> Result<T, String>,
     current: ArcSwapOption<Loaded<T>>,
-    /// The clock's second when the stamp was last looked at.
+    /// The clock's second (of its monotonic reading) when the stamp was last looked at.
     looked: AtomicU64,
 }
 
@@ -59,19 +66,26 @@ impl<T: Send + Sync + 'static> Watched<T> {
             current: ArcSwapOption::empty(),
             looked: AtomicU64::new(0),
         };
-        w.looked.store(w.second(), Ordering::Relaxed);
+        w.looked
+            .store(second(w.clock.monotonic_ns()), Ordering::Relaxed);
         w.read_if_changed();
         w
-    }
-
-    fn second(&self) -> u64 {
-        (self.clock.now().duration_since(UNIX_EPOCH)).map_or(0, |d| d.as_secs())
     }
 
     /// What the file holds now (None: it was never read), looking at its stamp first if that
     /// was not done this second.
     pub fn get(&self) -> Option<Arc<T>> {
-        let now = self.second();
+        self.get_at(self.clock.monotonic_ns())
+    }
+
+    /// [`Watched::get`] at ① of the request `cx` (its one reading of the clock).
+    pub fn get_in(&self, cx: &mut Cx) -> Option<Arc<T>> {
+        self.get_at(cx.monotonic_ns(&self.clock))
+    }
+
+    /// [`Watched::get`] at `now_ns` of the clock's monotonic reading.
+    fn get_at(&self, now_ns: u64) -> Option<Arc<T>> {
+        let now = second(now_ns);
         let before = self.looked.load(Ordering::Relaxed);
         if before != now
             && (self.looked)
