@@ -224,7 +224,7 @@ impl Cli {
             (
                 Config::single_route(
                     self.listen,
-                    HandlerConfig::Images(ImagesConfig::new_dir(dir.clone())),
+                    HandlerConfig::Images(Box::new(ImagesConfig::new_dir(dir.clone()))),
                 ),
                 Source::Flags,
             )
