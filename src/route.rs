@@ -117,6 +117,7 @@ impl Handler {
                 Arc::clone(cache),
                 fleet.cloned(),
                 admin.token.clone(),
+                pools,
             ))),
         }
     }

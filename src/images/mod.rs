@@ -87,6 +87,8 @@ pub enum ImageError {
     Unauthorized,
     #[error("method not allowed")]
     Method,
+    #[error("this image route takes no uploads: it has no `dir`")]
+    NoStore,
     #[error("storage failed: {0}")]
     Storage(#[from] std::io::Error),
     #[error("internal error")]
@@ -97,7 +99,7 @@ impl ImageError {
     pub fn status(&self) -> StatusCode {
         match self {
             ImageError::Param(_) | ImageError::BadUpload(_) => StatusCode::BAD_REQUEST,
-            ImageError::NotFound => StatusCode::NOT_FOUND,
+            ImageError::NotFound | ImageError::NoStore => StatusCode::NOT_FOUND,
             ImageError::NotAnImage(_) | ImageError::Refused(CodecError::Unsupported(_)) => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
@@ -169,7 +171,10 @@ struct Inner {
     admin_token: Option<String>,
     /// The route's path prefix (part of cache keys: routes may differ in presets and defaults).
     prefix: String,
-    store: Arc<dyn ImageStore>,
+    /// Uploaded originals (`dir`); None: the route takes no uploads.
+    store: Option<Arc<dyn ImageStore>>,
+    /// Originals of the image proxy's URLs (`origin`, `root`, `allow_sources`).
+    sources: source::Sources,
     cache: Arc<Cache>,
     pool: Pool,
     status_header: HeaderName,
@@ -181,23 +186,25 @@ const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
     /// The route at `prefix` for `cfg`, its results stored in `cache`; with `share_originals`,
-    /// originals kept in `fleet` too (the one the server opened from `[cache.shared]`).
+    /// originals kept in `fleet` too (the one the server opened from `[cache.shared]`);
+    /// `pools` for `origin = "pool:NAME"`.
     pub fn new(
         cfg: ImagesConfig,
         prefix: &str,
         cache: Arc<Cache>,
         fleet: Option<Arc<Fleet>>,
         admin_token: Option<String>,
+        pools: &crate::upstream::Pools,
     ) -> Images {
-        let store: Arc<dyn ImageStore> = match (cfg.originals_memory.0, cfg.share_originals) {
-            (0, false) => Arc::new(LocalDir::new(&cfg.dir)),
-            (n, false) => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
-            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), fleet)),
-            (n, true) => Arc::new(InMemory::new(
-                Shared::new(LocalDir::new(&cfg.dir), fleet),
-                n,
-            )),
-        };
+        let store = cfg.dir.as_deref().map(|dir| -> Arc<dyn ImageStore> {
+            match (cfg.originals_memory.0, cfg.share_originals) {
+                (0, false) => Arc::new(LocalDir::new(dir)),
+                (n, false) => Arc::new(InMemory::new(LocalDir::new(dir), n)),
+                (0, true) => Arc::new(Shared::new(LocalDir::new(dir), fleet)),
+                (n, true) => Arc::new(InMemory::new(Shared::new(LocalDir::new(dir), fleet), n)),
+            }
+        });
+        let sources = source::Sources::new(&cfg, Arc::clone(&cache), pools);
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
@@ -216,6 +223,7 @@ impl Images {
                 ),
                 prefix: prefix.to_string(),
                 store,
+                sources,
                 status_header: cache.config().status_header.0.clone(),
                 cache,
                 limits,
@@ -233,7 +241,18 @@ impl Images {
 
     /// Where the originals are, for logs.
     pub fn source(&self) -> String {
-        self.inner.store.describe()
+        let uploads = self.inner.store.as_ref().map(|s| s.describe());
+        match (uploads, self.inner.sources.describe()) {
+            (Some(u), Some(o)) => format!("{u}, originals from {o}"),
+            (Some(u), None) => u,
+            (None, Some(o)) => format!("originals from {o} (no uploads)"),
+            (None, None) => "nowhere".into(),
+        }
+    }
+
+    /// The uploaded originals' store, or [`ImageError::NoStore`] on a route without `dir`.
+    fn store(&self) -> Result<&Arc<dyn ImageStore>, ImageError> {
+        self.inner.store.as_ref().ok_or(ImageError::NoStore)
     }
 
     /// Serves one request.
@@ -281,6 +300,8 @@ impl Images {
         req: Request<RequestBody>,
         peer: SocketAddr,
     ) -> Result<Response<Body>, ImageError> {
+        // A route without `dir` says so before reading anything.
+        self.store()?;
         let cfg = &self.inner.cfg;
         if !cfg.upload_allow.is_empty() && !cfg.upload_allow.iter().any(|c| c.contains(peer.ip())) {
             return Err(ImageError::Forbidden(
@@ -299,7 +320,7 @@ impl Images {
             codec::check_limits(&probe, &self.inner.limits)?;
             checked.push((probe, data));
         }
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(self.store()?);
         let replies = tokio::task::spawn_blocking(move || {
             checked
                 .into_iter()
@@ -344,7 +365,7 @@ impl Images {
         md5: Md5Hex,
     ) -> Result<Response<Body>, ImageError> {
         self.authorized(req.headers())?;
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(self.store()?);
         let m = md5.clone();
         let existed = tokio::task::spawn_blocking(move || store.delete(&m))
             .await
@@ -448,10 +469,10 @@ impl Images {
 impl Inner {
     /// The original: from memory when held there, else read on the blocking pool.
     async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
-        if let Some(data) = self.store.get_in_memory(md5) {
+        let store = Arc::clone(self.store.as_ref().ok_or(ImageError::NotFound)?);
+        if let Some(data) = store.get_in_memory(md5) {
             return Ok(data);
         }
-        let store = Arc::clone(&self.store);
         let m = md5.clone();
         tokio::task::spawn_blocking(move || store.get(&m))
             .await
