@@ -33,7 +33,8 @@ pub use crate::config::{LogLevel, ProcessLogFormat as LogFormat};
     name = "larder",
     version = VERSION,
     about = "A web accelerator: caching reverse proxy, static files",
-    group(ArgGroup::new("quick").args(["upstream", "root", "images", "image_origin", "push"])),
+    // Exclusive by their own conflicts (--images and --image-origin go together).
+    group(ArgGroup::new("quick").args(["upstream", "root", "images", "image_origin", "push"]).multiple(true)),
     group(ArgGroup::new("image_route").args(["images", "image_origin"]).multiple(true))
 )]
 pub struct Cli {

@@ -403,12 +403,12 @@ mod tests {
             "{e}"
         );
         let e = err(&route("origin = \"ftp://x/\""));
-        assert!(e.contains("line 4") && e.contains("`origin`"), "{e}");
+        assert!(e.contains("line 4") && e.contains("images.origin`"), "{e}");
         let e = err(&route("origin = \"pool:nope\""));
         assert!(e.contains("no [pool.nope]"), "{e}");
         let e = err(&route("root = \"/x\", allow_sources = [\"https://a@b/\"]"));
         assert!(
-            e.contains("`allow_sources`") && e.contains("user info"),
+            e.contains("images.allow_sources`") && e.contains("user info"),
             "{e}"
         );
         for ok in [
