@@ -239,7 +239,10 @@ impl Cli {
             )
         } else if self.images.is_some() || self.image_origin.is_some() {
             (
-                Config::single_route(self.listen, HandlerConfig::Images(self.image_route()?)),
+                Config::single_route(
+                    self.listen,
+                    HandlerConfig::Images(Box::new(self.image_route()?)),
+                ),
                 Source::Flags,
             )
         } else if let Some(dir) = &self.push {

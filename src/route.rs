@@ -112,7 +112,7 @@ impl Handler {
                     .expect("push stores are opened (crate::push::open_all) before routers"),
             )),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
-                i.clone(),
+                crate::config::ImagesConfig::clone(i),
                 prefix,
                 Arc::clone(cache),
                 fleet.cloned(),

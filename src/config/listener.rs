@@ -116,7 +116,8 @@ pub enum HandlerConfig {
     Proxy(ProxyConfig),
     Static(StaticConfig),
     Respond(RespondConfig),
-    Images(ImagesConfig),
+    /// Boxed: its settings (grammars, keys, sources) are several times any other handler's.
+    Images(Box<ImagesConfig>),
     /// Live JSON records, written over HTTP, pushed to subscribers (SSE, WebSocket).
     Push(Box<PushConfig>),
     /// A permanent redirect (308) of every request to the same URL over HTTPS.
@@ -155,7 +156,7 @@ impl TryFrom<RawRoute> for RouteConfig {
             handlers.push(HandlerConfig::Respond(s));
         }
         if let Some(i) = r.images {
-            handlers.push(HandlerConfig::Images(i));
+            handlers.push(HandlerConfig::Images(Box::new(i)));
         }
         if let Some(p) = r.push {
             handlers.push(HandlerConfig::Push(Box::new(p)));
