@@ -19,7 +19,8 @@
 //! [`codec`] (decoders and encoders per format), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
-//! order).
+//! order), [`source`] (the image proxy's originals: `origin`, `root`, `allow_sources`; a route
+//! without `dir` takes no uploads).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
