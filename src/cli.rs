@@ -33,23 +33,40 @@ pub use crate::config::{LogLevel, ProcessLogFormat as LogFormat};
     name = "larder",
     version = VERSION,
     about = "A web accelerator: caching reverse proxy, static files",
-    group(ArgGroup::new("quick").args(["upstream", "root", "images", "push"]))
+    // Exclusive by their own conflicts (--images and --image-origin go together).
+    group(ArgGroup::new("quick").args(["upstream", "root", "images", "image_origin", "push"]).multiple(true)),
+    group(ArgGroup::new("image_route").args(["images", "image_origin"]).multiple(true))
 )]
 pub struct Cli {
     /// Run from this TOML configuration file.
-    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images", "push"])]
+    #[arg(long, short, value_name = "FILE", conflicts_with_all = ["upstream", "root", "images", "image_origin", "push"])]
     pub config: Option<PathBuf>,
     /// Cache this origin (http://host:port or https://) with no configuration file; given
     /// more than once, a round-robin pool of them with a health check, failing over.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images", "push"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["root", "images", "image_origin", "push"])]
     pub upstream: Vec<String>,
     /// Serve this directory as static files with no configuration file.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["images", "push"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["images", "image_origin", "push"])]
     pub root: Option<PathBuf>,
     /// Run the image server (upload, zimg-style transforms) storing originals in this directory,
     /// with no configuration file.
     #[arg(long, value_name = "DIR", conflicts_with = "push")]
     pub images: Option<PathBuf>,
+    /// Run the image proxy at `/` (imgproxy's, thumbor's and zimg's URLs) with originals
+    /// fetched from this base URL (http://host:port or https://, a path prefix allowed), with
+    /// no configuration file; uploads only with --images too.
+    #[arg(long, value_name = "URL", conflicts_with = "push")]
+    pub image_origin: Option<String>,
+    /// imgproxy's signing key (hex, imgproxy's IMGPROXY_KEY), with --image-salt: unsigned
+    /// imgproxy URLs then get 403.
+    #[arg(long, value_name = "HEX", requires_all = ["image_salt", "image_route"])]
+    pub image_key: Option<String>,
+    /// imgproxy's signing salt (hex, imgproxy's IMGPROXY_SALT), with --image-key.
+    #[arg(long, value_name = "HEX", requires = "image_key")]
+    pub image_salt: Option<String>,
+    /// thumbor's security key (thumbor's SECURITY_KEY): thumbor URLs must then be signed.
+    #[arg(long, value_name = "KEY", requires = "image_route")]
+    pub thumbor_key: Option<String>,
     /// Serve live JSON records (PUT/PATCH/DELETE, subscribe over SSE or WebSocket) stored in
     /// this directory, with no configuration file.
     #[arg(long, value_name = "DIR")]
@@ -71,7 +88,7 @@ pub struct Cli {
     /// it out of the process list).
     #[arg(long, value_name = "KEY", requires = "shared")]
     pub shared_key: Option<String>,
-    /// Address to listen on with --upstream, --root, --images or --push.
+    /// Address to listen on with --upstream, --root, --images, --image-origin or --push.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Serve HTTPS on --listen with this certificate chain (PEM), with --tls-key.
@@ -220,11 +237,11 @@ impl Cli {
                 ),
                 Source::Flags,
             )
-        } else if let Some(dir) = &self.images {
+        } else if self.images.is_some() || self.image_origin.is_some() {
             (
                 Config::single_route(
                     self.listen,
-                    HandlerConfig::Images(Box::new(ImagesConfig::new_dir(dir.clone()))),
+                    HandlerConfig::Images(Box::new(self.image_route()?)),
                 ),
                 Source::Flags,
             )
@@ -284,6 +301,45 @@ impl Cli {
             });
         }
         Ok((cfg, source))
+    }
+
+    /// The image route of `--images` and `--image-origin`, with the keys of `--image-key`,
+    /// `--image-salt` and `--thumbor-key`.
+    fn image_route(&self) -> Result<ImagesConfig, config::Error> {
+        let refused = |flag: &str, message: String| config::Error::Semantic {
+            origin: flag.into(),
+            message,
+        };
+        let mut i = match &self.image_origin {
+            Some(url) => {
+                url.parse::<config::Upstream>()
+                    .map_err(|m| refused("--image-origin", m))?;
+                ImagesConfig::new_origin(url.clone())
+            }
+            None => ImagesConfig::new_dir(PathBuf::new()),
+        };
+        i.dir = self.images.clone();
+        if let (Some(key), Some(salt)) = (&self.image_key, &self.image_salt) {
+            for (flag, v) in [("--image-key", key), ("--image-salt", salt)] {
+                if v.is_empty() || v.len() % 2 != 0 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(refused(
+                        flag,
+                        format!("`{v}` is not hex: an even number of digits 0-9, a-f"),
+                    ));
+                }
+            }
+            i.imgproxy.keys = vec![config::KeyPair {
+                key: key.clone(),
+                salt: salt.clone(),
+            }];
+        }
+        if let Some(k) = &self.thumbor_key {
+            if k.is_empty() {
+                return Err(refused("--thumbor-key", "is empty".into()));
+            }
+            i.thumbor.key = Some(k.clone());
+        }
+        Ok(i)
     }
 
     /// With `--admin` and no token from the flags or the file: a new random token, set in
@@ -392,8 +448,77 @@ mod tests {
         assert_eq!(cfg.listeners[0].addr, "127.0.0.1:9".parse().unwrap());
         assert!(matches!(
             &cfg.listeners[0].routes[0].handler,
-            HandlerConfig::Images(i) if i.dir == std::path::Path::new("./imgs")
+            HandlerConfig::Images(i) if i.dir.as_deref() == Some(std::path::Path::new("./imgs"))
         ));
         assert!(Cli::try_parse_from(["larder", "--images", "a", "--root", "b"]).is_err());
+    }
+
+    #[test]
+    fn image_origin_runs_the_image_proxy_with_its_keys() {
+        let cfg = |args: &[&str]| {
+            let mut all = vec!["larder"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all)
+                .map_err(|e| e.to_string())
+                .and_then(|cli| cli.config().map(|c| c.0).map_err(|e| e.to_string()))
+        };
+        let images = |c: &Config| match &c.listeners[0].routes[0].handler {
+            HandlerConfig::Images(i) => i.clone(),
+            _ => panic!("an image route"),
+        };
+        let c = cfg(&[
+            "--image-origin",
+            "http://127.0.0.1:3000",
+            "--listen",
+            "127.0.0.1:9",
+        ])
+        .unwrap();
+        let i = images(&c);
+        assert_eq!(c.listeners[0].routes[0].path.0, "/");
+        assert_eq!(i.origin.as_deref(), Some("http://127.0.0.1:3000"));
+        assert_eq!(i.dir, None);
+        assert!(i.imgproxy.keys.is_empty() && i.thumbor.key.is_none());
+        let c = cfg(&[
+            "--image-origin",
+            "https://img.example.com/photos/",
+            "--images",
+            "./up",
+            "--image-key",
+            "943b421c9eb07c83",
+            "--image-salt",
+            "520f986b998545b4",
+            "--thumbor-key",
+            "MY_KEY",
+        ])
+        .unwrap();
+        let i = images(&c);
+        assert_eq!(i.dir.as_deref(), Some(std::path::Path::new("./up")));
+        assert_eq!(i.imgproxy.keys[0].key, "943b421c9eb07c83");
+        assert_eq!(i.imgproxy.keys[0].salt, "520f986b998545b4");
+        assert_eq!(i.thumbor.key.as_deref(), Some("MY_KEY"));
+        let e = cfg(&[
+            "--image-origin",
+            "http://x",
+            "--image-key",
+            "zz",
+            "--image-salt",
+            "00",
+        ]);
+        assert!(e.unwrap_err().contains("--image-key: `zz` is not hex"));
+        let e = cfg(&[
+            "--image-origin",
+            "http://x",
+            "--image-key",
+            "abc",
+            "--image-salt",
+            "00",
+        ]);
+        assert!(e.unwrap_err().contains("not hex"));
+        let e = cfg(&["--image-origin", "ftp://x"]).unwrap_err();
+        assert!(e.contains("--image-origin") && e.contains("http://"), "{e}");
+        // A key without its salt, or without an image route, is refused by the parser.
+        assert!(cfg(&["--image-origin", "http://x", "--image-key", "00"]).is_err());
+        assert!(cfg(&["--upstream", "http://x", "--thumbor-key", "k"]).is_err());
+        assert!(cfg(&["--image-origin", "http://x", "--upstream", "http://y"]).is_err());
     }
 }

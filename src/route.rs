@@ -112,11 +112,12 @@ impl Handler {
                     .expect("push stores are opened (crate::push::open_all) before routers"),
             )),
             HandlerConfig::Images(i) => Handler::Images(Arc::new(Images::new(
-                (**i).clone(),
+                crate::config::ImagesConfig::clone(i),
                 prefix,
                 Arc::clone(cache),
                 fleet.cloned(),
                 admin.token.clone(),
+                pools,
             ))),
         }
     }
@@ -198,7 +199,7 @@ pub struct Router {
     routes: Vec<Route>,
     /// Some route names a host: requests' hosts must be looked up.
     by_host: bool,
-    /// Some route has steps that act at ⑤ ([`Phases::logs`]): every request is observed.
+    /// Some route has phases: every request is observed, for ⑤ log.
     phased: bool,
     /// ACME HTTP-01 answers, served before routing (plain listeners, when an ACME listener
     /// validates by HTTP-01).
@@ -473,8 +474,7 @@ impl Router {
             r.metric = i as u32;
         }
         let by_host = routes.iter().any(|r| !matches!(r.host, HostPattern::Any));
-        // ⑤ runs only for routes whose steps act there (and the access log, tracing).
-        let phased = (routes.iter()).any(|r| r.phases.as_ref().is_some_and(|p| p.logs()));
+        let phased = routes.iter().any(|r| r.phases.is_some());
         Router {
             routes,
             by_host,
@@ -714,7 +714,7 @@ pub const UNROUTED: u32 = u32::MAX;
 
 /// A request on a route with phases: ① before the handler (an answer there is the
 /// response; a step that waits makes the rest of ① and the handler one future), ④ on the
-/// response, which then carries the request's context for ⑤ (`keep`).
+/// response, which then carries the request's context for ⑤.
 fn phased(
     phases: &Arc<Phases>,
     handler: &Handler,
@@ -729,70 +729,47 @@ fn phased(
             let (phases, handler) = (Arc::clone(phases), handler.clone());
             return Serving::Pending(Box::pin(async move {
                 let (req, cx, decided) = deciding.await;
-                let (serving, cx) = decide(&phases, &handler, req, cx, decided, peer, sink);
-                finish(&phases, serving.await, cx, keep)
+                let (serving, cx) = decide(&handler, req, cx, decided, peer, sink);
+                finish(&phases, serving.await, &cx, keep)
             }));
         }
     };
-    let (serving, cx) = decide(phases, handler, req, cx, decided, peer, sink);
+    let (serving, cx) = decide(handler, req, cx, decided, peer, sink);
     match serving {
-        Serving::Ready(Some(r)) => Serving::Ready(Some(finish(phases, r, cx, keep))),
+        Serving::Ready(Some(r)) => Serving::Ready(Some(finish(phases, r, &cx, keep))),
         Serving::Ready(None) => Serving::Ready(None),
         Serving::Pending(f) => {
             let phases = Arc::clone(phases);
-            Serving::Pending(Box::pin(async move { finish(&phases, f.await, cx, keep) }))
+            Serving::Pending(Box::pin(async move { finish(&phases, f.await, &cx, keep) }))
         }
     }
 }
 
-/// A request's context after ①: the router's alone (no allocation), or shared with the
-/// request the handler serves (a route whose steps act at ② or ③: [`Phases::upstream`]).
-enum Held {
-    Own(Cx),
-    Shared(Arc<Cx>),
-}
-
-impl std::ops::Deref for Held {
-    type Target = Cx;
-    fn deref(&self) -> &Cx {
-        match self {
-            Held::Own(cx) => cx,
-            Held::Shared(cx) => cx,
-        }
-    }
-}
-
-/// After ①: the handler serves the request (which carries its context when a step acts at ②
-/// or ③), or ①'s answer is the response.
+/// After ①: the handler serves the request (which carries its context), or ①'s answer is
+/// the response.
 fn decide(
-    phases: &Phases,
     handler: &Handler,
     mut req: Request<RequestBody>,
     cx: Cx,
     decided: crate::phases::Decided,
     peer: SocketAddr,
     sink: Option<Sink>,
-) -> (Serving, Held) {
+) -> (Serving, Arc<Cx>) {
+    let cx = Arc::new(cx);
     match decided {
-        Err(answer) => (Serving::Ready(Some(answer)), Held::Own(cx)),
-        Ok(()) if phases.upstream() => {
-            let cx = Arc::new(cx);
+        Err(answer) => (Serving::Ready(Some(answer)), cx),
+        Ok(()) => {
             req.extensions_mut().insert(Arc::clone(&cx));
-            (handler.serve(req, peer, sink), Held::Shared(cx))
+            (handler.serve(req, peer, sink), cx)
         }
-        Ok(()) => (handler.serve(req, peer, sink), Held::Own(cx)),
     }
 }
 
 /// ④, and (`keep`) the context left in the response for ⑤ and the access log.
-fn finish(phases: &Phases, mut r: Response<Body>, cx: Held, keep: bool) -> Response<Body> {
-    phases.deliver(&mut r, &cx);
+fn finish(phases: &Phases, mut r: Response<Body>, cx: &Arc<Cx>, keep: bool) -> Response<Body> {
+    phases.deliver(&mut r, cx);
     if keep {
-        let cx = match cx {
-            Held::Own(cx) => Arc::new(cx),
-            Held::Shared(cx) => cx,
-        };
-        r.extensions_mut().insert(cx);
+        r.extensions_mut().insert(Arc::clone(cx));
     }
     r
 }

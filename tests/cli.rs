@@ -126,6 +126,17 @@ fn bad_values_are_named_with_their_line() {
             "line 6",
             "max_upscale",
         ),
+        // An image route needs originals from somewhere: `dir`, `origin` or `root`.
+        (
+            format!("{base}[listener.route.images]\nmax_pixels = 100\n"),
+            "line 4",
+            "needs one of `dir`",
+        ),
+        (
+            format!("{base}[listener.route.images]\norigin = \"pool:nope\"\n"),
+            "line 5",
+            "images.origin",
+        ),
         (
             "[[listener]]\naddr = \"not an address\"\n".to_string(),
             "line 2",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::image_params::{FormatChoice, Preset};
-use super::net::Cidr;
+use super::net::{Cidr, Upstream};
 use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
 
 /// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
@@ -15,8 +15,11 @@ use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImagesConfig {
-    /// Directory holding the originals (created at start if missing), sharded by MD5.
-    pub dir: PathBuf,
+    /// Directory holding uploaded originals (created at start if missing), sharded by MD5.
+    /// Optional: a route with only `origin` or `root` takes no uploads. A route needs at least
+    /// one of `dir`, `origin` and `root`.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
     /// Largest upload accepted, enforced while reading (413 beyond); at most 1 GiB, since an
     /// upload is held in memory whole.
     #[serde(default = "ImagesConfig::default_max_upload")]
@@ -84,9 +87,10 @@ pub struct ImagesConfig {
     #[serde(default)]
     pub presets: std::collections::BTreeMap<String, Preset>,
     /// The image proxy's originals: a base URL (`"http://127.0.0.1:3000"`, or
-    /// `"http://host/images/"`) that relative sources of imgproxy and thumbor URLs are fetched
-    /// from, with larder's upstream machinery (keep-alive, TLS verified), cached in the tiers
-    /// by HTTP caching rules, coalesced, limited to `max_source_size`.
+    /// `"http://host/images/"`) or a pool (`"pool:NAME"`, a `[pool.NAME]`) that relative
+    /// sources of imgproxy and thumbor URLs are fetched from, with larder's upstream machinery
+    /// (keep-alive, TLS verified), cached in the tiers by HTTP caching rules, coalesced,
+    /// limited to `max_source_size`.
     #[serde(default)]
     pub origin: Option<String>,
     /// A directory of originals that relative sources are read from (paths cannot leave it),
@@ -167,11 +171,119 @@ pub struct ThumborConfig {
     pub key: Option<String>,
 }
 
+/// An absolute http(s) URL taken apart, for `allow_sources` and the sources checked against
+/// it: compared on these parts, never on the text (`https://good.example.com.evil.net/` is
+/// not under `https://good.example.com`, nor is `https://good.example.com@evil.net/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceUrl {
+    pub scheme: http::uri::Scheme,
+    /// `host[:port]` as written (no user info), to connect to.
+    pub authority: http::uri::Authority,
+    /// The host, lowercase.
+    pub host: String,
+    /// The port, the scheme's default when none is written.
+    pub port: u16,
+    /// Path and query (`/` when the URL has no path).
+    pub path_and_query: String,
+}
+
+impl SourceUrl {
+    /// Reads an absolute `http://` or `https://` URL; user info (`user@host`) is refused.
+    pub fn parse(s: &str) -> Result<SourceUrl, String> {
+        let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        if uri.scheme().is_none()
+            || (scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS)
+        {
+            return Err(format!("`{s}`: an http:// or https:// URL is needed"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("`{s}` has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("`{s}`: user info (`user@`) is not allowed"));
+        }
+        let port = authority
+            .port_u16()
+            .unwrap_or(if scheme == http::uri::Scheme::HTTPS {
+                443
+            } else {
+                80
+            });
+        Ok(SourceUrl {
+            host: authority.host().to_ascii_lowercase(),
+            scheme,
+            port,
+            path_and_query: uri
+                .path_and_query()
+                .map_or_else(|| "/".to_string(), |p| p.as_str().to_string()),
+            authority,
+        })
+    }
+
+    /// Whether `src` is under this URL taken as an `allow_sources` prefix: same scheme, host
+    /// and port, and a path under this one's (at a `/`: `/img` admits `/img/a.jpg`, not
+    /// `/img-private/a.jpg`; `/img/` admits what starts with it).
+    pub fn admits(&self, src: &SourceUrl) -> bool {
+        if self.scheme != src.scheme || self.host != src.host || self.port != src.port {
+            return false;
+        }
+        let prefix = self.path_and_query.as_str();
+        let path = src.path_and_query.as_str();
+        if prefix.ends_with('/') {
+            return path.starts_with(prefix);
+        }
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']))
+    }
+}
+
+/// An `allow_sources` entry read: an absolute http(s) URL without a query.
+pub fn allowed_source(s: &str) -> Result<SourceUrl, String> {
+    let u = SourceUrl::parse(s)?;
+    if u.path_and_query.contains('?') {
+        return Err(format!("`{s}`: a URL prefix, without a query"));
+    }
+    Ok(u)
+}
+
+/// Where an image route's `origin` points: a base URL, or a named pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OriginRef {
+    Url(Upstream),
+    Pool(String),
+}
+
 impl ImagesConfig {
-    /// An image route storing under `dir` with every other setting at its default.
+    /// `origin` read: a base URL (http:// or https://, a path prefix, no query) or
+    /// `pool:NAME`; None without one; an error says what is wrong with it.
+    pub fn origin_ref(&self) -> Result<Option<OriginRef>, String> {
+        let Some(o) = self.origin.as_deref() else {
+            return Ok(None);
+        };
+        if let Some(name) = o.strip_prefix("pool:") {
+            if name.is_empty() {
+                return Err("`pool:` needs a pool's name (`pool:images`)".into());
+            }
+            return Ok(Some(OriginRef::Pool(name.to_string())));
+        }
+        o.parse::<Upstream>().map(|u| Some(OriginRef::Url(u)))
+    }
+
+    /// An image route storing uploads under `dir` with every other setting at its default.
     pub fn new_dir(dir: PathBuf) -> Self {
+        let mut c = Self::new_origin(String::new());
+        c.origin = None;
+        c.dir = Some(dir);
+        c
+    }
+
+    /// An image route taking its originals from `origin` (a base URL or `pool:NAME`), without
+    /// uploads, every other setting at its default.
+    pub fn new_origin(origin: String) -> Self {
         ImagesConfig {
-            dir,
+            dir: None,
             max_upload_size: Self::default_max_upload(),
             max_pixels: Self::default_max_pixels(),
             max_output_dimension: Self::default_max_output(),
@@ -191,7 +303,7 @@ impl ImagesConfig {
             upload_allow: Vec::new(),
             upload_token: false,
             presets: Default::default(),
-            origin: None,
+            origin: Some(origin),
             root: None,
             allow_sources: Vec::new(),
             max_source_size: Self::default_max_source(),
@@ -256,6 +368,65 @@ impl ImagesConfig {
 mod tests {
     use crate::config::tests::err;
     use crate::config::{Config, HandlerConfig};
+
+    #[test]
+    fn allowed_sources_compare_parsed_urls() {
+        use super::{allowed_source, SourceUrl};
+        let good = allowed_source("https://good.example.com").unwrap();
+        let ok = |u: &str| good.admits(&SourceUrl::parse(u).unwrap());
+        assert!(ok("https://good.example.com/a.jpg"));
+        assert!(ok("https://GOOD.example.com:443/a.jpg"));
+        assert!(!ok("https://good.example.com.evil.net/a.jpg"));
+        assert!(!ok("http://good.example.com/a.jpg"));
+        assert!(!ok("https://good.example.com:8443/a.jpg"));
+        assert!(SourceUrl::parse("https://good.example.com@evil.net/a.jpg").is_err());
+        let img = allowed_source("https://cdn.example.com/img").unwrap();
+        let ok = |u: &str| img.admits(&SourceUrl::parse(u).unwrap());
+        assert!(ok("https://cdn.example.com/img/a.jpg"));
+        assert!(!ok("https://cdn.example.com/img-private/a.jpg"));
+        assert!(!ok("https://cdn.example.com/a.jpg"));
+        assert!(allowed_source("ftp://x/").is_err());
+        assert!(allowed_source("https://x/?a=1").is_err());
+    }
+
+    /// A route needs originals from somewhere; a bad origin names its key and line.
+    #[test]
+    fn image_sources_are_checked() {
+        let route = |keys: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = {{ {keys} }}\n"
+            )
+        };
+        let e = err(&route("max_pixels = 100"));
+        assert!(
+            e.contains("line 4") && e.contains("needs one of `dir`"),
+            "{e}"
+        );
+        let e = err(&route("origin = \"ftp://x/\""));
+        assert!(e.contains("line 4") && e.contains("images.origin`"), "{e}");
+        let e = err(&route("origin = \"pool:nope\""));
+        assert!(e.contains("no [pool.nope]"), "{e}");
+        let e = err(&route("root = \"/x\", allow_sources = [\"https://a@b/\"]"));
+        assert!(
+            e.contains("images.allow_sources`") && e.contains("user info"),
+            "{e}"
+        );
+        for ok in [
+            "origin = \"http://127.0.0.1:3000/img/\"",
+            "root = \"/srv\"",
+            "dir = \"/x\"",
+        ] {
+            Config::parse(&route(ok), "t").unwrap();
+        }
+        let c = Config::parse(
+            &format!(
+                "[pool.img]\nbackends = [\"http://127.0.0.1:2\"]\n{}",
+                route("origin = \"pool:img\"")
+            ),
+            "t",
+        );
+        assert!(c.is_ok(), "{:?}", c.err());
+    }
 
     /// The `[admin]` token reaches the image route where its handler is built
     /// (`route::tests::handlers_get_the_admin_token_where_they_are_built`).

@@ -116,7 +116,7 @@ pub enum HandlerConfig {
     Proxy(ProxyConfig),
     Static(StaticConfig),
     Respond(RespondConfig),
-    /// Boxed: the image route's settings are the largest of the handlers'.
+    /// Boxed: its settings (grammars, keys, sources) are several times any other handler's.
     Images(Box<ImagesConfig>),
     /// Live JSON records, written over HTTP, pushed to subscribers (SSE, WebSocket).
     Push(Box<PushConfig>),

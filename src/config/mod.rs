@@ -66,7 +66,9 @@ pub use compression::CompressionConfig;
 pub use error::Error;
 use error::{Index, Key, Locator, Seg};
 pub use headers::{HeaderNameCfg, HeaderValueCfg};
-pub use images::{ImagesConfig, ImgproxyConfig, KeyPair, ThumborConfig};
+pub use images::{
+    allowed_source, ImagesConfig, ImgproxyConfig, KeyPair, OriginRef, SourceUrl, ThumborConfig,
+};
 pub use listener::{HandlerConfig, ListenerConfig, RealIpConfig, RealIpHeader, RouteConfig};
 pub use net::{ports_collide, Cidr, HostPattern, PathPrefix, Upstream};
 pub use otel::TracingConfig;
@@ -523,6 +525,16 @@ impl Config {
                             "needs [cache.shared]: there is no shared tier to store them in",
                         ));
                     }
+                    HandlerConfig::Images(im) => {
+                        if let Some((key, why)) = self.images_sources_error(im) {
+                            let mut keys = vec![at(&["images"])];
+                            if !key.is_empty() {
+                                keys.insert(0, at(&["images", key]));
+                            }
+                            let keys: Vec<&[Seg]> = keys.iter().map(Vec::as_slice).collect();
+                            return Err(src.error(&keys, why));
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -552,6 +564,39 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// What is wrong with an image route's sources, and the key to blame (empty: the route):
+    /// it needs one of `dir`, `origin`, `root`; `origin` must read as a URL or name a pool;
+    /// `allow_sources` are http(s) URLs.
+    fn images_sources_error(&self, im: &ImagesConfig) -> Option<(&'static str, String)> {
+        if im.dir.is_none() && im.origin.is_none() && im.root.is_none() {
+            return Some((
+                "",
+                "needs one of `dir` (uploads), `origin` (a base URL or pool:NAME) and `root` \
+                 (a directory): it has no originals"
+                    .into(),
+            ));
+        }
+        match im.origin_ref() {
+            Err(why) => return Some(("origin", why)),
+            Ok(Some(images::OriginRef::Pool(name))) if !self.pools.contains_key(&name) => {
+                let known: Vec<&str> = self.pools.keys().map(String::as_str).collect();
+                let known = if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                };
+                return Some(("origin", format!("no [pool.{name}] (pools: {known})")));
+            }
+            _ => {}
+        }
+        for a in &im.allow_sources {
+            if let Err(why) = images::allowed_source(a) {
+                return Some(("allow_sources", why));
+            }
+        }
+        None
     }
 
     /// Rules: every `use` names a policy that does not use itself, and no route runs more than

@@ -20,7 +20,10 @@
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
-//! order), [`smart`] (content-aware crop placement: edges, skin, saturation).
+//! order), [`smart`] (content-aware crop placement: edges, skin, saturation), [`source`] (the
+//! image proxy's originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no
+//! uploads), [`grammar`] (what imgproxy's and thumbor's URL grammars make of a path),
+//! [`thumbor`] (thumbor's grammar), [`filters`] (the proxy's pixel filters).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
@@ -89,6 +92,8 @@ pub enum ImageError {
     Unauthorized,
     #[error("method not allowed")]
     Method,
+    #[error("this image route takes no uploads: it has no `dir`")]
+    NoStore,
     #[error("storage failed: {0}")]
     Storage(#[from] std::io::Error),
     #[error("internal error")]
@@ -99,7 +104,7 @@ impl ImageError {
     pub fn status(&self) -> StatusCode {
         match self {
             ImageError::Param(_) | ImageError::BadUpload(_) => StatusCode::BAD_REQUEST,
-            ImageError::NotFound => StatusCode::NOT_FOUND,
+            ImageError::NotFound | ImageError::NoStore => StatusCode::NOT_FOUND,
             ImageError::NotAnImage(_) | ImageError::Refused(CodecError::Unsupported(_)) => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
@@ -171,7 +176,10 @@ struct Inner {
     admin_token: Option<String>,
     /// The route's path prefix (part of cache keys: routes may differ in presets and defaults).
     prefix: String,
-    store: Arc<dyn ImageStore>,
+    /// Uploaded originals (`dir`); None: the route takes no uploads.
+    store: Option<Arc<dyn ImageStore>>,
+    /// Originals of the image proxy's URLs (`origin`, `root`, `allow_sources`).
+    sources: source::Sources,
     cache: Arc<Cache>,
     pool: Pool,
     status_header: HeaderName,
@@ -183,23 +191,25 @@ const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
 impl Images {
     /// The route at `prefix` for `cfg`, its results stored in `cache`; with `share_originals`,
-    /// originals kept in `fleet` too (the one the server opened from `[cache.shared]`).
+    /// originals kept in `fleet` too (the one the server opened from `[cache.shared]`);
+    /// `pools` for `origin = "pool:NAME"`.
     pub fn new(
         cfg: ImagesConfig,
         prefix: &str,
         cache: Arc<Cache>,
         fleet: Option<Arc<Fleet>>,
         admin_token: Option<String>,
+        pools: &crate::upstream::Pools,
     ) -> Images {
-        let store: Arc<dyn ImageStore> = match (cfg.originals_memory.0, cfg.share_originals) {
-            (0, false) => Arc::new(LocalDir::new(&cfg.dir)),
-            (n, false) => Arc::new(InMemory::new(LocalDir::new(&cfg.dir), n)),
-            (0, true) => Arc::new(Shared::new(LocalDir::new(&cfg.dir), fleet)),
-            (n, true) => Arc::new(InMemory::new(
-                Shared::new(LocalDir::new(&cfg.dir), fleet),
-                n,
-            )),
-        };
+        let store = cfg.dir.as_deref().map(|dir| -> Arc<dyn ImageStore> {
+            match (cfg.originals_memory.0, cfg.share_originals) {
+                (0, false) => Arc::new(LocalDir::new(dir)),
+                (n, false) => Arc::new(InMemory::new(LocalDir::new(dir), n)),
+                (0, true) => Arc::new(Shared::new(LocalDir::new(dir), fleet)),
+                (n, true) => Arc::new(InMemory::new(Shared::new(LocalDir::new(dir), fleet), n)),
+            }
+        });
+        let sources = source::Sources::new(&cfg, Arc::clone(&cache), pools);
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
@@ -218,6 +228,7 @@ impl Images {
                 ),
                 prefix: prefix.to_string(),
                 store,
+                sources,
                 status_header: cache.config().status_header.0.clone(),
                 cache,
                 limits,
@@ -235,7 +246,18 @@ impl Images {
 
     /// Where the originals are, for logs.
     pub fn source(&self) -> String {
-        self.inner.store.describe()
+        let uploads = self.inner.store.as_ref().map(|s| s.describe());
+        match (uploads, self.inner.sources.describe()) {
+            (Some(u), Some(o)) => format!("{u}, originals from {o}"),
+            (Some(u), None) => u,
+            (None, Some(o)) => format!("originals from {o} (no uploads)"),
+            (None, None) => "nowhere".into(),
+        }
+    }
+
+    /// The uploaded originals' store, or [`ImageError::NoStore`] on a route without `dir`.
+    fn store(&self) -> Result<&Arc<dyn ImageStore>, ImageError> {
+        self.inner.store.as_ref().ok_or(ImageError::NoStore)
     }
 
     /// Serves one request.
@@ -283,6 +305,8 @@ impl Images {
         req: Request<RequestBody>,
         peer: SocketAddr,
     ) -> Result<Response<Body>, ImageError> {
+        // A route without `dir` says so before reading anything.
+        self.store()?;
         let cfg = &self.inner.cfg;
         if !cfg.upload_allow.is_empty() && !cfg.upload_allow.iter().any(|c| c.contains(peer.ip())) {
             return Err(ImageError::Forbidden(
@@ -301,7 +325,7 @@ impl Images {
             codec::check_limits(&probe, &self.inner.limits)?;
             checked.push((probe, data));
         }
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(self.store()?);
         let replies = tokio::task::spawn_blocking(move || {
             checked
                 .into_iter()
@@ -346,7 +370,7 @@ impl Images {
         md5: Md5Hex,
     ) -> Result<Response<Body>, ImageError> {
         self.authorized(req.headers())?;
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(self.store()?);
         let m = md5.clone();
         let existed = tokio::task::spawn_blocking(move || store.delete(&m))
             .await
@@ -450,10 +474,10 @@ impl Images {
 impl Inner {
     /// The original: from memory when held there, else read on the blocking pool.
     async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
-        if let Some(data) = self.store.get_in_memory(md5) {
+        let store = Arc::clone(self.store.as_ref().ok_or(ImageError::NotFound)?);
+        if let Some(data) = store.get_in_memory(md5) {
             return Ok(data);
         }
-        let store = Arc::clone(&self.store);
         let m = md5.clone();
         tokio::task::spawn_blocking(move || store.get(&m))
             .await
