@@ -380,20 +380,21 @@ impl Options {
             }
             "resizing_type" | "rt" => {
                 max_args(name, args, 1)?;
-                self.resize =
-                    match args.first().copied().unwrap_or("") {
-                        "fit" => ResizeType::Fit,
-                        "fill" => ResizeType::Fill,
-                        "fill-down" => ResizeType::FillDown,
-                        "force" => ResizeType::Force,
-                        "auto" => ResizeType::Auto,
-                        t => return Err(bad(
+                self.resize = match args.first().copied().unwrap_or("") {
+                    "fit" => ResizeType::Fit,
+                    "fill" => ResizeType::Fill,
+                    "fill-down" => ResizeType::FillDown,
+                    "force" => ResizeType::Force,
+                    "auto" => ResizeType::Auto,
+                    t => {
+                        return Err(bad(
                             name,
                             format!(
                                 "unknown resizing type `{t}` (fit, fill, fill-down, force, auto)"
                             ),
-                        )),
-                    };
+                        ))
+                    }
+                };
             }
             "width" | "w" => self.width = one(name, args, int)?,
             "height" | "h" => self.height = one(name, args, int)?,

@@ -513,7 +513,7 @@ pub fn run(
         let [t, r, b, l] = g.padding;
         img = filters::place(&img, cw + l + r, ch + t + b, l, t, o.background);
     }
-    if o.background.is_some() || p.format == ImageFormat::Jpeg {
+    if img.channels == 4 && (o.background.is_some() || p.format == ImageFormat::Jpeg) {
         img = filters::flatten(&img, o.background.unwrap_or([255, 255, 255]));
     }
     if let (Some(wm), Some(mark)) = (&o.watermark, mark) {
