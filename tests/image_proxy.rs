@@ -121,6 +121,21 @@ async fn fill_to_webp_by_extension() {
     assert_eq!(r.cache(), "MISS");
     assert_eq!(r.header("cache-control"), Some("public, max-age=31536000"));
     assert!(r.header("vary").is_none());
+    // Smart gravity (the quick start).
+    let s = get(
+        l.addr,
+        "/insecure/rs:fill:100:100/g:sm/plain/photo.jpg@webp",
+    )
+    .await;
+    assert_eq!(s.status, 200, "{}", s.text());
+    assert_eq!(dims(&s.body), (100, 100));
+    let s = get(
+        l.addr,
+        "/insecure/c:300:300:sm/rs:fill:50:80/plain/photo.jpg",
+    )
+    .await;
+    assert_eq!(s.status, 200, "{}", s.text());
+    assert_eq!(dims(&s.body), (50, 80));
     // The same options written otherwise share the entry.
     let b = get(l.addr, "/_/w:100/h:100/rt:fill/f:webp/plain/photo.jpg").await;
     assert_eq!(b.cache(), "HIT");

@@ -759,3 +759,30 @@ fn info_json(md5: &Md5Hex, size: usize, p: &Probe) -> String {
 fn req_path(rest: &str) -> &str {
     &rest[..rest.len().min(64)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_by_shape() {
+        assert_eq!(grammar_of("unsafe/100x100/smart/a.jpg"), Grammar::Thumbor);
+        assert_eq!(
+            grammar_of("ABCDEFGHIJKLMNOPQRSTUVWXYZa=/100x100/a.jpg"),
+            Grammar::Thumbor
+        );
+        assert_eq!(
+            grammar_of("insecure/rs:fill:1:1/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+        assert_eq!(
+            grammar_of("oKfUtW34Dvo2BGQehJFR4Nr0_rIjOtdtzJ3QFsUcXH8/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+        // A truncated imgproxy signature of 28 characters has no padding.
+        assert_eq!(
+            grammar_of("ABCDEFGHIJKLMNOPQRSTUVWXYZab/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+    }
+}
