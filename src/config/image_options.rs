@@ -6,6 +6,12 @@
 //! grammar of one option (`name:arg:arg`) is [`Options::apply`], used by both the presets and
 //! the request parser (`crate::images::imgproxy`).
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
 use super::image_params::FormatChoice;
 
 /// How the requested size applies (imgproxy's `resizing_type`).
@@ -179,21 +185,809 @@ pub struct OptionError {
     pub reason: String,
 }
 
+fn bad(name: &str, reason: impl Into<String>) -> OptionError {
+    OptionError {
+        name: name.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Largest width, height, crop or padding accepted before the route's own bounds apply.
+const MAX_NUM: u32 = 1_000_000;
+
+/// Largest device pixel ratio and zoom (imgproxy refuses a dpr over 8 too).
+const MAX_FACTOR: f64 = 8.0;
+
+fn int(name: &str, v: &str) -> Result<u32, OptionError> {
+    let n: u32 = v
+        .parse()
+        .map_err(|_| bad(name, format!("`{v}` is not a non-negative integer")))?;
+    if n > MAX_NUM {
+        return Err(bad(name, format!("{n} is out of range (0 to {MAX_NUM})")));
+    }
+    Ok(n)
+}
+
+fn float(name: &str, v: &str, max: f64) -> Result<f64, OptionError> {
+    let f: f64 = v
+        .parse()
+        .map_err(|_| bad(name, format!("`{v}` is not a number")))?;
+    if !f.is_finite() || f < 0.0 || f > max {
+        return Err(bad(name, format!("{v} is out of range (0 to {max})")));
+    }
+    Ok(f)
+}
+
+/// imgproxy's booleans (Go's `strconv.ParseBool`).
+fn boolean(name: &str, v: &str) -> Result<bool, OptionError> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(bad(
+            name,
+            format!("`{v}` is not a boolean (1/0, true/false)"),
+        )),
+    }
+}
+
+fn hex_color(name: &str, v: &str) -> Result<[u8; 3], OptionError> {
+    let ok = v.len() == 6 && v.bytes().all(|b| b.is_ascii_hexdigit());
+    if !ok {
+        return Err(bad(name, format!("`{v}` is not a hex colour (RRGGBB)")));
+    }
+    let c = |i: usize| u8::from_str_radix(&v[i..i + 2], 16).unwrap_or(0);
+    Ok([c(0), c(2), c(4)])
+}
+
+fn format(name: &str, v: &str) -> Result<FormatChoice, OptionError> {
+    match FormatChoice::parse(v) {
+        Some(FormatChoice::Keep) | None => Err(bad(
+            name,
+            format!("unknown format `{v}` (jpg, png, webp, avif, gif, auto)"),
+        )),
+        Some(f) => Ok(f),
+    }
+}
+
+fn max_args(name: &str, args: &[&str], n: usize) -> Result<(), OptionError> {
+    if args.len() > n {
+        return Err(bad(
+            name,
+            format!("at most {n} arguments, {} given", args.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Argument `i` when given and not empty (imgproxy skips empty arguments: `rs:fill::100`).
+fn arg<'a>(args: &[&'a str], i: usize) -> Option<&'a str> {
+    args.get(i).copied().filter(|a| !a.is_empty())
+}
+
+/// A compass gravity's name (`no`, `soea`, ...), or None.
+fn compass(v: &str) -> Option<GravityType> {
+    Some(match v {
+        "ce" => GravityType::Center,
+        "no" => GravityType::North,
+        "so" => GravityType::South,
+        "ea" => GravityType::East,
+        "we" => GravityType::West,
+        "noea" => GravityType::NorthEast,
+        "nowe" => GravityType::NorthWest,
+        "soea" => GravityType::SouthEast,
+        "sowe" => GravityType::SouthWest,
+        _ => return None,
+    })
+}
+
+/// `%type:%x_offset:%y_offset`, `sm` or `fp:%x:%y`; `smart` false for extend gravities.
+fn gravity(name: &str, args: &[&str], smart: bool) -> Result<Gravity, OptionError> {
+    let Some(t) = arg(args, 0) else {
+        return Err(bad(name, "a gravity type is required"));
+    };
+    let offset = |i: usize| arg(args, i).map_or(Ok(0.0), |v| signed(name, v));
+    match t {
+        "sm" if smart => {
+            max_args(name, args, 1)?;
+            Ok(Gravity {
+                kind: GravityType::Smart,
+                x: 0.0,
+                y: 0.0,
+            })
+        }
+        "fp" => {
+            max_args(name, args, 3)?;
+            let x = arg(args, 1).map_or(Ok(0.5), |v| float(name, v, 1.0))?;
+            let y = arg(args, 2).map_or(Ok(0.5), |v| float(name, v, 1.0))?;
+            Ok(Gravity {
+                kind: GravityType::FocusPoint(x, y),
+                x: 0.0,
+                y: 0.0,
+            })
+        }
+        _ => {
+            let kind = compass(t).ok_or_else(|| {
+                bad(
+                    name,
+                    format!(
+                        "unknown gravity `{t}` (no, so, ea, we, noea, nowe, soea, sowe, ce{}, fp)",
+                        if smart { ", sm" } else { "" }
+                    ),
+                )
+            })?;
+            max_args(name, args, 3)?;
+            Ok(Gravity {
+                kind,
+                x: offset(1)?,
+                y: offset(2)?,
+            })
+        }
+    }
+}
+
+fn signed(name: &str, v: &str) -> Result<f64, OptionError> {
+    let f: f64 = v
+        .parse()
+        .map_err(|_| bad(name, format!("`{v}` is not a number")))?;
+    if !f.is_finite() || f.abs() > f64::from(MAX_NUM) {
+        return Err(bad(name, format!("{v} is out of range")));
+    }
+    Ok(f)
+}
+
+/// `%extend:%gravity...` of `ex` and `exar` (and of `rs`/`s` after their sizes).
+fn extend(name: &str, args: &[&str]) -> Result<Option<Gravity>, OptionError> {
+    let on = arg(args, 0).map_or(Ok(false), |v| boolean(name, v))?;
+    if !on {
+        return Ok(None);
+    }
+    if args.len() > 1 {
+        Ok(Some(gravity(name, &args[1..], false)?))
+    } else {
+        Ok(Some(Gravity::default()))
+    }
+}
+
 impl Options {
     /// Applies one imgproxy option, `name` with its colon-separated `args` (`rs`, `["fill",
     /// "100", "100"]`): full names and short ones, as imgproxy's processing options page lists
-    /// them. Presets (`pr`) are expanded by the caller, which holds them.
+    /// them. Presets (`pr`) are expanded by [`Options::apply_with`], which is given them.
     pub fn apply(&mut self, name: &str, args: &[&str]) -> Result<(), OptionError> {
-        let _ = (name, args);
-        Err(OptionError {
-            name: name.to_string(),
-            reason: "not implemented yet".into(),
-        })
+        match name {
+            "resize" | "rs" | "size" | "s" => {
+                let sized = matches!(name, "size" | "s");
+                let (first, n) = if sized { (0, 4) } else { (1, 5) };
+                if args.len() > n + 3 {
+                    return Err(bad(name, format!("at most {} arguments", n + 3)));
+                }
+                if !sized {
+                    if let Some(t) = arg(args, 0) {
+                        self.apply("rt", &[t]).map_err(|e| bad(name, e.reason))?;
+                    }
+                }
+                if let Some(w) = arg(args, first) {
+                    self.width = int(name, w)?;
+                }
+                if let Some(h) = arg(args, first + 1) {
+                    self.height = int(name, h)?;
+                }
+                if let Some(e) = arg(args, first + 2) {
+                    self.enlarge = boolean(name, e)?;
+                }
+                if args.len() > first + 3 {
+                    self.extend = extend(name, &args[first + 3..])?;
+                }
+            }
+            "resizing_type" | "rt" => {
+                max_args(name, args, 1)?;
+                self.resize = match args.first().copied().unwrap_or("") {
+                    "fit" => ResizeType::Fit,
+                    "fill" => ResizeType::Fill,
+                    "fill-down" => ResizeType::FillDown,
+                    "force" => ResizeType::Force,
+                    "auto" => ResizeType::Auto,
+                    t => {
+                        return Err(bad(
+                            name,
+                            format!(
+                                "unknown resizing type `{t}` (fit, fill, fill-down, force, auto)"
+                            ),
+                        ))
+                    }
+                };
+            }
+            "width" | "w" => self.width = one(name, args, int)?,
+            "height" | "h" => self.height = one(name, args, int)?,
+            "min-width" | "mw" => self.min_width = one(name, args, int)?,
+            "min-height" | "mh" => self.min_height = one(name, args, int)?,
+            "zoom" | "z" => {
+                max_args(name, args, 2)?;
+                let x = arg(args, 0).map_or(Ok(1.0), |v| positive(name, v))?;
+                let y = arg(args, 1).map_or(Ok(x), |v| positive(name, v))?;
+                self.zoom = (x, y);
+            }
+            "dpr" => self.dpr = one(name, args, positive)?,
+            "enlarge" | "el" => self.enlarge = one(name, args, boolean)?,
+            "extend" | "ex" => {
+                max_args(name, args, 4)?;
+                self.extend = extend(name, args)?;
+            }
+            "extend_aspect_ratio" | "extend_ar" | "exar" => {
+                max_args(name, args, 4)?;
+                self.extend_aspect = extend(name, args)?;
+            }
+            "gravity" | "g" => self.gravity = gravity(name, args, true)?,
+            "crop" | "c" => {
+                let size =
+                    |i: usize| arg(args, i).map_or(Ok(0.0), |v| float(name, v, f64::from(MAX_NUM)));
+                let (width, height) = (size(0)?, size(1)?);
+                let gravity = if args.len() > 2 {
+                    Some(gravity(name, &args[2..], true)?)
+                } else {
+                    None
+                };
+                self.crop = Some(Crop {
+                    width,
+                    height,
+                    gravity,
+                });
+            }
+            "trim" | "t" => {
+                max_args(name, args, 4)?;
+                let threshold = arg(args, 0).map_or(Ok(10.0), |v| float(name, v, 255.0))?;
+                let color = arg(args, 1).map(|v| hex_color(name, v)).transpose()?;
+                let equal_hor = arg(args, 2).map_or(Ok(false), |v| boolean(name, v))?;
+                let equal_ver = arg(args, 3).map_or(Ok(false), |v| boolean(name, v))?;
+                self.trim = (threshold > 0.0).then_some(Trim {
+                    threshold,
+                    color,
+                    equal_hor,
+                    equal_ver,
+                });
+            }
+            "padding" | "pd" => {
+                max_args(name, args, 4)?;
+                let v = |i: usize| arg(args, i).map(|v| int(name, v)).transpose();
+                let top = v(0)?.unwrap_or(0);
+                let right = v(1)?.unwrap_or(top);
+                let bottom = v(2)?.unwrap_or(top);
+                let left = v(3)?.unwrap_or(right);
+                self.padding = [top, right, bottom, left];
+            }
+            "auto_rotate" | "ar" => self.auto_rotate = Some(one(name, args, boolean)?),
+            "rotate" | "rot" => {
+                let deg: i64 = one(name, args, |n, v| {
+                    v.parse::<i64>()
+                        .map_err(|_| bad(n, format!("`{v}` is not an integer")))
+                })?;
+                if deg % 90 != 0 || deg.abs() > 3600 {
+                    return Err(bad(name, "must be a multiple of 90 degrees"));
+                }
+                self.rotate = deg.rem_euclid(360) as u16;
+            }
+            "flip" | "fl" => {
+                max_args(name, args, 2)?;
+                let h = arg(args, 0).map_or(Ok(false), |v| boolean(name, v))?;
+                let v = arg(args, 1).map_or(Ok(false), |v| boolean(name, v))?;
+                self.flip = (h, v);
+            }
+            "background" | "bg" => {
+                self.background = match args {
+                    [] | [""] => None,
+                    [hex] => Some(hex_color(name, hex)?),
+                    [r, g, b] => {
+                        let c = |v: &str| {
+                            v.parse::<u8>()
+                                .map_err(|_| bad(name, format!("`{v}` is not 0 to 255")))
+                        };
+                        Some([c(r)?, c(g)?, c(b)?])
+                    }
+                    _ => return Err(bad(name, "`R:G:B` or a hex colour `RRGGBB`")),
+                };
+            }
+            "blur" | "bl" => self.blur = one(name, args, |n, v| float(n, v, 100.0))? as f32,
+            "sharpen" | "sh" => self.sharpen = one(name, args, |n, v| float(n, v, 100.0))? as f32,
+            "pixelate" | "pix" => self.pixelate = one(name, args, int)?,
+            "watermark" | "wm" => {
+                max_args(name, args, 5)?;
+                let opacity = arg(args, 0).map_or(Ok(0.0), |v| float(name, v, 1.0))?;
+                let position = match arg(args, 1).unwrap_or("ce") {
+                    "re" => WatermarkPosition::Replicate,
+                    p => match compass(p) {
+                        Some(GravityType::North) => WatermarkPosition::North,
+                        Some(GravityType::South) => WatermarkPosition::South,
+                        Some(GravityType::East) => WatermarkPosition::East,
+                        Some(GravityType::West) => WatermarkPosition::West,
+                        Some(GravityType::NorthEast) => WatermarkPosition::NorthEast,
+                        Some(GravityType::NorthWest) => WatermarkPosition::NorthWest,
+                        Some(GravityType::SouthEast) => WatermarkPosition::SouthEast,
+                        Some(GravityType::SouthWest) => WatermarkPosition::SouthWest,
+                        Some(_) => WatermarkPosition::Center,
+                        None => {
+                            return Err(bad(name, format!("unknown position `{p}`")));
+                        }
+                    },
+                };
+                let x = arg(args, 2).map_or(Ok(0.0), |v| signed(name, v))?;
+                let y = arg(args, 3).map_or(Ok(0.0), |v| signed(name, v))?;
+                let scale = arg(args, 4).map_or(Ok(0.0), |v| float(name, v, 1.0))?;
+                self.watermark = (opacity > 0.0).then_some(Watermark {
+                    opacity,
+                    position,
+                    x,
+                    y,
+                    scale,
+                });
+            }
+            "strip_metadata" | "sm" => self.strip_metadata = Some(one(name, args, boolean)?),
+            "keep_copyright" | "kcr" => self.keep_copyright = Some(one(name, args, boolean)?),
+            "strip_color_profile" | "scp" => {
+                self.strip_color_profile = Some(one(name, args, boolean)?)
+            }
+            "quality" | "q" => self.quality = one(name, args, quality)?,
+            "format_quality" | "fq" => {
+                if args.len() % 2 != 0 || args.is_empty() {
+                    return Err(bad(name, "pairs of a format and a quality"));
+                }
+                for pair in args.chunks_exact(2) {
+                    let f = format(name, pair[0])?;
+                    let q = quality(name, pair[1])?;
+                    self.format_quality.retain(|(g, _)| *g != f);
+                    if q > 0 {
+                        self.format_quality.push((f, q));
+                    }
+                }
+                self.format_quality.sort_by_key(|(f, _)| *f as u8);
+            }
+            "max_bytes" | "mb" => {
+                self.max_bytes = one(name, args, |n, v| {
+                    v.parse::<u64>()
+                        .map_err(|_| bad(n, format!("`{v}` is not a non-negative integer")))
+                })?
+            }
+            "format" | "f" | "ext" => self.format = Some(one(name, args, format)?),
+            "skip_processing" | "skp" => {
+                self.skip_processing = args
+                    .iter()
+                    .filter(|a| !a.is_empty())
+                    .map(|a| format(name, a))
+                    .collect::<Result<_, _>>()?;
+            }
+            "cache_buster" | "cb" => {
+                max_args(name, args, 1)?;
+                self.cache_buster = args.first().unwrap_or(&"").to_string();
+            }
+            "expires" | "exp" => {
+                self.expires = one(name, args, |n, v| {
+                    v.parse::<u64>()
+                        .map_err(|_| bad(n, format!("`{v}` is not a Unix time")))
+                })?
+            }
+            "preset" | "pr" => {
+                return Err(bad(name, "presets cannot be used here"));
+            }
+            _ => return Err(bad(name, "unknown option")),
+        }
+        Ok(())
+    }
+
+    /// [`Options::apply`], with `pr`/`preset` expanded from `presets` (each named preset's
+    /// options applied in place, in order).
+    pub fn apply_with(
+        &mut self,
+        name: &str,
+        args: &[&str],
+        presets: &BTreeMap<String, OptionList>,
+    ) -> Result<(), OptionError> {
+        if !matches!(name, "pr" | "preset") {
+            return self.apply(name, args);
+        }
+        for p in args.iter().filter(|a| !a.is_empty()) {
+            let list = presets
+                .get(*p)
+                .ok_or_else(|| bad(name, format!("no preset named `{p}`")))?;
+            list.apply_to(self)?;
+            self.presets.push(p.to_string());
+        }
+        Ok(())
     }
 
     /// The normalized form of these options, independent of how the URL wrote them: part of
-    /// the cache key of a result, so that equal options share one entry.
+    /// the cache key of a result, so that equal options share one entry. Only what changes the
+    /// result is in it (not `exp`, not the preset names), and only what differs from the
+    /// defaults.
     pub fn key(&self) -> String {
-        format!("{self:?}")
+        let d = Options::default();
+        let mut s = String::with_capacity(64);
+        let mut put = |part: std::fmt::Arguments| {
+            if !s.is_empty() {
+                s.push('/');
+            }
+            let _ = s.write_fmt(part);
+        };
+        put(format_args!(
+            "{}:{}:{}",
+            match self.resize {
+                ResizeType::Fit => "fit",
+                ResizeType::Fill => "fill",
+                ResizeType::FillDown => "fill-down",
+                ResizeType::Force => "force",
+                ResizeType::Auto => "auto",
+            },
+            self.width,
+            self.height
+        ));
+        if (self.min_width, self.min_height) != (0, 0) {
+            put(format_args!("m:{}:{}", self.min_width, self.min_height));
+        }
+        let (zx, zy) = self.zoom();
+        if (zx, zy) != (1.0, 1.0) {
+            put(format_args!("z:{zx}:{zy}"));
+        }
+        if self.dpr() != 1.0 {
+            put(format_args!("dpr:{}", self.dpr()));
+        }
+        if self.enlarge {
+            put(format_args!("el"));
+        }
+        if let Some(g) = self.extend {
+            put(format_args!("ex:{}", gravity_key(&g)));
+        }
+        if let Some(g) = self.extend_aspect {
+            put(format_args!("exar:{}", gravity_key(&g)));
+        }
+        if self.gravity != d.gravity {
+            put(format_args!("g:{}", gravity_key(&self.gravity)));
+        }
+        if let Some(c) = &self.crop {
+            let g = c.gravity.as_ref().map_or(String::new(), gravity_key);
+            put(format_args!("c:{}:{}:{g}", c.width, c.height));
+        }
+        if let Some(t) = &self.trim {
+            put(format_args!("t:{t:?}"));
+        }
+        if self.padding != d.padding {
+            let p = self.padding;
+            put(format_args!("pd:{}:{}:{}:{}", p[0], p[1], p[2], p[3]));
+        }
+        if let Some(a) = self.auto_rotate {
+            put(format_args!("ar:{}", u8::from(a)));
+        }
+        if self.rotate != 0 {
+            put(format_args!("rot:{}", self.rotate));
+        }
+        if self.flip != d.flip {
+            put(format_args!(
+                "fl:{}:{}",
+                u8::from(self.flip.0),
+                u8::from(self.flip.1)
+            ));
+        }
+        if let Some([r, g, b]) = self.background {
+            put(format_args!("bg:{r:02x}{g:02x}{b:02x}"));
+        }
+        if self.blur > 0.0 {
+            put(format_args!("bl:{}", self.blur));
+        }
+        if self.sharpen > 0.0 {
+            put(format_args!("sh:{}", self.sharpen));
+        }
+        if self.pixelate > 0 {
+            put(format_args!("pix:{}", self.pixelate));
+        }
+        if self.grayscale {
+            put(format_args!("gray"));
+        }
+        if let Some(w) = &self.watermark {
+            put(format_args!("wm:{w:?}"));
+        }
+        for (name, v) in [
+            ("sm", self.strip_metadata),
+            ("kcr", self.keep_copyright),
+            ("scp", self.strip_color_profile),
+            ("prog", self.progressive),
+        ] {
+            if let Some(v) = v {
+                put(format_args!("{name}:{}", u8::from(v)));
+            }
+        }
+        if self.quality > 0 {
+            put(format_args!("q:{}", self.quality));
+        }
+        if !self.format_quality.is_empty() {
+            put(format_args!("fq:{:?}", self.format_quality));
+        }
+        if self.max_bytes > 0 {
+            put(format_args!("mb:{}", self.max_bytes));
+        }
+        if let Some(f) = self.format {
+            put(format_args!("f:{f:?}"));
+        }
+        if !self.skip_processing.is_empty() {
+            put(format_args!("skp:{:?}", self.skip_processing));
+        }
+        if !self.cache_buster.is_empty() {
+            put(format_args!("cb:{}", self.cache_buster));
+        }
+        s
+    }
+
+    /// The device pixel ratio, 1.0 when not given.
+    pub fn dpr(&self) -> f64 {
+        if self.dpr > 0.0 {
+            self.dpr
+        } else {
+            1.0
+        }
+    }
+
+    /// The zoom factors, 1.0 when not given.
+    pub fn zoom(&self) -> (f64, f64) {
+        let z = |v: f64| if v > 0.0 { v } else { 1.0 };
+        (z(self.zoom.0), z(self.zoom.1))
+    }
+}
+
+fn gravity_key(g: &Gravity) -> String {
+    format!("{:?}:{}:{}", g.kind, g.x, g.y)
+}
+
+fn positive(name: &str, v: &str) -> Result<f64, OptionError> {
+    let f = float(name, v, MAX_FACTOR)?;
+    if f == 0.0 {
+        return Err(bad(name, "must be above 0"));
+    }
+    Ok(f)
+}
+
+fn quality(name: &str, v: &str) -> Result<u8, OptionError> {
+    v.parse::<u8>()
+        .ok()
+        .filter(|q| *q <= 100)
+        .ok_or_else(|| bad(name, format!("`{v}` is not a quality (0 to 100)")))
+}
+
+/// The single argument of `name`, parsed by `f`.
+fn one<T>(
+    name: &str,
+    args: &[&str],
+    f: impl Fn(&str, &str) -> Result<T, OptionError>,
+) -> Result<T, OptionError> {
+    match args {
+        [v] => f(name, v),
+        [] => Err(bad(name, "an argument is required")),
+        _ => Err(bad(name, format!("one argument, {} given", args.len()))),
+    }
+}
+
+/// A list of imgproxy options as a URL path writes them (`rs:fill:100:100/q:80`), checked when
+/// parsed: what an imgproxy preset (`images.imgproxy.presets`) holds. A preset cannot name
+/// another preset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionList(Vec<(String, Vec<String>)>);
+
+impl OptionList {
+    /// Parses and checks `s` (options separated by `/`; `:` or imgproxy's `,`-free form).
+    pub fn parse(s: &str) -> Result<OptionList, OptionError> {
+        let mut list = Vec::new();
+        let mut check = Options::default();
+        for seg in s.split('/').filter(|p| !p.is_empty()) {
+            let mut parts = seg.split(':');
+            let name = parts.next().unwrap_or("");
+            let args: Vec<&str> = parts.collect();
+            check.apply(name, &args)?;
+            list.push((
+                name.to_string(),
+                args.iter().map(|a| a.to_string()).collect(),
+            ));
+        }
+        Ok(OptionList(list))
+    }
+
+    /// Applies these options to `o`, in order.
+    pub fn apply_to(&self, o: &mut Options) -> Result<(), OptionError> {
+        for (name, args) in &self.0 {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            o.apply(name, &args)?;
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for OptionList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        OptionList::parse(&s).map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(path: &str) -> Result<Options, OptionError> {
+        let mut o = Options::default();
+        OptionList::parse(path)?.apply_to(&mut o)?;
+        Ok(o)
+    }
+
+    fn err(path: &str) -> String {
+        opts(path).unwrap_err().name
+    }
+
+    #[test]
+    fn resize_and_size() {
+        let o = opts("rs:fill:100:200:1:1:so:5:6").unwrap();
+        assert_eq!(o.resize, ResizeType::Fill);
+        assert_eq!((o.width, o.height, o.enlarge), (100, 200, true));
+        assert_eq!(
+            o.extend,
+            Some(Gravity {
+                kind: GravityType::South,
+                x: 5.0,
+                y: 6.0
+            })
+        );
+        let o = opts("s:50:60/rt:fill-down").unwrap();
+        assert_eq!(
+            (o.width, o.height, o.resize),
+            (50, 60, ResizeType::FillDown)
+        );
+        // Empty arguments keep what was there.
+        let o = opts("w:10/h:20/rs:force::30").unwrap();
+        assert_eq!((o.width, o.height, o.resize), (10, 30, ResizeType::Force));
+        let o = opts("resize:auto:1:2/width:3/height:4/mw:5/mh:6").unwrap();
+        assert_eq!(
+            (o.resize, o.width, o.height, o.min_width, o.min_height),
+            (ResizeType::Auto, 3, 4, 5, 6)
+        );
+        assert_eq!(err("rs:cover:1:1"), "rs");
+        assert_eq!(err("w:-1"), "w");
+        assert_eq!(err("h:abc"), "h");
+        assert_eq!(err("s:1:2:3"), "s");
+    }
+
+    #[test]
+    fn factors_and_booleans() {
+        let o = opts("dpr:2/z:1.5/el:true").unwrap();
+        assert_eq!((o.dpr(), o.zoom(), o.enlarge), (2.0, (1.5, 1.5), true));
+        assert_eq!(opts("z:2:3").unwrap().zoom(), (2.0, 3.0));
+        assert_eq!(Options::default().dpr(), 1.0);
+        assert_eq!(err("dpr:0"), "dpr");
+        assert_eq!(err("dpr:9"), "dpr");
+        assert_eq!(err("el:yes"), "el");
+        assert_eq!(err("z:0"), "z");
+    }
+
+    #[test]
+    fn gravity_crop_extend() {
+        let o = opts("g:soea:10:0.2").unwrap();
+        assert_eq!(
+            o.gravity,
+            Gravity {
+                kind: GravityType::SouthEast,
+                x: 10.0,
+                y: 0.2
+            }
+        );
+        assert_eq!(opts("g:sm").unwrap().gravity.kind, GravityType::Smart);
+        assert_eq!(
+            opts("g:fp:0.25:0.75").unwrap().gravity.kind,
+            GravityType::FocusPoint(0.25, 0.75)
+        );
+        assert_eq!(err("g:up"), "g");
+        assert_eq!(err("g:fp:2:0"), "g");
+        assert_eq!(err("g:sm:1"), "g");
+        let c = opts("c:100:50:nowe").unwrap().crop.unwrap();
+        assert_eq!((c.width, c.height), (100.0, 50.0));
+        assert_eq!(c.gravity.unwrap().kind, GravityType::NorthWest);
+        assert_eq!(opts("c:0.5:0.5").unwrap().crop.unwrap().gravity, None);
+        assert_eq!(opts("ex:1").unwrap().extend, Some(Gravity::default()));
+        assert_eq!(opts("ex:0").unwrap().extend, None);
+        assert_eq!(
+            opts("exar:1:no").unwrap().extend_aspect.unwrap().kind,
+            GravityType::North
+        );
+        // Smart gravity cannot place an extension.
+        assert_eq!(err("ex:1:sm"), "ex");
+    }
+
+    #[test]
+    fn padding_is_css_like() {
+        assert_eq!(opts("pd:10").unwrap().padding, [10, 10, 10, 10]);
+        assert_eq!(opts("pd:10:20").unwrap().padding, [10, 20, 10, 20]);
+        assert_eq!(opts("pd:10:20:30").unwrap().padding, [10, 20, 30, 20]);
+        assert_eq!(opts("padding:1:2:3:4").unwrap().padding, [1, 2, 3, 4]);
+        assert_eq!(err("pd:1:2:3:4:5"), "pd");
+    }
+
+    #[test]
+    fn orientation_colour_filters() {
+        let o = opts("rot:-90/fl:1:0/ar:0").unwrap();
+        assert_eq!(
+            (o.rotate, o.flip, o.auto_rotate),
+            (270, (true, false), Some(false))
+        );
+        assert_eq!(err("rot:45"), "rot");
+        assert_eq!(opts("bg:255:0:10").unwrap().background, Some([255, 0, 10]));
+        assert_eq!(opts("bg:ff000a").unwrap().background, Some([255, 0, 10]));
+        assert_eq!(opts("bg:ff000a/bg:").unwrap().background, None);
+        assert_eq!(err("bg:300:0:0"), "bg");
+        assert_eq!(err("bg:red"), "bg");
+        let o = opts("bl:2.5/sh:0.5/pix:8").unwrap();
+        assert_eq!((o.blur, o.sharpen, o.pixelate), (2.5, 0.5, 8));
+        assert_eq!(err("bl:x"), "bl");
+        let t = opts("t:20:ffffff:1:0").unwrap().trim.unwrap();
+        assert_eq!(
+            (t.threshold, t.color, t.equal_hor),
+            (20.0, Some([255; 3]), true)
+        );
+        let w = opts("wm:0.5:soea:10:20:0.3").unwrap().watermark.unwrap();
+        assert_eq!(
+            (w.opacity, w.position, w.scale),
+            (0.5, WatermarkPosition::SouthEast, 0.3)
+        );
+        assert_eq!(
+            opts("wm:1:re").unwrap().watermark.unwrap().position,
+            WatermarkPosition::Replicate
+        );
+        assert_eq!(err("wm:2"), "wm");
+    }
+
+    #[test]
+    fn output_options() {
+        let o = opts("q:80/fq:webp:70:avif:50/mb:10000/f:webp/sm:1/kcr:0/scp:1").unwrap();
+        assert_eq!(o.quality, 80);
+        assert_eq!(
+            o.format_quality,
+            vec![(FormatChoice::Webp, 70), (FormatChoice::Avif, 50)]
+        );
+        assert_eq!((o.max_bytes, o.format), (10000, Some(FormatChoice::Webp)));
+        assert_eq!(
+            (o.strip_metadata, o.keep_copyright, o.strip_color_profile),
+            (Some(true), Some(false), Some(true))
+        );
+        assert_eq!(opts("ext:jpg").unwrap().format, Some(FormatChoice::Jpeg));
+        let o = opts("skp:jpg:png/cb:abc/exp:1700000000").unwrap();
+        assert_eq!(
+            o.skip_processing,
+            vec![FormatChoice::Jpeg, FormatChoice::Png]
+        );
+        assert_eq!((o.cache_buster.as_str(), o.expires), ("abc", 1_700_000_000));
+        assert_eq!(err("q:101"), "q");
+        assert_eq!(err("fq:webp"), "fq");
+        assert_eq!(err("f:bmp"), "f");
+        assert_eq!(err("mb:-1"), "mb");
+        assert_eq!(err("nope:1"), "nope");
+        assert_eq!(err("pr:thumb"), "pr");
+    }
+
+    #[test]
+    fn presets_expand_in_place() {
+        let mut presets = BTreeMap::new();
+        presets.insert(
+            "thumb".to_string(),
+            OptionList::parse("rs:fill:100:100/q:80").unwrap(),
+        );
+        let mut o = Options::default();
+        o.apply_with("pr", &["thumb"], &presets).unwrap();
+        o.apply_with("q", &["90"], &presets).unwrap();
+        assert_eq!((o.width, o.quality), (100, 90));
+        assert_eq!(o.presets, vec!["thumb".to_string()]);
+        assert_eq!(
+            o.apply_with("pr", &["nope"], &presets).unwrap_err().name,
+            "pr"
+        );
+        assert_eq!(OptionList::parse("rs:fill/pr:x").unwrap_err().name, "pr");
+    }
+
+    #[test]
+    fn key_is_normalized() {
+        let a = opts("rs:fill:100:100/q:80").unwrap();
+        let b = opts("q:80/w:100/h:100/rt:fill/exp:99").unwrap();
+        assert_eq!(a.key(), b.key());
+        assert_ne!(a.key(), opts("rs:fill:100:100/q:81").unwrap().key());
+        assert_ne!(a.key(), opts("rs:fill:100:100/q:80/cb:2").unwrap().key());
+        assert_eq!(Options::default().key(), "fit:0:0");
     }
 }

@@ -76,7 +76,7 @@ pub enum FormatChoice {
 }
 
 impl FormatChoice {
-    fn parse(s: &str) -> Option<FormatChoice> {
+    pub fn parse(s: &str) -> Option<FormatChoice> {
         Some(match s.to_ascii_lowercase().as_str() {
             "none" => FormatChoice::Keep,
             "auto" => FormatChoice::Auto,

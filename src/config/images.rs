@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::image_options::OptionList;
 use super::image_params::{FormatChoice, Preset};
 use super::net::{Cidr, Upstream};
 use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
@@ -124,8 +125,21 @@ pub struct ImagesConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyPair {
+    #[serde(deserialize_with = "hex_string")]
     pub key: String,
+    #[serde(deserialize_with = "hex_string")]
     pub salt: String,
+}
+
+/// A non-empty string of hex digit pairs (checked at load: a bad key names its line).
+fn hex_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() || s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(serde::de::Error::custom(
+            "must be hex digits, an even number of them (imgproxy's IMGPROXY_KEY/SALT form)",
+        ));
+    }
+    Ok(s)
 }
 
 /// imgproxy's grammar on an image route (`images.imgproxy`).
@@ -142,7 +156,7 @@ pub struct ImgproxyConfig {
     /// Named option lists for `pr:NAME`, in imgproxy's grammar: `thumb = "rs:fill:100:100/q:80"`;
     /// `default` applies to every request.
     #[serde(default)]
-    pub presets: std::collections::BTreeMap<String, String>,
+    pub presets: std::collections::BTreeMap<String, OptionList>,
 }
 
 impl Default for ImgproxyConfig {
@@ -444,5 +458,9 @@ mod tests {
         assert!(!i.upload_allow[0].contains("11.1.2.3".parse().unwrap()));
         let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", presets = { a = \"w=abc\" } }\n");
         assert!(e.contains("line 4") && e.contains("`w`"), "{e}");
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", imgproxy = { presets = { t = \"rs:fill:100:100/q:abc\" } } }\n");
+        assert!(e.contains("line 4") && e.contains("`q`"), "{e}");
+        let e = err("[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"/x\", imgproxy = { keys = [{ key = \"zz\", salt = \"00\" }] } }\n");
+        assert!(e.contains("line 4") && e.contains("hex"), "{e}");
     }
 }

@@ -110,8 +110,10 @@ pub struct RouteConfig {
     pub rules: Vec<RuleConfig>,
 }
 
-/// What serves the requests of a route.
+/// What serves the requests of a route. Built once per route at load: the image route's
+/// settings (the largest variant since the image proxy's keys) are not worth a box.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum HandlerConfig {
     Proxy(ProxyConfig),
     Static(StaticConfig),

@@ -11,6 +11,10 @@
 //!                              ─▶ store entry ─▶ deliver MISS; followers get the same entry
 //! GET  <prefix>info?md5=    ─▶ JSON from the original's header
 //! DELETE <prefix><md5>      ─▶ admin token ─▶ remove original ─▶ purge cached variants
+//! GET  <prefix>SIG/OPTIONS/plain/SOURCE@EXT (imgproxy), <prefix>unsafe/.../SOURCE (thumbor)
+//!        ─▶ grammar by shape ([`grammar_of`]) ─▶ signature (403) ─▶ options (400 naming one)
+//!        ─▶ load the original ([`source`], 404) ─▶ plan from its header ([`pipeline`], 400/422)
+//!        ─▶ cache HIT, or coalesce ─leader─▶ pool: the pipeline ─▶ store ─▶ deliver
 //! ```
 //!
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
@@ -20,21 +24,25 @@
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
-//! order), [`smart`] (content-aware crop placement: edges, skin, saturation), [`source`] (the
-//! image proxy's originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no
-//! uploads), [`grammar`] (what imgproxy's and thumbor's URL grammars make of a path),
-//! [`thumbor`] (thumbor's grammar), [`filters`] (the proxy's pixel filters).
+//! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
+//! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
+//! (their originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no uploads),
+//! [`filters`] and [`smart`] (pixel filters, content-aware crop placement: edges, skin,
+//! saturation).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
-//! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`.
+//! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
+//! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`.
 
 pub mod avif;
 pub mod codec;
 pub mod colour;
 pub mod filters;
 pub mod grammar;
+pub mod imgproxy;
 pub mod jpeg;
 pub mod params;
+pub mod pipeline;
 pub mod pool;
 pub mod raster;
 pub mod smart;
@@ -62,10 +70,12 @@ use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::fleet::Fleet;
 use crate::http::{json_response, text_response};
-use params::{ParamError, Params, Resolved};
+use grammar::{Grammar, GrammarError, Parsed};
+use params::{ParamError, Params, Resolved, Target};
 use pool::{Pool, PoolError};
-use raster::{CodecError, Limits};
+use raster::{CodecError, Limits, Raster};
 use sniff::{Probe, SniffError};
+use source::{Original, SourceError};
 use storage::{ImageStore, InMemory, LocalDir, Md5Hex, Shared};
 use transform::TransformError;
 
@@ -98,6 +108,12 @@ pub enum ImageError {
     Storage(#[from] std::io::Error),
     #[error("internal error")]
     Internal,
+    /// An image proxy URL refused by its grammar (403 signature, 400 the rest).
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
+    /// The original of an image proxy request could not be had.
+    #[error(transparent)]
+    Source(#[from] SourceError),
 }
 
 impl ImageError {
@@ -118,6 +134,12 @@ impl ImageError {
             ImageError::Unauthorized => StatusCode::UNAUTHORIZED,
             ImageError::Method => StatusCode::METHOD_NOT_ALLOWED,
             ImageError::Storage(_) | ImageError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ImageError::Grammar(GrammarError::Signature(_)) => StatusCode::FORBIDDEN,
+            ImageError::Grammar(GrammarError::Bad(_)) => StatusCode::BAD_REQUEST,
+            ImageError::Source(SourceError::NotFound) => StatusCode::NOT_FOUND,
+            ImageError::Source(SourceError::NotAllowed(_)) => StatusCode::FORBIDDEN,
+            ImageError::Source(SourceError::TooLarge(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            ImageError::Source(SourceError::Failed(_)) => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -184,10 +206,16 @@ struct Inner {
     pool: Pool,
     status_header: HeaderName,
     limits: Limits,
+    /// The route's `watermark` image, decoded at start.
+    mark: Option<Arc<Raster>>,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+
+/// Image proxy results: a year, as imgproxy's default TTL (an original may change under the
+/// same URL, so not immutable).
+const PROXIED: &str = "public, max-age=31536000";
 
 impl Images {
     /// The route at `prefix` for `cfg`, its results stored in `cache`; with `share_originals`,
@@ -218,8 +246,16 @@ impl Images {
             avif_speed: cfg.avif_speed.get() as u8,
             max_avif_pixels: cfg.max_avif_pixels.get() as u64,
         };
+        let mark = cfg.watermark.as_deref().and_then(|path| match load_mark(path, &limits) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "watermark image not loaded");
+                None
+            }
+        });
         Images {
             inner: Arc::new(Inner {
+                mark,
                 pool: Pool::new(
                     cfg.workers.as_usize(),
                     cfg.queue_depth.get() as usize,
@@ -273,6 +309,10 @@ impl Images {
             (&Method::POST, "upload") => self.upload(req, peer).await,
             (&Method::GET | &Method::HEAD, "info") => self.info(&req).await,
             (_, "upload" | "info") => Err(ImageError::Method),
+            (&Method::GET | &Method::HEAD, path) if path.contains('/') => {
+                self.proxy(&req, path).await
+            }
+            (_, path) if path.contains('/') => Err(ImageError::Method),
             (&Method::GET | &Method::HEAD, name) => match Md5Hex::parse(name) {
                 Some(md5) => self.get(&req, md5).await,
                 None => Err(ImageError::NotFound),
@@ -412,63 +452,214 @@ impl Images {
             inner.cfg.default_quality.get() as u8,
             req.headers(),
         );
-        let deliver = |entry: &Entry, status: CacheStatus| {
-            deliver::from_entry(
-                entry,
-                req.method(),
-                req.headers(),
-                status,
-                &inner.status_header,
-                inner.cache.clock().now(),
-            )
-        };
-        if !inner.cfg.cache_results {
-            let entry = Arc::clone(inner).make(md5, resolved).await?;
-            return Ok(deliver(&entry, CacheStatus::Bypass));
-        }
         let key = CacheKey::from_parts(
             "img",
             md5.as_str(),
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
-        if let Some(entry) = inner.cache.get(&key) {
-            return Ok(deliver(&entry, CacheStatus::Hit));
-        }
-        match inner.cache.join(&FillKey::from(key.clone())) {
-            Join::Leader(guard) => {
-                // The fill runs as its own task: it completes (and feeds the followers) even if
-                // this client goes away. Another node may have made this result already (the
-                // shared tier), or be making it (its lease).
-                let fill_inner = Arc::clone(inner);
-                let task = tokio::spawn(async move {
-                    let cache = &fill_inner.cache;
-                    let directives = Default::default();
-                    let (request, reach) = (http::HeaderMap::new(), Reach::Lease);
-                    let lease = match cache.find(&key, &request, &directives, reach).await {
-                        // Results never change: a stored one is served however old.
-                        Found::Hit(entry) | Found::Stale(entry) => {
-                            guard.complete(Arc::clone(&entry));
-                            return Ok((entry, CacheStatus::Hit));
-                        }
-                        Found::Miss(lease) => lease,
-                    };
-                    let entry = Arc::clone(&fill_inner).make(md5, resolved).await?;
-                    cache.store_filled(key, Arc::clone(&entry), lease);
-                    guard.complete(Arc::clone(&entry));
-                    Ok::<_, ImageError>((entry, CacheStatus::Miss))
-                });
-                let (entry, status) = task.await.map_err(|_| ImageError::Internal)??;
-                Ok(deliver(&entry, status))
-            }
-            Join::Follower(f) => match f.wait(inner.cache.config().coalesce_timeout.0).await {
-                FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),
-                FillOutcome::Failed(_) | FillOutcome::Released => {
-                    let entry = Arc::clone(inner).make(md5, resolved).await?;
-                    Ok(deliver(&entry, CacheStatus::Miss))
-                }
-            },
-        }
+        let fill = Arc::clone(inner);
+        cached(inner, req, key, move || fill.make(md5, resolved)).await
     }
+
+    /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
+    /// [`grammar_of`]): parsed (403, 400 before any work), its original loaded (404), planned
+    /// from the header (400/422), cached under the original's id, the normalized options and
+    /// the output format.
+    async fn proxy(
+        &self,
+        req: &Request<RequestBody>,
+        path: &str,
+    ) -> Result<Response<Body>, ImageError> {
+        let inner = &self.inner;
+        let now = inner.cache.clock().now();
+        let Parsed {
+            grammar,
+            options,
+            source,
+        } = match grammar_of(path) {
+            Grammar::Thumbor => thumbor::parse(path, &inner.cfg.thumbor)?,
+            _ => imgproxy::parse(path, &inner.cfg.imgproxy, now)?,
+        };
+        if options.watermark.is_some() && inner.mark.is_none() {
+            return Err(ImageError::Param(ParamError {
+                name: "watermark",
+                reason: "this route has no `watermark` image".into(),
+            }));
+        }
+        let original = inner.sources.load(&source).await?;
+        let probe = sniff::probe(&original.data)?;
+        let target = Target::choose(
+            options.format.unwrap_or(inner.cfg.default_format),
+            req.headers(),
+        );
+        let negotiated = matches!(target, Target::Auto(_));
+        let quality = inner.cfg.default_quality.get() as u8;
+        let skip = pipeline::skipped(&options, probe.format);
+        // Planned from the header: over the limits is refused here, before queueing or caching.
+        let prepared = if skip {
+            None
+        } else {
+            Some(pipeline::prepare(
+                &probe,
+                &options,
+                target,
+                quality,
+                &inner.limits,
+            )?)
+        };
+        let opts_key = if skip {
+            "skp".to_string()
+        } else {
+            options.key()
+        };
+        let key = CacheKey::from_parts(
+            "img",
+            "proxy",
+            &format!(
+                "{}{}?{}&f={}",
+                inner.prefix,
+                original.id,
+                opts_key,
+                target.key()
+            ),
+        );
+        tracing::debug!(
+            grammar = grammar.name(),
+            presets = options.presets.join(",").as_str(),
+            "image proxy request"
+        );
+        let fill = Arc::clone(inner);
+        let tag = key.as_str().to_string();
+        cached(inner, req, key, move || async move {
+            let Original { data, .. } = original;
+            let (body, format) = match prepared {
+                None => (data, probe.format),
+                Some(prepared) => {
+                    let job = pool::Job {
+                        memory: prepared.memory,
+                        cost: prepared.cost,
+                    };
+                    let limits = fill.limits;
+                    let mark = fill.mark.clone();
+                    let format = prepared.format;
+                    let memory = prepared.memory;
+                    let ran = fill
+                        .pool
+                        .run(job, move || {
+                            pipeline::run(
+                                &data,
+                                &probe,
+                                &options,
+                                &prepared,
+                                mark.as_deref(),
+                                &limits,
+                            )
+                        })
+                        .await?;
+                    crate::memory::memory_freed(memory);
+                    (Bytes::from(ran?), format)
+                }
+            };
+            let now = fill.cache.clock().now();
+            let etag = format!("\"{}\"", Md5Hex::of(tag.as_bytes()).as_str());
+            let mut entry = result_entry(&etag, body, format, negotiated, PROXIED, now);
+            entry.reserve_stamp(&fill.status_header);
+            Ok(Arc::new(entry))
+        })
+        .await
+    }
+}
+
+/// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
+/// requests of the key: the first makes it in a task of its own, which completes and feeds the
+/// others even if its client goes away; another node may have made it already, the shared
+/// tier, or be making it, its lease). Without `cache_results`, made for every request.
+async fn cached<F, Fut>(
+    inner: &Arc<Inner>,
+    req: &Request<RequestBody>,
+    key: CacheKey,
+    make: F,
+) -> Result<Response<Body>, ImageError>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Arc<Entry>, ImageError>> + Send + 'static,
+{
+    let deliver = |entry: &Entry, status: CacheStatus| {
+        deliver::from_entry(
+            entry,
+            req.method(),
+            req.headers(),
+            status,
+            &inner.status_header,
+            inner.cache.clock().now(),
+        )
+    };
+    if !inner.cfg.cache_results {
+        let entry = make().await?;
+        return Ok(deliver(&entry, CacheStatus::Bypass));
+    }
+    if let Some(entry) = inner.cache.get(&key) {
+        return Ok(deliver(&entry, CacheStatus::Hit));
+    }
+    match inner.cache.join(&FillKey::from(key.clone())) {
+        Join::Leader(guard) => {
+            let fill_inner = Arc::clone(inner);
+            let task = tokio::spawn(async move {
+                let cache = &fill_inner.cache;
+                let directives = Default::default();
+                let (request, reach) = (http::HeaderMap::new(), Reach::Lease);
+                let lease = match cache.find(&key, &request, &directives, reach).await {
+                    // Results are served however old: their keys name what made them.
+                    Found::Hit(entry) | Found::Stale(entry) => {
+                        guard.complete(Arc::clone(&entry));
+                        return Ok((entry, CacheStatus::Hit));
+                    }
+                    Found::Miss(lease) => lease,
+                };
+                let entry = make().await?;
+                cache.store_filled(key, Arc::clone(&entry), lease);
+                guard.complete(Arc::clone(&entry));
+                Ok::<_, ImageError>((entry, CacheStatus::Miss))
+            });
+            let (entry, status) = task.await.map_err(|_| ImageError::Internal)??;
+            Ok(deliver(&entry, status))
+        }
+        Join::Follower(f) => match f.wait(inner.cache.config().coalesce_timeout.0).await {
+            FillOutcome::Filled(entry) => Ok(deliver(&entry, CacheStatus::Hit)),
+            FillOutcome::Failed(_) | FillOutcome::Released => {
+                let entry = make().await?;
+                Ok(deliver(&entry, CacheStatus::Miss))
+            }
+        },
+    }
+}
+
+/// The grammar of an image proxy path (after the route's prefix, two segments or more):
+/// thumbor's when it starts with `unsafe` or a thumbor signature (28 characters of base64url
+/// with its `=` padding: an HMAC-SHA1), imgproxy's otherwise (its signatures have no padding).
+fn grammar_of(path: &str) -> Grammar {
+    let first = path.split('/').next().unwrap_or("");
+    if first == "unsafe" || (first.len() == 28 && first.ends_with('=')) {
+        Grammar::Thumbor
+    } else {
+        Grammar::Imgproxy
+    }
+}
+
+/// The route's watermark image, decoded whole.
+fn load_mark(path: &std::path::Path, limits: &Limits) -> Result<Raster, ImageError> {
+    let data = std::fs::read(path)?;
+    let probe = sniff::probe(&data)?;
+    codec::check_limits(&probe, limits)?;
+    let (img, _) = codec::decode(
+        &data,
+        &probe,
+        (probe.width, probe.height),
+        false,
+        (0.0, 1.0),
+        limits,
+    )?;
+    Ok(transform::orient(img, probe.orientation))
 }
 
 impl Inner {
@@ -529,20 +720,22 @@ impl Inner {
             (Bytes::from(out), format)
         };
         let now = self.cache.clock().now();
-        let mut entry = result_entry(&md5, &key, body, format, negotiated, now);
+        let tag = Md5Hex::of(key.as_bytes());
+        let etag = format!("\"{}-{}\"", md5.as_str(), &tag.as_str()[..16]);
+        let mut entry = result_entry(&etag, body, format, negotiated, IMMUTABLE, now);
         entry.reserve_stamp(&self.status_header);
         Ok(Arc::new(entry))
     }
 }
 
-/// The cached response of one transform: real Content-Type, strong ETag naming the original and
-/// the parameters, a year of immutable freshness.
+/// The cached response of one transform: real Content-Type, the strong ETag `etag` (naming the
+/// original and the parameters), `cache_control`, a year of freshness in the cache.
 fn result_entry(
-    md5: &Md5Hex,
-    key: &str,
+    etag: &str,
     body: Bytes,
     format: sniff::ImageFormat,
     negotiated: bool,
+    cache_control: &'static str,
     now: std::time::SystemTime,
 ) -> Entry {
     let mut h = HeaderMap::new();
@@ -550,9 +743,11 @@ fn result_entry(
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.mime()),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(IMMUTABLE));
-    let tag = Md5Hex::of(key.as_bytes());
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}-{}\"", md5.as_str(), &tag.as_str()[..16])) {
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static(cache_control),
+    );
+    if let Ok(v) = HeaderValue::from_str(etag) {
         h.insert(header::ETAG, v);
     }
     if negotiated {
@@ -585,4 +780,31 @@ fn info_json(md5: &Md5Hex, size: usize, p: &Probe) -> String {
 
 fn req_path(rest: &str) -> &str {
     &rest[..rest.len().min(64)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_by_shape() {
+        assert_eq!(grammar_of("unsafe/100x100/smart/a.jpg"), Grammar::Thumbor);
+        assert_eq!(
+            grammar_of("ABCDEFGHIJKLMNOPQRSTUVWXYZa=/100x100/a.jpg"),
+            Grammar::Thumbor
+        );
+        assert_eq!(
+            grammar_of("insecure/rs:fill:1:1/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+        assert_eq!(
+            grammar_of("oKfUtW34Dvo2BGQehJFR4Nr0_rIjOtdtzJ3QFsUcXH8/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+        // A truncated imgproxy signature of 28 characters has no padding.
+        assert_eq!(
+            grammar_of("ABCDEFGHIJKLMNOPQRSTUVWXYZab/plain/a.jpg"),
+            Grammar::Imgproxy
+        );
+    }
 }

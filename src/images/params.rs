@@ -23,6 +23,19 @@ pub enum Target {
 }
 
 impl Target {
+    /// The target of a format choice, `auto` negotiated from the request's Accept.
+    pub fn choose(choice: FormatChoice, req: &HeaderMap) -> Target {
+        match choice {
+            FormatChoice::Keep => Target::Keep,
+            FormatChoice::Auto => Target::Auto(negotiate(req)),
+            FormatChoice::Jpeg => Target::Fixed(ImageFormat::Jpeg),
+            FormatChoice::Png => Target::Fixed(ImageFormat::Png),
+            FormatChoice::Webp => Target::Fixed(ImageFormat::Webp),
+            FormatChoice::Avif => Target::Fixed(ImageFormat::Avif),
+            FormatChoice::Gif => Target::Fixed(ImageFormat::Gif),
+        }
+    }
+
     /// The format produced from a `source` image.
     pub fn output(self, source: ImageFormat) -> ImageFormat {
         match self {
@@ -36,7 +49,8 @@ impl Target {
         }
     }
 
-    fn key(self) -> &'static str {
+    /// The target's part of a cache key.
+    pub fn key(self) -> &'static str {
         match self {
             Target::Keep => "none",
             Target::Fixed(f) => f.name(),
@@ -80,15 +94,7 @@ impl Resolved {
         default_quality: u8,
         req: &HeaderMap,
     ) -> Resolved {
-        let target = match p.f.unwrap_or(default_format) {
-            FormatChoice::Keep => Target::Keep,
-            FormatChoice::Auto => Target::Auto(negotiate(req)),
-            FormatChoice::Jpeg => Target::Fixed(ImageFormat::Jpeg),
-            FormatChoice::Png => Target::Fixed(ImageFormat::Png),
-            FormatChoice::Webp => Target::Fixed(ImageFormat::Webp),
-            FormatChoice::Avif => Target::Fixed(ImageFormat::Avif),
-            FormatChoice::Gif => Target::Fixed(ImageFormat::Gif),
-        };
+        let target = Target::choose(p.f.unwrap_or(default_format), req);
         Resolved {
             w: p.w,
             h: p.h,

@@ -212,50 +212,23 @@ pub struct Prepared {
 pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared, TransformError> {
     codec::check_limits(probe, limits)?;
     // Geometry in oriented coordinates first: it decides how much the decoder may shrink.
-    let swapped = probe.orientation >= 5;
-    let (ow, oh) = if swapped {
-        (probe.height, probe.width)
-    } else {
-        (probe.width, probe.height)
-    };
+    let (ow, oh) = oriented_size(probe, probe.orientation);
     let plan = plan(ow, oh, r, limits.max_dim, limits.max_upscale)?;
-
-    // The decoded image must keep at least the plan's scale: crop region → out size.
-    let scale = (f64::from(plan.out.0) / plan.crop.2).max(f64::from(plan.out.1) / plan.crop.3);
-    let need = (
-        (f64::from(ow) * scale).ceil() as u32,
-        (f64::from(oh) * scale).ceil() as u32,
-    );
-    let need = if swapped { (need.1, need.0) } else { need };
-
-    // Rows the plan keeps, when the source's rows are the output's (no orientation change): a
-    // JPEG decoder then decodes only that band. A smart crop's place is known only once the
-    // pixels are: the whole height is decoded.
-    let rows = if probe.orientation <= 1 && !r.smart_cover() {
-        (
-            plan.crop.1 / f64::from(oh),
-            (plan.crop.1 + plan.crop.3) / f64::from(oh),
-        )
-    } else {
-        (0.0, 1.0)
-    };
+    let (need, mut rows) = window(probe, probe.orientation, &plan);
+    // A smart crop's place is known only once the pixels are: the whole height is decoded.
+    if r.smart_cover() {
+        rows = (0.0, 1.0);
+    }
 
     let (ew, eh) = rotated_size(plan.out.0, plan.out.1, r.r);
-    let encoded = u64::from(ew) * u64::from(eh);
-    let mut format = r.format;
-    if format == ImageFormat::Avif && encoded > limits.max_avif_pixels {
-        if !r.negotiated() {
-            return Err(TransformError::Param(
-                "f",
-                format!(
-                    "AVIF output is limited to {} pixels and this one is {ew}x{eh}: ask for a \
-                     smaller size or another format",
-                    limits.max_avif_pixels
-                ),
-            ));
-        }
-        format = Target::Auto(None).output(probe.format);
-    }
+    let format = avif_capped(
+        r.format,
+        r.negotiated(),
+        (ew, eh),
+        probe.format,
+        limits,
+        "f",
+    )?;
     let mut p = Prepared {
         plan,
         format,
@@ -269,64 +242,201 @@ pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared,
 }
 
 impl Prepared {
-    /// Peak heap bytes and CPU cost, from sizes alone. Memory is the largest of three phases,
-    /// each counted from what the code below holds at once: decoding (the decoder's buffers and
-    /// the raster, plus a copy to orient it), resizing (the raster, the resizer's intermediate
-    /// image, the result) and encoding (the result, a rotated or gray copy, the encoder's
-    /// buffers). Bytes per pixel are upper bounds per format, checked against a counting
-    /// allocator by `tests/image_memory.rs`. The cost weights are coarse ratios of per-pixel
-    /// time between codecs (AVIF encoding dwarfs everything else), enough to order transforms.
     fn estimate(&self, probe: &Probe, r: &Resolved, avif_speed: u8) -> (u64, u64) {
-        let (dw, dh) = match probe.format {
-            ImageFormat::Jpeg => super::jpeg::scaled_size(probe.width, probe.height, self.need),
-            _ => (probe.width, probe.height),
+        let shape = Shape {
+            need: self.need,
+            out: self.plan.out,
+            encoded: rotated_size(self.plan.out.0, self.plan.out.1, r.r),
+            gray: r.gray,
+            format: self.format,
+            reoriented: probe.orientation > 1,
+            extra: 0,
+            encodes: 1,
         };
-        let (dw, dh, decoded) = (u64::from(dw), u64::from(dh), u64::from(dw) * u64::from(dh));
-        let channels: u64 = match probe.format {
-            ImageFormat::Jpeg if r.gray => 1,
-            ImageFormat::Jpeg => 3,
-            _ => 4,
-        };
-        const MIB: u64 = 1 << 20;
-        // Decoding: bytes per pixel (the decoder's buffers and the raster), bytes besides the
-        // pixels, work per pixel. rav1d's frame buffers, several planes each, dwarf the raster.
-        // CMYK JPEGs hold their CMYK samples and the RGB made of them; 16-bit RGBA PNGs are
-        // decoded into 8 bytes a pixel (made 8-bit in place) beside the decoder's own buffers.
-        let (decode_bytes, decode_fixed, decode_work) = match probe.format {
-            ImageFormat::Jpeg if probe.cmyk => (7, 0, 2),
-            ImageFormat::Jpeg => (channels, 0, 1),
-            ImageFormat::Png => (10, 0, 3),
-            ImageFormat::Gif => (8, 0, 2),
-            ImageFormat::Webp => (8, 0, 3),
-            ImageFormat::Avif => (32, 2 * MIB, 8),
-        };
-        let (ow, oh) = (u64::from(self.plan.out.0), u64::from(self.plan.out.1));
-        let (ew, eh) = rotated_size(self.plan.out.0, self.plan.out.1, r.r);
-        let encoded = u64::from(ew) * u64::from(eh);
-        // Encoding: the same for the encoder (its own copy of the pixels included). rav1e's
-        // are measured at ~53 bytes a pixel above ~3 MB; its work is ~200 times JPEG's at its
-        // fastest speed, and grows as the speed setting falls.
-        let (encode_bytes, encode_fixed, encode_work) = match self.format {
-            ImageFormat::Jpeg => (4, 0, 1),
-            ImageFormat::Png => (8, 0, 3),
-            ImageFormat::Gif => (12, 0, 6),
-            ImageFormat::Webp => (8, 0, 6),
-            ImageFormat::Avif => (56, 3 * MIB, 200 * (11 - u64::from(avif_speed.clamp(1, 10)))),
-        };
-        let oriented = if probe.orientation > 1 { 1 } else { 0 };
-        let decode = decoded * (decode_bytes + oriented * channels) + decode_fixed;
-        // The raster (and for RGBA the resizer's alpha-premultiplied copy of it), the resizer's
-        // intermediate image (one pass done) and the result.
-        let premultiplied = if channels == 4 { 4 } else { 0 };
-        let resize =
-            decoded * (channels + premultiplied) + 4 * (ow * dh).max(dw * oh) + 4 * ow * oh;
-        // The resized image, a rotated or gray copy, the encoder.
-        let encode = 4 * ow * oh + 8 * encoded + encode_bytes * encoded + encode_fixed;
-        // Besides: the resizer's coefficients, row buffers, the encoded output.
-        let memory = decode.max(resize).max(encode) + (256 << 10);
-        let cost = decoded * decode_work + ow * oh + encoded * encode_work;
-        (memory, cost)
+        estimate(probe, &shape, avif_speed)
     }
+}
+
+/// The sizes a transform's memory and cost are estimated from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    /// The size asked of the decoder (unoriented).
+    pub need: (u32, u32),
+    /// The resized image.
+    pub out: (u32, u32),
+    /// The image encoded (rotated, extended, padded).
+    pub encoded: (u32, u32),
+    /// Decoded as luma only.
+    pub gray: bool,
+    /// The output format.
+    pub format: ImageFormat,
+    /// The decoded image is turned (a copy).
+    pub reoriented: bool,
+    /// Bytes held besides, while encoding (canvases, filter copies).
+    pub extra: u64,
+    /// Times the result is encoded (1, more to fit a size limit).
+    pub encodes: u64,
+}
+
+/// Peak heap bytes and CPU cost, from sizes alone. Memory is the largest of three phases,
+/// each counted from what the code below holds at once: decoding (the decoder's buffers and
+/// the raster, plus a copy to orient it), resizing (the raster, the resizer's intermediate
+/// image, the result) and encoding (the result, a rotated or gray copy, the encoder's
+/// buffers). Bytes per pixel are upper bounds per format, checked against a counting
+/// allocator by `tests/image_memory.rs`. The cost weights are coarse ratios of per-pixel
+/// time between codecs (AVIF encoding dwarfs everything else), enough to order transforms.
+pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
+    let (dw, dh) = match probe.format {
+        ImageFormat::Jpeg => super::jpeg::scaled_size(probe.width, probe.height, s.need),
+        _ => (probe.width, probe.height),
+    };
+    let (dw, dh, decoded) = (u64::from(dw), u64::from(dh), u64::from(dw) * u64::from(dh));
+    let channels: u64 = match probe.format {
+        ImageFormat::Jpeg if s.gray => 1,
+        ImageFormat::Jpeg => 3,
+        _ => 4,
+    };
+    const MIB: u64 = 1 << 20;
+    // Decoding: bytes per pixel (the decoder's buffers and the raster), bytes besides the
+    // pixels, work per pixel. rav1d's frame buffers, several planes each, dwarf the raster.
+    // CMYK JPEGs hold their CMYK samples and the RGB made of them; 16-bit RGBA PNGs are
+    // decoded into 8 bytes a pixel (made 8-bit in place) beside the decoder's own buffers.
+    let (decode_bytes, decode_fixed, decode_work) = match probe.format {
+        ImageFormat::Jpeg if probe.cmyk => (7, 0, 2),
+        ImageFormat::Jpeg => (channels, 0, 1),
+        ImageFormat::Png => (10, 0, 3),
+        ImageFormat::Gif => (8, 0, 2),
+        ImageFormat::Webp => (8, 0, 3),
+        ImageFormat::Avif => (32, 2 * MIB, 8),
+    };
+    let (ow, oh) = (u64::from(s.out.0), u64::from(s.out.1));
+    let encoded = u64::from(s.encoded.0) * u64::from(s.encoded.1);
+    // Encoding: the same for the encoder (its own copy of the pixels included). rav1e's
+    // are measured at ~53 bytes a pixel above ~3 MB; its work is ~200 times JPEG's at its
+    // fastest speed, and grows as the speed setting falls.
+    let (encode_bytes, encode_fixed, encode_work) = match s.format {
+        ImageFormat::Jpeg => (4, 0, 1),
+        ImageFormat::Png => (8, 0, 3),
+        ImageFormat::Gif => (12, 0, 6),
+        ImageFormat::Webp => (8, 0, 6),
+        ImageFormat::Avif => (56, 3 * MIB, 200 * (11 - u64::from(avif_speed.clamp(1, 10)))),
+    };
+    let oriented = u64::from(s.reoriented);
+    let decode = decoded * (decode_bytes + oriented * channels) + decode_fixed;
+    // The raster (and for RGBA the resizer's alpha-premultiplied copy of it), the resizer's
+    // intermediate image (one pass done) and the result.
+    let premultiplied = if channels == 4 { 4 } else { 0 };
+    let resize = decoded * (channels + premultiplied) + 4 * (ow * dh).max(dw * oh) + 4 * ow * oh;
+    // The resized image, a rotated or gray copy, the encoder.
+    let encode = 4 * ow * oh + 8 * encoded + encode_bytes * encoded + encode_fixed + s.extra;
+    // Besides: the resizer's coefficients, row buffers, the encoded output.
+    let memory = decode.max(resize).max(encode) + (256 << 10);
+    let cost = decoded * decode_work + ow * oh + encoded * encode_work * s.encodes.max(1);
+    (memory, cost)
+}
+
+/// The size of `probe`'s image turned by `orientation` (an EXIF code, 1-8).
+pub(super) fn oriented_size(probe: &Probe, orientation: u8) -> (u32, u32) {
+    if orientation >= 5 {
+        (probe.height, probe.width)
+    } else {
+        (probe.width, probe.height)
+    }
+}
+
+/// What the decoder is asked for a `plan` made in the coordinates of `probe`'s image turned by
+/// `orientation`: the smallest size keeping the plan's scale (unoriented; a JPEG decoder may
+/// shrink to it) and the rows kept, as fractions of the unoriented height (when the source's
+/// rows are the output's, a JPEG decoder decodes only that band).
+pub(super) fn window(probe: &Probe, orientation: u8, plan: &Plan) -> ((u32, u32), (f64, f64)) {
+    let (ow, oh) = oriented_size(probe, orientation);
+    let scale = (f64::from(plan.out.0) / plan.crop.2).max(f64::from(plan.out.1) / plan.crop.3);
+    let need = (
+        (f64::from(ow) * scale).ceil() as u32,
+        (f64::from(oh) * scale).ceil() as u32,
+    );
+    let need = if orientation >= 5 {
+        (need.1, need.0)
+    } else {
+        need
+    };
+    let rows = if orientation <= 1 {
+        (
+            plan.crop.1 / f64::from(oh),
+            (plan.crop.1 + plan.crop.3) / f64::from(oh),
+        )
+    } else {
+        (0.0, 1.0)
+    };
+    (need, rows)
+}
+
+/// The output format once AVIF's pixel cap is applied to an `encoded`-sized result: a
+/// negotiated AVIF falls back to what a client without AVIF gets, an asked-for one is refused
+/// (400 naming `param`).
+pub(super) fn avif_capped(
+    format: ImageFormat,
+    negotiated: bool,
+    encoded: (u32, u32),
+    source: ImageFormat,
+    limits: &Limits,
+    param: &'static str,
+) -> Result<ImageFormat, TransformError> {
+    let (ew, eh) = encoded;
+    if format != ImageFormat::Avif || u64::from(ew) * u64::from(eh) <= limits.max_avif_pixels {
+        return Ok(format);
+    }
+    if !negotiated {
+        return Err(TransformError::Param(
+            param,
+            format!(
+                "AVIF output is limited to {} pixels and this one is {ew}x{eh}: ask for a \
+                 smaller size or another format",
+                limits.max_avif_pixels
+            ),
+        ));
+    }
+    Ok(Target::Auto(None).output(source))
+}
+
+/// Decodes `src` for a plan: the size `need` and rows `rows` (see [`window`]), turned by
+/// `orientation`. Returns the image and the band's first row in the decoded image.
+pub(super) fn decode_oriented(
+    src: &[u8],
+    probe: &Probe,
+    orientation: u8,
+    need: (u32, u32),
+    gray: bool,
+    rows: (f64, f64),
+    limits: &Limits,
+) -> Result<(Raster, u32), CodecError> {
+    let (img, band) = codec::decode(src, probe, need, gray, rows, limits)?;
+    Ok((orient(img, orientation), band.top))
+}
+
+/// A region of the oriented source (`ow` pixels wide) in the pixels of `img`, a decoded (and
+/// perhaps shrunk) band of it starting at row `top`.
+pub(super) fn in_decoded(
+    crop: (f64, f64, f64, f64),
+    img: &Raster,
+    top: u32,
+    ow: u32,
+) -> (f64, f64, f64, f64) {
+    let k = f64::from(img.width) / f64::from(ow);
+    let crop = (
+        crop.0 * k,
+        crop.1 * k - f64::from(top),
+        crop.2 * k,
+        crop.3 * k,
+    );
+    // Rounding at the band's edges must not reach outside the rows decoded.
+    let y = crop.1.max(0.0);
+    (
+        crop.0,
+        y,
+        crop.2.min(f64::from(img.width) - crop.0),
+        crop.3.min(f64::from(img.height) - y),
+    )
 }
 
 /// Transforms `src` (probed as `probe`) as `r` asks.
@@ -339,12 +449,7 @@ pub fn run(
     let mut t = Timing::default();
     let p = prepare(probe, r, limits)?;
     let plan = p.plan;
-    // The oriented source's width.
-    let ow = if probe.orientation >= 5 {
-        probe.height
-    } else {
-        probe.width
-    };
+    let (ow, _) = oriented_size(probe, probe.orientation);
 
     let start = Instant::now();
     // A kept profile must be one the output can carry, and fit its pixels (not a gray output).
@@ -363,21 +468,7 @@ pub fn run(
     t.decode = start.elapsed();
 
     let start = Instant::now();
-    // Scale from plan (oriented source) coordinates to decoded pixels; a band starts at `top`.
-    let k = f64::from(img.width) / f64::from(ow);
-    let crop = (
-        plan.crop.0 * k,
-        plan.crop.1 * k - f64::from(band.top),
-        plan.crop.2 * k,
-        plan.crop.3 * k,
-    );
-    // Rounding at the band's edges must not reach outside the rows decoded.
-    let crop = (
-        crop.0,
-        crop.1.max(0.0),
-        crop.2,
-        crop.3.min(f64::from(img.height) - crop.1.max(0.0)),
-    );
+    let crop = in_decoded(plan.crop, &img, band.top, ow);
     // A smart crop keeps the planned size and moves it to the content.
     let crop = if r.smart_cover() {
         super::smart::place(&img, crop)
