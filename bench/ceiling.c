@@ -10,11 +10,17 @@
  * take at once is sent when it becomes writable again (EPOLLOUT), so large bodies (140 KB)
  * are answered whole. It is not an HTTP server: it understands no request and serves any path.
  *
- *   cc -O2 -o ceiling ceiling.c && ./ceiling PORT FILE     (listens on 127.0.0.1 only)
+ * With a third argument `sendfile`, the body is sent the way larder sends a large stored body
+ * (src/mapped.rs, src/socket.rs): kept in a sealed memfd, each response's head sent with
+ * MSG_MORE and its body with sendfile(2) from the memfd, its pages handed to the socket without
+ * a copy; one response per call pair, pipelined or not.
+ *
+ *   cc -O2 -o ceiling ceiling.c && ./ceiling PORT FILE [sendfile]  (listens on 127.0.0.1 only)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -22,13 +28,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 static char *resp;
 static size_t rlen;
+static size_t hlen;  /* the head's bytes (through CRLF CRLF) */
+static int body_fd = -1; /* sendfile mode: the body in a memfd */
 
 struct conn {
     unsigned pending; /* responses owed, the first of them possibly begun */
@@ -48,7 +58,37 @@ static int load_response(const char *path) {
     if (n <= 0 || !(resp = malloc((size_t)n))) return -1;
     rlen = fread(resp, 1, (size_t)n, f);
     fclose(f);
-    return rlen == (size_t)n && memmem(resp, rlen, "\r\n\r\n", 4) ? 0 : -1;
+    char *end = rlen == (size_t)n ? memmem(resp, rlen, "\r\n\r\n", 4) : NULL;
+    if (!end) return -1;
+    hlen = (size_t)(end - resp) + 4;
+    return 0;
+}
+
+/* sendfile mode: the body into a sealed memfd, as larder keeps a large body. */
+static int body_to_memfd(void) {
+    body_fd = memfd_create("ceiling-body", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (body_fd < 0 || rlen == hlen) return -1;
+    for (size_t at = hlen; at < rlen;) {
+        ssize_t w = write(body_fd, resp + at, rlen - at);
+        if (w <= 0) return -1;
+        at += (size_t)w;
+    }
+    return fcntl(body_fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK);
+}
+
+/* sendfile mode: the rest of the response begun at `off`: the head's rest with MSG_MORE, then
+ * (if it all went) the body with sendfile. Bytes sent, or -1 (errno set). */
+static ssize_t send_zero_copy(int fd, size_t off) {
+    ssize_t sent = 0;
+    if (off < hlen) {
+        sent = send(fd, resp + off, hlen - off, MSG_NOSIGNAL | MSG_MORE);
+        if (sent < (ssize_t)(hlen - off)) return sent;
+        off = hlen;
+    }
+    off_t at = (off_t)(off - hlen);
+    ssize_t w = sendfile(fd, body_fd, &at, rlen - off);
+    if (w < 0) return sent > 0 ? sent : -1;
+    return sent + w;
 }
 
 static void drop(int ep, int fd) {
@@ -62,7 +102,9 @@ static int flush(int ep, int fd) {
     struct conn *c = &conns[fd];
     while (c->pending) {
         ssize_t w;
-        if (c->pending == 1) {
+        if (body_fd >= 0) {
+            w = send_zero_copy(fd, c->off);
+        } else if (c->pending == 1) {
             w = send(fd, resp + c->off, rlen - c->off, MSG_NOSIGNAL);
         } else {
             struct iovec iov[64];
@@ -94,9 +136,14 @@ static int flush(int ep, int fd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 || load_response(argv[2]) != 0) {
-        fprintf(stderr, "usage: ceiling PORT FILE (FILE: one complete HTTP response)\n");
+    int zero_copy = argc == 4 && strcmp(argv[3], "sendfile") == 0;
+    if ((argc != 3 && !zero_copy) || load_response(argv[2]) != 0) {
+        fprintf(stderr, "usage: ceiling PORT FILE [sendfile] (FILE: one complete HTTP response)\n");
         return 2;
+    }
+    if (zero_copy && body_to_memfd() != 0) {
+        perror("ceiling: memfd");
+        return 1;
     }
     signal(SIGPIPE, SIG_IGN); /* writev has no MSG_NOSIGNAL */
     struct rlimit rl;

@@ -68,7 +68,8 @@
 //! built, to images and push, as it hands them the cache; none of them reaches it through another.
 //!
 //! [`socket`] writes to plain TCP sockets, the server's and the upstream's, with `send` or
-//! `sendmsg` rather than `writev` (cheaper in the kernel). [`clock`] holds the cache's wall
+//! `sendmsg` rather than `writev` (cheaper in the kernel), and large stored bodies, which
+//! [`mapped`] keeps in memory files, with `sendfile` (no copy into the socket). [`clock`] holds the cache's wall
 //! clock ([`clock::Clock`]: freshness, Age, the stale windows, bans, the tiers' lifetimes; built
 //! by [`server::start_with`] and handed to the cache, which the handlers read it from, so that
 //! tests move it instead of sleeping) and a coarse monotonic clock for deadlines that tolerate
@@ -94,14 +95,15 @@
 //! 1. [`config`]: plain data (each part of the program gets its own typed slice; the handlers
 //!    build their runtime objects from it). It imports nothing of larder's (the layout test checks).
 //!    [`metrics`]; [`body`] (metrics: a response's body carries its outcome); [`memory`] (the
-//!    count of freed memory the trim service reads); [`upgrade`]; [`socket`] (writes to TCP
-//!    sockets with `send`/`sendmsg`); [`clock`].
+//!    count of freed memory the trim service reads); [`upgrade`]; [`mapped`] (large bodies in
+//!    memory files); [`socket`] (writes to TCP sockets with `send`/`sendmsg`/`sendfile`;
+//!    mapped); [`clock`].
 //! 2. [`http`] (body); [`phases`] (body, clock); [`compress`] (body, config); [`range`], [`inbound`] (body, http);
 //!    [`real_ip`] (config, http);
 //!    [`interim`] (http); [`respond`] (body, config); [`tls`] (config); [`access_log`]
 //!    (config, metrics); [`service`] (config).
 //! 3. [`fleet`] (config).
-//! 4. [`cache`] (compress, config, http, inbound, metrics, clock, fleet); [`upstream`] (body,
+//! 4. [`cache`] (compress, config, http, inbound, metrics, clock, fleet, mapped); [`upstream`] (body,
 //!    config, http, interim, metrics, socket, upgrade).
 //! 5. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics, tls, upstream: a configuration checked as `larder check` does); [`otel`] (body, config, upstream).
@@ -131,6 +133,7 @@ pub mod http;
 pub mod images;
 pub mod inbound;
 pub mod interim;
+pub mod mapped;
 pub mod memory;
 pub mod metrics;
 pub mod otel;

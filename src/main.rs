@@ -199,9 +199,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let zero_copy_min = cfg.cache.zero_copy_min.0 as usize;
     match server::fit_open_files(&mut cfg) {
         Ok(Some(f)) => {
             tracing::info!(old = f.old, new = f.new, "open-files limit");
+            // Large bodies' memory files, in the descriptors the connections leave over.
+            let files = cfg.zero_copy_files(f.new);
+            larder::mapped::configure(zero_copy_min, files as usize);
+            if zero_copy_min > 0 && files < cfg.cache.zero_copy_files.get() as u64 {
+                tracing::info!(
+                    zero_copy_files = files,
+                    "fewer large bodies sent without a copy: the open-files limit leaves room                      for {files} beside max_connections"
+                );
+            }
             // Only the default is ever lowered (a `max_connections` set above the limit is
             // refused): nothing for the operator to act on, so not a warning.
             if let Some(n) = f.lowered_to {
@@ -211,7 +221,10 @@ fn main() -> ExitCode {
                 );
             }
         }
-        Ok(None) => tracing::warn!("cannot read the open-files limit"),
+        Ok(None) => {
+            tracing::warn!("cannot read the open-files limit");
+            larder::mapped::configure(zero_copy_min, 0);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -107,6 +107,8 @@ class Env:
     def start_origin(self):
         text = gen_text_24k()
         (self.gen / "text-24k.html").write_text(text)
+        for name, size in (("large-1m.json", 1 << 20), ("large-10m.json", 10 << 20)):
+            (self.gen / name).write_bytes(gen_json(size))
         conf = fill(BENCH / "conf/origin.nginx.conf", self.run / "origin.conf", self.subst)
         p = self.procs.spawn("origin", ["nginx", "-p", str(self.run), "-c", str(conf),
                                         "-e", str(self.run / "origin-error.log")],
@@ -244,7 +246,12 @@ class Env:
             return None, f"{source.name} answered {data[:40]!r}: nothing to replay"
         resp = self.run / f"ceiling-{cell['id']}.http"
         resp.write_bytes(data)
-        p = self.procs.spawn("ceiling", [str(exe), str(PORTS["ceiling"]), str(resp)],
+        head_bytes = data.index(b"\r\n\r\n") + 4
+        # A body larder keeps in a memory file and sends with sendfile (src/mapped.rs: 64 KiB
+        # and larger, its default cache.zero_copy_min) is replayed the same way.
+        zero_copy = source.name == "larder" and len(data) - head_bytes >= ZERO_COPY_MIN
+        p = self.procs.spawn("ceiling", [str(exe), str(PORTS["ceiling"]), str(resp)]
+                             + (["sendfile"] if zero_copy else []),
                              self.logfile("ceiling"), cpu=SUT_CPU)
         ok, why = wait_http(PORTS["ceiling"], "/", proc=p)
         if not ok:
@@ -252,8 +259,8 @@ class Env:
             return None, f"did not start: {why} {self.tail('ceiling')}"
         s = System("ceiling", PORTS["ceiling"], p, cache_header=source.cache_header,
                    version="bench/ceiling.c")
-        s.replays = dict(system=source.name, bytes=len(data),
-                         head_bytes=data.index(b"\r\n\r\n") + 4)
+        s.replays = dict(system=source.name, bytes=len(data), head_bytes=head_bytes,
+                         sendfile=zero_copy)
         self.systems["ceiling"] = s
         return s, ""
 
@@ -579,6 +586,33 @@ def go_binary_version(exe, name):
 
 class SkipSystem(Exception):
     pass
+
+
+# larder's default cache.zero_copy_min (src/mapped.rs DEFAULT_MIN).
+ZERO_COPY_MIN = 64 * 1024
+
+
+def gen_json(size):
+    """Deterministic JSON of exactly `size` bytes (records of words and numbers), compressing
+    roughly like an API's large answer; the large bodies of scenario pike."""
+    rnd = random.Random(44)
+    words = ("cache proxy origin header request response body socket kernel stream "
+             "record value name price stock label region active pending").split()
+    out, n = [b"["], 1
+    i = 0
+    while n < size - 200:
+        rec = (f'{{"id":{i},"name":"{rnd.choice(words)} {rnd.choice(words)}",'
+               f'"value":{rnd.randint(0, 10**9)},"ratio":{rnd.random():.6f},'
+               f'"tags":["{rnd.choice(words)}","{rnd.choice(words)}"]}},\n').encode()
+        out.append(rec)
+        n += len(rec)
+        i += 1
+    out.append(b'{"end":true}')
+    n += 12
+    out.append(b" " * (size - n - 2) + b"]\n")
+    data = b"".join(out)
+    assert len(data) == size
+    return data
 
 
 def gen_text_24k():

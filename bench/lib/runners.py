@@ -259,7 +259,8 @@ def run_scenario(name, env, args, duration):
                     continue
                 log(f"    {sname:13s} replays {sysm.replays['system']}'s response "
                     f"({sysm.replays['head_bytes']} B head, "
-                    f"{sysm.replays['bytes'] - sysm.replays['head_bytes']:,} B body)")
+                    f"{sysm.replays['bytes'] - sysm.replays['head_bytes']:,} B body"
+                    f"{', sent with sendfile' if sysm.replays.get('sendfile') else ''})")
             else:
                 sysm = env.get(sname)
             if sysm is None:

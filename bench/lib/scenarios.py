@@ -116,6 +116,22 @@ def scenario_cells(name):
                                *seed_goals(f"pike {label}", "pike",
                                            1.5 if enc == "identity" else 2.0),
                                ceiling_goal(f"pike {label}")]))
+        # Large bodies (issue 44): 1 MB and 10 MB JSON generated at run time (Env.start_origin),
+        # fewer connections (each response is a megabyte or ten in flight). Figures only, no
+        # goals: CPU per request beside req/s, against the anchors and a ceiling that sends
+        # the identity body as larder does (sendfile from a memfd).
+        for size, conns in (("1m", 100), ("10m", 20)):
+            for enc, label, exp in (("identity", "no Accept-Encoding", None),
+                                    ("gzip", "Accept-Encoding: gzip", "gzip")):
+                what = f"pike {size.upper()}B {label}"
+                cells.append(C(f"pike-{size}-{enc}", f"/gen/large-{size}.json hit, {label}", conns,
+                               ["larder", "nginx", "varnish", "ceiling"],
+                               P(f"/gen/large-{size}.json"), "hit", AE[enc], exp, goals=[
+                                   G(f"{what}: larder against the best anchor (no goal)", "rps",
+                                     ["nginx", "varnish"]),
+                                   G(f"{what}: CPU per request against the best anchor (no goal)",
+                                     "cpu", ["nginx", "varnish"]),
+                                   ceiling_goal(what, None)]))
         return cells
     if name == "piper":
         cells = []

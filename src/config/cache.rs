@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::headers::HeaderNameCfg;
 use super::tiers::{DiskConfig, SharedConfig};
-use super::units::{ByteSize, Dur, Fraction, KIB};
+use super::units::{Bounded, ByteSize, Dur, Fraction, KIB};
 
 /// The memory cache shared by every route.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -50,6 +50,13 @@ pub struct CacheConfig {
     /// Response field listing a response's tags for purge by tag (space or comma separated);
     /// removed before responses go on.
     pub tag_header: HeaderNameCfg,
+    /// Stored bodies (each encoding's) this large and larger are kept in a memory file, which
+    /// plain HTTP/1.1 connections send with `sendfile`, without copying them into the socket;
+    /// 0 = never (every body on the heap, copied into the socket).
+    pub zero_copy_min: ByteSize,
+    /// At most this many bodies kept so at once: each holds an open file, counted with the
+    /// connections against the open-files limit. Beyond it, bodies stay on the heap.
+    pub zero_copy_files: Bounded<1, 1_000_000>,
     /// A tier on disk below memory, kept across restarts.
     pub disk: Option<DiskConfig>,
     /// A tier shared by every node, in Redis or Valkey.
@@ -73,6 +80,8 @@ impl Default for CacheConfig {
             ))],
             forward_cdn_cache_control: true,
             tag_header: HeaderNameCfg(HeaderName::from_static("surrogate-key")),
+            zero_copy_min: ByteSize(64 * KIB),
+            zero_copy_files: Bounded(1024),
             disk: None,
             shared: None,
         }

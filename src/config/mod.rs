@@ -767,11 +767,27 @@ impl Config {
         self.listeners.len() as u64 * per_listener + u64::from(self.admin.listen.is_some())
     }
 
+    /// Memory files of large bodies larder may hold open under the open-files `limit`: at most
+    /// `cache.zero_copy_files`, and only descriptors the connections (at `max_connections`, as
+    /// fitted by [`Config::fit_open_files`]), the listening sockets and [`RESERVED_FDS`] leave
+    /// over, so they never take a connection's; none when `cache.zero_copy_min` is 0.
+    pub fn zero_copy_files(&self, limit: u64) -> u64 {
+        if self.cache.zero_copy_min.0 == 0 {
+            return 0;
+        }
+        let taken = RESERVED_FDS
+            + self.listening_sockets()
+            + self.server.max_connections.get().max(0) as u64;
+        (self.cache.zero_copy_files.get() as u64).min(limit.saturating_sub(taken))
+    }
+
     /// Fits `max_connections` to `limit`, the open files this process may have (its soft limit
     /// once raised to the hard one): each connection is a descriptor, besides the listening
-    /// sockets and [`RESERVED_FDS`]. Beyond the limit, accepting fails with EMFILE long before
+    /// sockets and [`RESERVED_FDS`] (large bodies' memory files take what is left over:
+    /// [`Config::zero_copy_files`]). Beyond the limit, accepting fails with EMFILE long before
     /// the connection bound pauses it. A value the file sets that does not fit is an error
-    /// naming it; the default is lowered to fit, and the new bound returned to be reported.
+    /// naming it; the default is lowered to fit (leaving large bodies' memory files up to a
+    /// quarter of the room), and the new bound returned to be reported.
     pub fn fit_open_files(&mut self, limit: u64) -> Result<Option<i64>, Error> {
         let others = RESERVED_FDS + self.listening_sockets();
         let fits = i64::try_from(limit.saturating_sub(others)).unwrap_or(i64::MAX);
@@ -794,8 +810,12 @@ impl Config {
                 ),
             ));
         }
-        self.server.max_connections = Bounded(fits);
-        Ok(Some(fits))
+        // The default lowered: large bodies' memory files keep up to a quarter of the room
+        // (`Config::zero_copy_files` gives them what connections leave over).
+        let files = i64::try_from(self.zero_copy_files(u64::MAX)).unwrap_or(i64::MAX);
+        let lowered = (fits - files.min(fits / 4)).max(1);
+        self.server.max_connections = Bounded(lowered);
+        Ok(Some(lowered))
     }
 
     /// A one-listener configuration proxying everything to `upstream` (the `--upstream` CLI form).
@@ -1079,19 +1099,37 @@ mod tests {
         assert!(e.contains("line 2, key `server.max_connections`"), "{e}");
         assert!(e.contains("1024") && e.contains("991"), "{e}");
         assert!(c.fit_open_files(5033).unwrap().is_none());
-        // The default is lowered to what fits: 1024 less 32 reserved and one listening socket.
+        // The default is lowered to what fits: 1024 less 32 reserved and one listening socket,
+        // less a quarter of that for large bodies' memory files.
         let mut c = Config::parse(MIN, "t").unwrap();
-        assert_eq!(c.fit_open_files(1024).unwrap(), Some(991));
-        assert_eq!(c.server.max_connections.get(), 991);
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(991 - 247));
+        assert_eq!(c.server.max_connections.get(), 991 - 247);
+        assert_eq!(c.zero_copy_files(1024), 247);
         // per-core: a listening socket per listener and worker.
         let mut c = Config::parse(
             &format!("[server]\nthreading = \"per-core\"\nworkers = 4\n{MIN}"),
             "t",
         )
         .unwrap();
-        assert_eq!(c.fit_open_files(1024).unwrap(), Some(988));
+        assert_eq!(c.fit_open_files(1024).unwrap(), Some(988 - 247));
         // No room at all is an error even for the default.
         let mut c = Config::parse(MIN, "t").unwrap();
         assert!(c.fit_open_files(33).is_err());
+    }
+
+    /// Large bodies' memory files take only the descriptors connections leave over.
+    #[test]
+    fn zero_copy_files_take_what_connections_leave() {
+        let c = Config::parse(&format!("[server]\nmax_connections = 991\n{MIN}"), "t").unwrap();
+        assert_eq!(c.zero_copy_files(1024), 0, "all taken by connections");
+        let c = Config::parse(&format!("[server]\nmax_connections = 500\n{MIN}"), "t").unwrap();
+        assert_eq!(c.zero_copy_files(1024), 1024 - 500 - 33);
+        assert_eq!(
+            c.zero_copy_files(1 << 20),
+            1024,
+            "at most cache.zero_copy_files"
+        );
+        let c = Config::parse(&format!("[cache]\nzero_copy_min = 0\n{MIN}"), "t").unwrap();
+        assert_eq!(c.zero_copy_files(1 << 20), 0, "off");
     }
 }

@@ -60,7 +60,8 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 
     /// Writes `bufs` through (the unbatched write). A plain socket sends them with
     /// `sendmsg` ([`crate::socket`]), cheaper in the kernel than the `writev` of its
-    /// `AsyncWrite`.
+    /// `AsyncWrite`, and a large body's slice lying in a memory file ([`crate::mapped`]) with
+    /// `sendfile`, without copying it.
     fn poll_send(
         &mut self,
         cx: &mut Context<'_>,
@@ -148,7 +149,7 @@ impl Stream for TcpStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        crate::socket::poll_send(self, cx, bufs)
+        crate::socket::poll_send_zero_copy(self, cx, bufs)
     }
 }
 

@@ -3,7 +3,9 @@
 //! Everything a hit needs is prepared here at store time: for each stored encoding, the complete
 //! header block to send (Content-Encoding, Content-Length, Vary and a weakened ETag included) and
 //! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
-//! stored headers, compresses, or copies a body. Its bytes form, for tiers beyond memory, is in
+//! stored headers, compresses, or copies a body. A body of `cache.zero_copy_min` bytes or more is
+//! copied once, here, into a memory file ([`crate::mapped`]), which a plain socket then sends
+//! with `sendfile` (its bytes count in the entry's weight as before). Its bytes form, for tiers beyond memory, is in
 //! [`super::record`].
 //!
 //! [`pending`]: the compressed variants of an entry on their way (entries hold it, it holds the
@@ -159,6 +161,8 @@ impl Entry {
         let mut variants: [Option<Variant>; 4] = [None, None, None, None];
         let mut by_size: Vec<(usize, Encoding)> = Vec::with_capacity(bodies.len());
         for (enc, body) in bodies {
+            // A large body goes into a memory file, which plain HTTP/1.1 sends without a copy.
+            let body = crate::mapped::map(body);
             let mut head = headers.clone();
             if let Some(v) = enc.header_value() {
                 head.insert(header::CONTENT_ENCODING, v);
