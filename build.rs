@@ -3,7 +3,7 @@
 //! `SOURCE_DATE_EPOCH` when set, for reproducible builds). Re-run only when the checked-out
 //! commit changes (`.git/HEAD` and the ref it points to), not on every build.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,11 +15,20 @@ fn main() {
     println!("cargo:rustc-env=LARDER_BUILD_DATE={}", build_date());
 }
 
+/// The package's directory, read when the script runs. (`env!` would be the directory the
+/// script was compiled in: cargo reuses a compiled build script for another checkout of the
+/// same package, and a clone since deleted then made every version "unknown".)
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
 /// `git` in the package's directory: its trimmed output, if it ran and succeeded.
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git")
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(manifest_dir())
         .output()
         .ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
@@ -30,7 +39,7 @@ fn git(args: &[&str]) -> Option<String> {
 /// when the package is itself a git checkout (`.git` is a directory, or a file in a worktree):
 /// a packaged source inside some other repository says "unknown".
 fn commit() -> Option<String> {
-    if !Path::new(env!("CARGO_MANIFEST_DIR")).join(".git").exists() {
+    if !manifest_dir().join(".git").exists() {
         return None;
     }
     // `--git-path` resolves both for a worktree (HEAD in its own directory, refs in the
@@ -41,7 +50,7 @@ fn commit() -> Option<String> {
     }
     for name in watched {
         if let Some(path) = git(&["rev-parse", "--git-path", &name]) {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+            let path = manifest_dir().join(path);
             if path.exists() {
                 println!("cargo:rerun-if-changed={}", path.display());
             }
