@@ -353,9 +353,9 @@ pub fn encode_stream(body: Body, e: Encoding, cfg: &CompressionConfig) -> Body {
             level(cfg.dynamic_gzip_level.get()),
         )),
         // A 512 KiB window (lgwin 19), as nginx's brotli module (`brotli_window`) and pingora
-        // use: the encoder's ring buffer and hash tables are sized by it and set up for every
-        // response, and the default 4 MiB window cost 1.85x pingap's CPU a response for an
-        // 8 KB body (bench/run pingap, 2026-11-28).
+        // use, rather than async-compression's 4 MiB: the encoder's ring buffer is sized by
+        // it, for every response. (It did not close the CPU gap to pingap's on-the-fly br,
+        // docs/benchmarks.md session 25: that is elsewhere.)
         Encoding::Br => frames(BrotliEncoder::with_params(
             reader,
             async_compression::brotli::EncoderParams::default()
