@@ -853,7 +853,19 @@ impl Admin {
         let query = req.uri().query().unwrap_or("").to_string();
         match (method, path.as_str()) {
             (Method::GET, "/_larder/config/file") => {
-                let text = std::fs::read_to_string(&file.path).unwrap_or_default();
+                // Bounded as any configuration read (the file may have grown, or be gone).
+                let path = file.path.clone();
+                let read = tokio::task::spawn_blocking(move || crate::config::read_bounded(&path));
+                let text = match read.await.map_err(std::io::Error::other).and_then(|r| r) {
+                    Ok(text) => text,
+                    Err(e) => {
+                        let message = format!("{}: {e}", file.path.display());
+                        return config_refused(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            serde_json::json!({ "line": 0, "key": "", "message": message }),
+                        );
+                    }
+                };
                 json_response(
                     StatusCode::OK,
                     serde_json::json!({

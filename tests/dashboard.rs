@@ -399,6 +399,21 @@ async fn the_configuration_is_checked_applied_and_rolled_back() {
     )
     .await;
     assert_eq!(status, 404);
+
+    // The file grown past what a configuration may be (or gone): said, not read whole.
+    let big = format!(
+        "# {}\n",
+        "x".repeat(larder::config::MAX_CONFIG_BYTES as usize)
+    );
+    std::fs::write(&path, big).unwrap();
+    let auth = [("authorization", "Bearer s3cret")];
+    let f = get(&c, &url("/_larder/config/file"), &auth).await;
+    assert_eq!(f.status, 500, "{}", f.text());
+    assert!(f.text().contains("larger than 16 MiB"), "{}", f.text());
+    std::fs::remove_file(&path).unwrap();
+    let f = get(&c, &url("/_larder/config/file"), &auth).await;
+    assert_eq!(f.status, 500, "{}", f.text());
+    assert!(f.text().contains("larder.toml"), "{}", f.text());
 }
 
 /// A push route's demo page in the browser: EventSource over the handed-over HTTP/1.1 stream,

@@ -117,6 +117,44 @@ async fn five_a_second_per_client_then_429_with_the_ratelimit_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_an_unchanged_limit_and_starts_a_changed_one_afresh() {
+    let origin = plain().await;
+    let config = |rate: &str, header: &str| {
+        route(
+            &origin,
+            &format!(
+                r#"
+    [[listener.route.rule]]
+    response_headers = {{ set = {{ x-version = "{header}" }} }}
+    [[listener.route.rule]]
+    name = "api"
+    rate_limit = {{ rate = "{rate}" }}
+"#
+            ),
+        )
+    };
+    let larder = Larder::start_at(&config("3/s", "1"), larder::clock::Clock::manual()).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 200);
+    }
+    assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 429);
+
+    // Another rule changed, this one not: its bucket is still empty.
+    larder.reload(&config("3/s", "2")).unwrap();
+    let r = get(&c, &larder.url("/a"), &[]).await;
+    assert_eq!(r.status, 429, "a reload is not a way around a limit");
+    assert_eq!(r.header("x-version"), Some("2"), "the reload took effect");
+
+    // The limit itself changed: a new bucket, full.
+    larder.reload(&config("4/s", "2")).unwrap();
+    for _ in 0..4 {
+        assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 200);
+    }
+    assert_eq!(get(&c, &larder.url("/a"), &[]).await.status, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_delay_the_burst_waits_its_turn() {
     let origin = plain().await;
     let larder = Larder::start_at(
@@ -222,7 +260,7 @@ async fn in_flight_holds_a_place_until_the_body_is_done() {
     let (release, waiting) = tokio::sync::watch::channel(false);
     let begun = Arc::new(AtomicUsize::new(0));
     let origin = slow_streams(waiting, Arc::clone(&begun)).await;
-    let larder = Larder::start(&format!(
+    let config = format!(
         r#"
 [[listener]]
 addr = "127.0.0.1:0"
@@ -233,8 +271,8 @@ addr = "127.0.0.1:0"
     name = "streams"
     in_flight = {{ max = 10 }}
 "#
-    ))
-    .await;
+    );
+    let larder = Larder::start(&config).await;
     let c = client();
     let mut streams = Vec::new();
     for i in 0..10 {
@@ -249,8 +287,13 @@ addr = "127.0.0.1:0"
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(begun.load(Ordering::SeqCst), 10);
+    // A reload keeps the places the ten hold (the rule unchanged), as nginx's limit_conn zone.
+    larder.reload(&config).unwrap();
     let r = get(&c, &larder.url("/s/eleventh"), &[]).await;
-    assert_eq!(r.status, 429, "the eleventh while ten stream");
+    assert_eq!(
+        r.status, 429,
+        "the eleventh while ten stream, after a reload"
+    );
     assert_eq!(
         r.header("ratelimit-policy"),
         Some(r#""streams";q=10;qu="concurrent-requests""#)

@@ -157,7 +157,7 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// The text of the configuration file at `path`: a regular file of at most
 /// [`MAX_CONFIG_BYTES`] (read through a bound too, should it grow meanwhile).
-fn read_bounded(path: &Path) -> std::io::Result<String> {
+pub fn read_bounded(path: &Path) -> std::io::Result<String> {
     use std::io::{Error, ErrorKind, Read};
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {

@@ -30,7 +30,9 @@
 //!
 //! Compiled once when a router is built (at start and on every reload), so a reload applies
 //! rule changes; the configuration checked what can be checked (patterns, templates, policy
-//! names) when it was read.
+//! names) when it was read. What limits count ([`rate`]'s buckets, [`in_flight`]'s places) is
+//! [`Kept`] across a reload for a rule that did not change, as nginx keeps a `limit_req` or
+//! `limit_conn` zone: a reload is not a way around a limit.
 
 pub mod access;
 pub mod answer;
@@ -56,7 +58,9 @@ pub mod vars;
 pub mod watch;
 pub mod when;
 
-use std::sync::Arc;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::admin::Switches;
 use crate::clock::Clock;
@@ -75,6 +79,33 @@ pub struct Env<'a> {
     pub clock: &'a Clock,
     /// The server's named switches (a fixed answer given only while its switch is on).
     pub switches: &'a Arc<Switches>,
+    /// The limits' state of the routers built before, and the listener being built
+    /// (`127.0.0.1:8080`), which with the route and the rule names a limit.
+    pub kept: &'a Kept,
+    pub listener: &'a str,
+}
+
+/// The steps whose state outlives a reload, by what names them: the listener, the route's host
+/// and path, the rule's place among the route's expanded rules, its label and its whole action
+/// (a changed limit starts afresh). Held weakly: a step lives as long as a router uses it, so
+/// an entry outlives the last router that had the rule only until the next compile prunes it.
+#[derive(Default)]
+pub struct Kept(Mutex<HashMap<String, Weak<dyn Any + Send + Sync>>>);
+
+impl Kept {
+    /// The step kept under `key`, or `make`'s, kept from now on.
+    fn get_or<T: Any + Send + Sync>(&self, key: String, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut map = self.0.lock().expect("not poisoned");
+        map.retain(|_, kept| kept.strong_count() > 0);
+        if let Some(step) = (map.get(&key).and_then(Weak::upgrade)).and_then(|a| a.downcast().ok())
+        {
+            return step;
+        }
+        let step = Arc::new(make());
+        let erased: Arc<dyn Any + Send + Sync> = step.clone();
+        map.insert(key, Arc::downgrade(&erased));
+        step
+    }
 }
 
 /// A route's rules as steps, in order: its own, each `use` replaced by its policy's.
@@ -85,12 +116,21 @@ pub fn compile(route: &RouteConfig, policies: &Policies, env: &Env<'_>) -> Vec<G
     rules.sort_by_key(|e| !first(&e.rule.action));
     rules
         .into_iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
             let mut whens = e.outer;
             whens.extend(e.rule.when.as_ref());
+            let kept = |rule: &RuleConfig| {
+                let (l, host, path) = (env.listener, &route.host, &route.path);
+                format!(
+                    "{l} {host:?} {path:?} {i} {} {:?}",
+                    rule.label(),
+                    rule.action
+                )
+            };
             Guarded {
                 when: when::Matcher::of(whens),
-                step: step(e.rule, env),
+                step: step(e.rule, env, kept),
             }
         })
         .collect()
@@ -103,7 +143,8 @@ fn first(action: &Action) -> bool {
 }
 
 /// The step of one rule's action.
-fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
+/// `kept` names a stateful rule's state for [`Kept`].
+fn step(rule: &RuleConfig, env: &Env<'_>, kept: impl Fn(&RuleConfig) -> String) -> Arc<dyn Step> {
     let name = rule.label();
     match &rule.action {
         Action::Use(_) => unreachable!("expanded"),
@@ -126,10 +167,12 @@ fn step(rule: &RuleConfig, env: &Env<'_>) -> Arc<dyn Step> {
         Action::Redirect(r) => Arc::new(redirect::Redirect::new(r)),
         Action::ErrorPage(e) => Arc::new(error_page::ErrorPage::new(e)),
         // Limits.
-        Action::RateLimit(r) => {
-            Arc::new(rate::RateLimit::new(rule.label(), r, env.clock, env.fleet))
-        }
-        Action::InFlight(f) => Arc::new(in_flight::InFlight::new(rule.label(), f)),
+        Action::RateLimit(r) => env.kept.get_or(kept(rule), || {
+            rate::RateLimit::new(rule.label(), r, env.clock, env.fleet)
+        }),
+        Action::InFlight(f) => env
+            .kept
+            .get_or(kept(rule), || in_flight::InFlight::new(rule.label(), f)),
         Action::LimitRate(l) => Arc::new(pace::LimitRate::new(l)),
         Action::MaxBody(m) => Arc::new(max_body::MaxBody(m.0)),
         // Cache and traffic.

@@ -43,6 +43,8 @@ pub(super) struct RouterParts {
     pub http01: Arc<tls::acme::Http01>,
     /// The named switches rules answer by, the same across reloads.
     pub switches: Arc<crate::admin::Switches>,
+    /// Limits' state, kept across reloads for the rules that did not change.
+    pub kept: Arc<crate::rules::Kept>,
 }
 
 impl RouterParts {
@@ -60,6 +62,8 @@ impl RouterParts {
             fleet: self.fleet.as_ref(),
             clock: self.cache.clock(),
             switches: &self.switches,
+            kept: &self.kept,
+            listener: &l.addr.to_string(),
         };
         let mut router = Router::with_steps(
             l,

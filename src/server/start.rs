@@ -267,6 +267,7 @@ struct Shared {
     http01: Arc<tls::acme::Http01>,
     /// The named switches rules answer by (the admin API turns them), kept across reloads.
     switches: Arc<crate::admin::Switches>,
+    kept: Arc<crate::rules::Kept>,
     /// Each listener's TLS acceptor (None: plain), in configuration order.
     acceptors: Vec<Option<Arc<tls::Acceptor>>>,
 }
@@ -323,6 +324,7 @@ impl Shared {
             spans,
             http01,
             switches: Arc::default(),
+            kept: Arc::default(),
             acceptors,
         })
     }
@@ -339,6 +341,7 @@ impl Shared {
             spans: self.spans.clone(),
             http01: Arc::clone(&self.http01),
             switches: Arc::clone(&self.switches),
+            kept: Arc::clone(&self.kept),
         }
     }
 }
