@@ -188,7 +188,54 @@ pub fn push_filter(data: &[u8]) {
     }
 }
 
-pub const ALL: [Check; 10] = [
+/// imgproxy's and thumbor's URLs (the path after an image route's prefix): a parse either
+/// fails with a 400/403 or yields options whose cache key is stable, and whose geometry on a
+/// 640x856 source either fails or stays inside the limits, its crop inside the source.
+pub fn image_proxy_url(data: &[u8]) {
+    use larder::config::image_options::OptionList;
+    use larder::config::{ImgproxyConfig, ThumborConfig};
+    use larder::images::{imgproxy, pipeline, raster::Limits, thumbor};
+    let Ok(path) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut cfg = ImgproxyConfig::default();
+    cfg.presets.insert(
+        "thumb".into(),
+        OptionList::parse("rs:fill:100:100/q:80").unwrap(),
+    );
+    let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+    let parsed = [
+        imgproxy::parse(path, &cfg, now),
+        thumbor::parse(path, &ThumborConfig::default()),
+    ];
+    let limits = Limits {
+        max_pixels: 50_000_000,
+        max_dim: 4096,
+        max_frames: 100,
+        max_upscale: 2.0,
+        avif_speed: 10,
+        max_avif_pixels: 2_073_600,
+    };
+    for p in parsed.into_iter().flatten() {
+        assert_eq!(p.options.key(), p.options.clone().key());
+        if let Ok(g) = pipeline::geometry(640, 856, &p.options, &limits) {
+            assert!(
+                g.out.0 <= limits.max_dim && g.out.1 <= limits.max_dim,
+                "{g:?}"
+            );
+            assert!(g.out.0 >= 1 && g.out.1 >= 1, "{g:?}");
+            let plan = g.plan();
+            let (x, y, w, h) = plan.crop;
+            assert!(
+                x >= -0.5 && y >= -0.5 && w > 0.0 && h > 0.0,
+                "{g:?} {plan:?}"
+            );
+            assert!(x + w <= 640.5 && y + h <= 856.5, "{g:?} {plan:?}");
+        }
+    }
+}
+
+pub const ALL: [Check; 11] = [
     ("cache_control", cache_control),
     ("accept_encoding", accept_encoding),
     ("range", range),
@@ -199,4 +246,5 @@ pub const ALL: [Check; 10] = [
     ("vary", vary),
     ("entry_record", entry_record),
     ("push_filter", push_filter),
+    ("image_proxy_url", image_proxy_url),
 ];
