@@ -31,11 +31,11 @@ const SEEDS: &[&[u8]] = &[
     b"price < 100 and (color == \"r\\\"ed\" or tags[0] in [1, \"x\", null]) && !sold || $id != \"cars/1\"",
     // An entry record (larder::cache::record): two bodies, tags, a Vary selection.
     ENTRY_RECORD,
+    // An AVIF header: ftyp, meta (pitm, iprp: ipco with ispe, colr, irot; ipma), mdat.
+    b"\x00\x00\x00\x18ftypavif\x00\x00\x00\x00mif1avif\x00\x00\x00pmeta\x00\x00\x00\x00\x00\x00\x00\x0epitm\x00\x00\x00\x00\x00\x01\x00\x00\x00Viprp\x00\x00\x008ipco\x00\x00\x00\x14ispe\x00\x00\x00\x00\x00\x00\x02\x80\x00\x00\x01\xe0\x00\x00\x00\x13colrnclx\x00\x01\x00\x0d\x00\x01\x80\x00\x00\x00\x09irot\x01\x00\x00\x00\x16ipma\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x03\x81\x02\x83\x00\x00\x00\x0bmdat\x12\x00\x0a",
     // imgproxy's and thumbor's URLs.
     b"insecure/rs:fill:100:100:1/g:sm/c:0.5:300:nowe:10:5/pd:1:2:3:4/bg:ff0000/ex:1:ce/exar:1/dpr:2/z:1.5/pr:thumb/bl:2/sh:1/rot:90/fl:1:0/t:10:ff0000:1:1/q:80/mb:1000/plain/http%3A%2F%2Fa/b.jpg@webp",
     b"unsafe/trim/10x20:300x400/fit-in/-100x-0/left/top/smart/filters:quality(80):blur(2):fill(red):format(webp)/aHR0cDovL2EvYi5qcGc=",
-    // An AVIF header: ftyp, meta (pitm, iprp: ipco with ispe, colr, irot; ipma), mdat.
-    b"\x00\x00\x00\x18ftypavif\x00\x00\x00\x00mif1avif\x00\x00\x00pmeta\x00\x00\x00\x00\x00\x00\x00\x0epitm\x00\x00\x00\x00\x00\x01\x00\x00\x00Viprp\x00\x00\x008ipco\x00\x00\x00\x14ispe\x00\x00\x00\x00\x00\x00\x02\x80\x00\x00\x01\xe0\x00\x00\x00\x13colrnclx\x00\x01\x00\x0d\x00\x01\x80\x00\x00\x00\x09irot\x01\x00\x00\x00\x16ipma\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x03\x81\x02\x83\x00\x00\x00\x0bmdat\x12\x00\x0a",
 ];
 
 const ENTRY_RECORD: &[u8] = b"\x02\xf2\x93\x9ab\x00\xc8\x03\x00\x00\x00\x00\x00\x00\x00<\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x00kI\xd2\x00\x00\x00\x01\xf4\x00\x00\x00\x00\x00\x00\x00\x1e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x04etag\x00\x00\x00\x03\x22a\x22\x00\x00\x00\x04vary\x00\x00\x00 Accept-Language, Accept-Encoding\x00\x00\x00\x0ccontent-type\x00\x00\x00\x0atext/plain\x00\x00\x00\x01\x00\x00\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x0faccept-language\x01\x00\x00\x00\x02en\x02\x00\x00\x00\x00\x05hello\x01\x00\x00\x00\x02\x1f\x8b";
@@ -47,6 +47,17 @@ fn the_entry_record_seed_decodes() {
     let entry = larder::cache::Entry::decode(bytes::Bytes::from_static(ENTRY_RECORD)).unwrap();
     assert_eq!(entry.tags.len(), 1);
     assert!(entry.selection.varies());
+}
+
+/// The image URL seeds parse, so that their mutations reach the geometry checks.
+#[test]
+fn the_image_url_seeds_parse() {
+    let cfg = larder::config::ImgproxyConfig::default();
+    let now = std::time::SystemTime::now();
+    let imgproxy = std::str::from_utf8(SEEDS[SEEDS.len() - 2]).unwrap();
+    let thumbor = std::str::from_utf8(SEEDS[SEEDS.len() - 1]).unwrap();
+    larder::images::imgproxy::parse(imgproxy.replace("/pr:thumb", "").as_str(), &cfg, now).unwrap();
+    larder::images::thumbor::parse(thumbor, &Default::default()).unwrap();
 }
 
 const INTERESTING: &[&[u8]] = &[
