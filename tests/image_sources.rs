@@ -179,6 +179,35 @@ async fn origin_errors_are_not_found_or_failed_and_never_cached() {
 }
 
 #[tokio::test]
+async fn a_stale_original_stands_in_for_a_failing_origin_within_stale_if_error() {
+    let clock = Clock::adjustable();
+    let origin = Origin::start_at(&clock, |_, n| match n {
+        0 => Reply::ok("the original bytes")
+            .header("cache-control", "max-age=60, stale-if-error=300")
+            .header("etag", "\"v1\""),
+        2 => Reply::ok("not found").status(404),
+        _ => Reply::ok("error page").status(503),
+    })
+    .await;
+    let (s, clock) = sources_at(clock, &origin.url(), |_| {}).await;
+    let first = s.load(&rel("photo.jpg")).await.unwrap();
+    // Stale, and the origin fails: the stale copy, within its stale-if-error.
+    clock.advance(Duration::from_secs(120));
+    let stood_in = s.load(&rel("photo.jpg")).await.unwrap();
+    assert_eq!(origin.hits(), 2, "the origin was asked");
+    assert_eq!(&stood_in.data[..], b"the original bytes");
+    assert_eq!(stood_in.id, first.id);
+    // A 404 is an answer, not a failure: the original is gone.
+    let e = s.load(&rel("photo.jpg")).await.unwrap_err();
+    assert!(matches!(e, SourceError::NotFound), "{e}");
+    // Past stale-if-error (60 s fresh, 300 s more), a failure is a failure.
+    clock.advance(Duration::from_secs(250));
+    let e = s.load(&rel("photo.jpg")).await.unwrap_err();
+    assert!(matches!(e, SourceError::Failed(_)), "{e}");
+    assert_eq!(origin.hits(), 4);
+}
+
+#[tokio::test]
 async fn the_source_timeout_ends_a_slow_fetch() {
     let origin = Origin::start(|_, _| Reply::ok("late").delay(Duration::from_secs(5))).await;
     let (s, _) = sources(&origin.url(), |c| {

@@ -12,6 +12,7 @@
 //!                 ─▶ 404/410: NotFound; other non-2xx: Failed (502); nothing stored
 //!                 ─▶ Content-Length > max: TooLarge unread; body past max: TooLarge, cut off
 //!                 ─▶ stored by RFC 9111 (no-store: not stored) ─▶ followers get the same
+//!                 ─▶ failed with a stale copy within stale-if-error: the stale copy
 //! ```
 //!
 //! An original's `id` is the MD5 of its bytes (a fetched one: computed once per fetch and kept
@@ -241,13 +242,25 @@ impl Sources {
                 }
             }
         };
+        let kept = stale.clone();
         let exchange = self.exchange(from, key, target, stale, lease);
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let got = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(got) => got,
             Err(_) => Err(SourceError::Failed(format!(
                 "no original within source_timeout ({:?})",
                 self.timeout
             ))),
+        };
+        match (got, kept) {
+            // RFC 5861: a stale copy within its stale-if-error (or the cache's) stands in for
+            // an origin that failed (5xx, no connection, no answer in time); a 404 does not.
+            (Err(SourceError::Failed(why)), Some(e))
+                if e.freshness.serve_on_error(self.cache.clock().now()) =>
+            {
+                tracing::debug!(key = key.as_str(), why, "stale original served on error");
+                Ok(original_of(&e))
+            }
+            (got, _) => got,
         }
     }
 
