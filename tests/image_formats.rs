@@ -215,6 +215,23 @@ fn frames(b: &[u8]) -> Frames {
     }
 }
 
+/// The pixel at (`x`, `y`) of an 8-bit RGB or RGBA PNG, as RGBA.
+fn png_pixel(b: &[u8], x: usize, y: usize) -> [u8; 4] {
+    let mut d = png::Decoder::new(std::io::Cursor::new(b))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; d.output_buffer_size().unwrap()];
+    let info = d.next_frame(&mut buf).unwrap();
+    let c = info.color_type.samples();
+    let i = (y * info.width as usize + x) * c;
+    [
+        buf[i],
+        buf[i + 1],
+        buf[i + 2],
+        if c == 4 { buf[i + 3] } else { 255 },
+    ]
+}
+
 fn near(a: [u8; 4], b: [u8; 4]) -> bool {
     a.iter().zip(b).all(|(x, y)| x.abs_diff(y) <= 16)
 }
@@ -256,6 +273,7 @@ async fn animated_gif_resized_keeps_its_frames() {
     assert_eq!(r.status, 200, "{}", r.text());
     let p = sniff::probe(&r.body).unwrap();
     assert_eq!((p.format, p.frames, p.width), (ImageFormat::Png, 1, 50));
+    assert!(near(png_pixel(&r.body, 25, 25), RED), "the first frame");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -344,19 +362,9 @@ async fn progressive_jpeg_in_and_out() {
     assert_eq!(sof_markers(&progressive_jpeg()), [0xC2]);
     let r = get(l.addr, "/insecure/rs:force:32:24/plain/prog.jpg@png").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let mut d = png::Decoder::new(std::io::Cursor::new(&r.body[..]))
-        .read_info()
-        .unwrap();
-    let mut buf = vec![0; d.output_buffer_size().unwrap()];
-    let info = d.next_frame(&mut buf).unwrap();
-    assert_eq!((info.width, info.height), (32, 24));
-    let c = info.color_type.samples();
-    let px = |x: usize, y: usize| {
-        let i = (y * 32 + x) * c;
-        [buf[i], buf[i + 1], buf[i + 2], 255]
-    };
-    assert!(near(px(4, 12), RED), "{:?}", px(4, 12));
-    assert!(near(px(28, 12), BLUE), "{:?}", px(28, 12));
+    assert_eq!(sniff::probe(&r.body).unwrap().width, 32);
+    assert!(near(png_pixel(&r.body, 4, 12), RED));
+    assert!(near(png_pixel(&r.body, 28, 12), BLUE));
     // Out: baseline by default, progressive with the route's setting.
     let r = get(l.addr, "/insecure/rs:fit:50:50/plain/still.png@jpg").await;
     assert_eq!(r.status, 200, "{}", r.text());

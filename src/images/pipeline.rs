@@ -693,6 +693,36 @@ mod tests {
         geometry(sw, sh, &opts(s), &LIMITS).unwrap().out
     }
 
+    /// thumbor's `grayscale()` on a PNG: only a JPEG decoder makes gray pixels itself, and the
+    /// step was skipped for every source when the plan decoded "gray" (PNG, GIF, WebP and AVIF
+    /// stayed in colour).
+    #[test]
+    fn regression_grayscale_of_a_png_is_gray() {
+        let red = Raster {
+            width: 8,
+            height: 8,
+            channels: 3,
+            data: [200, 30, 30].repeat(64),
+        };
+        let src = codec::encode(&red, ImageFormat::Png, 75).unwrap();
+        let probe = crate::images::sniff::probe(&src).unwrap();
+        let o = Options {
+            grayscale: true,
+            ..Options::default()
+        };
+        let p = prepare(&probe, &o, Target::Keep, 75, &LIMITS).unwrap();
+        let out = run(&src, &probe, &o, &p, None, &LIMITS).unwrap();
+        let back = crate::images::sniff::probe(&out).unwrap();
+        let (img, _) = codec::decode(&out, &back, (8, 8), false, (0.0, 1.0), &LIMITS).unwrap();
+        assert!(
+            img.data
+                .chunks_exact(usize::from(img.channels))
+                .all(|px| px.len() < 3 || (px[0] == px[1] && px[1] == px[2])),
+            "{:?}",
+            &img.data[..4]
+        );
+    }
+
     #[test]
     fn resize_types() {
         assert_eq!(out(640, 856, "rs:fit:100:100"), (75, 100));
