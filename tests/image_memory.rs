@@ -1,7 +1,8 @@
 //! The memory a transform is admitted with (`transform::prepare`'s estimate, held from the
 //! route's `decode_memory` budget) bounds the heap it really uses: the peak of live Rust heap
 //! bytes during `transform::run`, counted by a wrapping global allocator, for every source
-//! format, resizing up and down, rotation, orientation, grayscale and every output format.
+//! format, resizing up and down, rotation, orientation, grayscale, every output format and
+//! animations (every frame).
 //! (libjpeg-turbo's and libwebp's own buffers are C allocations and not counted; their pixel
 //! buffers are counted where they are copied into Rust.)
 
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use common::{encode_png, exif_oriented, photo};
 use http::HeaderMap;
+use larder::images::animation::{self, Animation, Frame};
 use larder::images::codec::{self, Limits, Raster};
 use larder::images::params::{FormatChoice, Params, Resolved};
 use larder::images::sniff::{self, ImageFormat};
@@ -56,6 +58,8 @@ const LIMITS: Limits = Limits {
     max_upscale: 2.0,
     avif_speed: 10,
     max_avif_pixels: 2_073_600,
+    max_animation_pixels: 500_000_000,
+    jpeg_progressive: false,
 };
 
 fn gradient(w: u32, h: u32, channels: u8) -> Raster {
@@ -133,6 +137,25 @@ fn estimate_bounds_the_heap_a_transform_uses() {
     let gif = codec::encode(&gradient(300, 200, 4), ImageFormat::Gif, 75).unwrap();
     let webp = codec::encode(&gradient(300, 200, 3), ImageFormat::Webp, 75).unwrap();
     let avif = codec::encode(&gradient(300, 200, 4), ImageFormat::Avif, 75).unwrap();
+    // Five frames, every one decoded, transformed and held for the encoder.
+    let anim = Animation {
+        frames: (0..5)
+            .map(|i| {
+                let mut image = gradient(300, 200, 4);
+                image
+                    .data
+                    .iter_mut()
+                    .for_each(|v| *v = v.wrapping_add(i * 40));
+                Frame {
+                    image,
+                    delay_ms: 100,
+                }
+            })
+            .collect(),
+        plays: None,
+    };
+    let anim_gif = animation::encode(&anim, ImageFormat::Gif, 75).unwrap();
+    let anim_webp = animation::encode(&anim, ImageFormat::Webp, 75).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("jpeg thumb", photo.clone(), "w=100&h=100"),
         ("jpeg gray", photo.clone(), "w=100&h=100&g=1"),
@@ -149,6 +172,10 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("gif", gif, "w=150&f=gif"),
         ("webp", webp, "w=100&f=jpeg"),
         ("avif", avif, "f=png"),
+        ("gif animated", anim_gif.clone(), "w=150"),
+        ("gif anim to webp", anim_gif, "w=200&f=webp"),
+        ("webp animated", anim_webp.clone(), "w=100&h=100&p=1"),
+        ("webp anim to gif", anim_webp, "f=gif"),
     ];
     let mut over = Vec::new();
     for (name, src, q) in &cases {

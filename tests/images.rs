@@ -92,6 +92,8 @@ fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 500_000_000,
+        jpeg_progressive: false,
     };
     larder::images::codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
         .unwrap()
@@ -611,6 +613,8 @@ fn time_transform(
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 500_000_000,
+        jpeg_progressive: false,
     };
     let mut total = transform::Timing::default();
     let start = std::time::Instant::now();
@@ -897,6 +901,8 @@ fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 500_000_000,
+        jpeg_progressive: false,
     };
     let p = Params::parse("w=32&h=32&p=1&g=1&f=png").unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);

@@ -34,6 +34,10 @@ pub struct ImagesConfig {
     /// Most frames an animated GIF or WebP may have (upload and transform).
     #[serde(default = "ImagesConfig::default_max_frames")]
     pub max_frames: Bounded<1, 100_000>,
+    /// Most pixels of all an animation's frames together (width × height × frames, from the
+    /// header): an animated source is decoded whole, every frame, when the output animates.
+    #[serde(default = "ImagesConfig::default_max_animation_pixels")]
+    pub max_animation_pixels: Bounded<1, 10_000_000_000>,
     /// Recently used originals held in memory (bytes, scan-resistant), so a transform of a hot
     /// image reads no file; 0 reads every original from the store.
     #[serde(default = "ImagesConfig::default_originals_memory")]
@@ -74,6 +78,10 @@ pub struct ImagesConfig {
     /// Encoding quality (1-100) when a request has no `q`.
     #[serde(default = "ImagesConfig::default_quality")]
     pub default_quality: Bounded<1, 100>,
+    /// JPEG output is progressive (imgproxy's `IMGPROXY_JPEG_PROGRESSIVE`): a little smaller,
+    /// shown coarse first while loading, a little slower to encode.
+    #[serde(default)]
+    pub jpeg_progressive: bool,
     /// Store transform results in the shared cache (false: every request transforms).
     #[serde(default = "yes")]
     pub cache_results: bool,
@@ -302,6 +310,7 @@ impl ImagesConfig {
             max_pixels: Self::default_max_pixels(),
             max_output_dimension: Self::default_max_output(),
             max_frames: Self::default_max_frames(),
+            max_animation_pixels: Self::default_max_animation_pixels(),
             originals_memory: Self::default_originals_memory(),
             share_originals: false,
             workers: Bounded(0),
@@ -313,6 +322,7 @@ impl ImagesConfig {
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
             default_quality: Self::default_quality(),
+            jpeg_progressive: false,
             cache_results: true,
             upload_allow: Vec::new(),
             upload_token: false,
@@ -344,6 +354,10 @@ impl ImagesConfig {
     }
     fn default_max_frames() -> Bounded<1, 100_000> {
         Bounded(100)
+    }
+    /// 100 frames of 1000×1000 (imgproxy's default is 1 frame of 50 megapixels, 0 more).
+    fn default_max_animation_pixels() -> Bounded<1, 10_000_000_000> {
+        Bounded(100_000_000)
     }
     fn default_workers() -> Workers {
         Bounded(0)
@@ -440,6 +454,36 @@ mod tests {
             "t",
         );
         assert!(c.is_ok(), "{:?}", c.err());
+    }
+
+    /// The animation limit and progressive JPEG: defaults, and a bad value names key and line.
+    #[test]
+    fn animation_pixels_and_progressive() {
+        let route = |keys: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = {{ dir = \"/x\", {keys} }}\n"
+            )
+        };
+        let e = err(&route("max_animation_pixels = 0"));
+        assert!(
+            e.contains("line 4") && e.contains("images.max_animation_pixels`"),
+            "{e}"
+        );
+        let e = err(&route("jpeg_progressive = 1"));
+        assert!(e.contains("images.jpeg_progressive`"), "{e}");
+        let c = Config::parse(
+            &route("max_animation_pixels = 5000000, jpeg_progressive = true"),
+            "t",
+        )
+        .unwrap();
+        let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
+            panic!("images route")
+        };
+        assert_eq!(i.max_animation_pixels.get(), 5_000_000);
+        assert!(i.jpeg_progressive);
+        let d = super::ImagesConfig::new_dir("/x".into());
+        assert_eq!(d.max_animation_pixels.get(), 100_000_000);
+        assert!(!d.jpeg_progressive);
     }
 
     /// The `[admin]` token reaches the image route where its handler is built

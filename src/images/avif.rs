@@ -655,6 +655,8 @@ mod tests {
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 500_000_000,
+        jpeg_progressive: false,
     };
 
     /// A `w`×`h` raster of (x·k, y·k, 200[, alpha by column]) pixels.

@@ -1,14 +1,15 @@
 //! Decoding and encoding, one function per format: JPEG through libjpeg-turbo (DCT-scaled,
-//! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
-//! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
-//! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
-//! its own memory limit where it offers one; a bad image is an error, never a panic. Decoded
-//! pixels are sRGB: an embedded ICC profile is converted ([`super::colour`]) unless the caller
-//! keeps it, CMYK JPEGs are converted to RGB, 16-bit PNGs are rounded to 8 bits after their
-//! conversion. Output never carries the source's metadata, except its ICC profile when kept;
-//! alpha is flattened onto a background colour where the format has none (JPEG). The pixels,
-//! limits and errors they share are in [`super::raster`] (re-exported here), which avif imports
-//! rather than this file.
+//! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode, progressive
+//! when the route asks), PNG and GIF through the pure-Rust `png` and `gif` crates, WebP through
+//! libwebp (an animation's first frame here; every frame in [`super::animation`]), AVIF
+//! decoding in [`super::avif`] (rav1d) and encoding through rav1e (`ravif`). Every decoder is
+//! guarded by the header probe (pixel, frame and animation limits) and has its own memory limit
+//! where it offers one; a bad image is an error, never a panic. Decoded pixels are sRGB: an
+//! embedded ICC profile is converted ([`super::colour`]) unless the caller keeps it, CMYK JPEGs
+//! are converted to RGB, 16-bit PNGs are rounded to 8 bits after their conversion. Output never
+//! carries the source's metadata, except its ICC profile when kept; alpha is flattened onto a
+//! background colour where the format has none (JPEG). The pixels, limits and errors they share
+//! are in [`super::raster`] (re-exported here), which avif imports rather than this file.
 
 use std::io::Cursor;
 
@@ -19,7 +20,7 @@ use super::sniff::{ImageFormat, Probe};
 /// The background transparent pixels are flattened onto by default: white.
 pub const WHITE: [u8; 3] = [255, 255, 255];
 
-/// Refuses sources over the pixel or frame limits, from the header alone.
+/// Refuses sources over the pixel, frame or animation limits, from the header alone.
 pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {
     if p.pixels() > limits.max_pixels {
         return Err(CodecError::TooManyPixels {
@@ -31,6 +32,13 @@ pub fn check_limits(p: &Probe, limits: &Limits) -> Result<(), CodecError> {
         return Err(CodecError::TooManyFrames {
             frames: p.frames,
             limit: limits.max_frames,
+        });
+    }
+    let all = p.pixels().saturating_mul(u64::from(p.frames));
+    if p.frames > 1 && all > limits.max_animation_pixels {
+        return Err(CodecError::TooManyAnimationPixels {
+            pixels: all,
+            limit: limits.max_animation_pixels,
         });
     }
     Ok(())
@@ -221,42 +229,17 @@ fn decode_png(
     })
 }
 
+/// The first frame, composited onto the GIF's screen ([`super::animation`]'s drawing).
 fn decode_gif(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecError> {
-    let err = |e: gif::DecodingError| CodecError::Decode("GIF", e.to_string());
-    let mut opts = gif::DecodeOptions::new();
-    opts.set_color_output(gif::ColorOutput::RGBA);
-    let bytes = limits.max_pixels.saturating_mul(4).min(u64::from(u32::MAX));
-    opts.set_memory_limit(gif::MemoryLimit::Bytes(
-        std::num::NonZeroU64::new(bytes).unwrap_or(std::num::NonZeroU64::MIN),
-    ));
-    let mut d = opts.read_info(Cursor::new(src)).map_err(err)?;
-    let (sw, sh) = (u32::from(d.width()), u32::from(d.height()));
-    let (w, h) = (sw.max(1).min(p.width), sh.max(1).min(p.height));
+    let mut d = super::animation::gif_decoder(src, limits)?;
+    let (w, h) = super::animation::gif_screen(&d, p);
     let frame = d
         .read_next_frame()
-        .map_err(err)?
+        .map_err(|e| CodecError::Decode("GIF", e.to_string()))?
         .ok_or_else(|| CodecError::Decode("GIF", "no frame".into()))?;
-    // Compose the first frame onto a transparent screen.
+    // Onto a transparent screen.
     let mut data = vec![0u8; w as usize * h as usize * 4];
-    let (fl, ft) = (usize::from(frame.left), usize::from(frame.top));
-    let (fw, fh) = (usize::from(frame.width), usize::from(frame.height));
-    for y in 0..fh {
-        let ty = ft + y;
-        if ty >= h as usize {
-            break;
-        }
-        for x in 0..fw {
-            let tx = fl + x;
-            if tx >= w as usize {
-                break;
-            }
-            let s = (y * fw + x) * 4;
-            let t = (ty * w as usize + tx) * 4;
-            if let Some(px) = frame.buffer.get(s..s + 4) {
-                data[t..t + 4].copy_from_slice(px);
-            }
-        }
-    }
+    super::animation::gif_draw(&mut data, (w, h), frame);
     Ok(Raster {
         width: w,
         height: h,
@@ -313,6 +296,7 @@ pub fn encode_at(
             avif_speed,
             bg: WHITE,
             icc: None,
+            progressive: false,
         },
     )
 }
@@ -328,6 +312,8 @@ pub struct Output<'a> {
     pub bg: [u8; 3],
     /// An ICC profile the output carries (JPEG, PNG and WebP; the others have none).
     pub icc: Option<&'a [u8]>,
+    /// JPEG is progressive (SOF2, several scans).
+    pub progressive: bool,
 }
 
 /// Encodes as `out` says.
@@ -337,7 +323,7 @@ pub fn encode_with(
     out: &Output<'_>,
 ) -> Result<Vec<u8>, CodecError> {
     let bytes = match format {
-        ImageFormat::Jpeg => encode_jpeg(img, out.quality, out.bg)?,
+        ImageFormat::Jpeg => encode_jpeg(img, out.quality, out.bg, out.progressive)?,
         ImageFormat::Png => return encode_png(img, out.icc),
         ImageFormat::Gif => encode_gif(img)?,
         ImageFormat::Webp => encode_webp(img, out.quality)?,
@@ -350,7 +336,12 @@ pub fn encode_with(
     })
 }
 
-fn encode_jpeg(img: &Raster, quality: u8, bg: [u8; 3]) -> Result<Vec<u8>, CodecError> {
+fn encode_jpeg(
+    img: &Raster,
+    quality: u8,
+    bg: [u8; 3],
+    progressive: bool,
+) -> Result<Vec<u8>, CodecError> {
     let err = |e: turbojpeg::Error| CodecError::Encode("JPEG", e.to_string());
     let rgb;
     let (pixels, format, channels, subsamp) = if img.channels == 1 {
@@ -382,6 +373,7 @@ fn encode_jpeg(img: &Raster, quality: u8, bg: [u8; 3]) -> Result<Vec<u8>, CodecE
         };
         c.set_quality(i32::from(quality)).map_err(err)?;
         c.set_subsamp(subsamp).map_err(err)?;
+        c.set_progressive(progressive).map_err(err)?;
         let out = c
             .compress_to_owned(turbojpeg::Image {
                 pixels,
@@ -487,6 +479,8 @@ mod tests {
             max_upscale: 1.0,
             avif_speed: 10,
             max_avif_pixels: 2_073_600,
+            max_animation_pixels: 500_000_000,
+            jpeg_progressive: false,
         };
         // 100×134 needed: 2/8 (160×214) is the smallest scale at or above it.
         let (r, band) = decode(&b, &p, (100, 134), true, (0.0, 1.0), &limits).unwrap();
@@ -521,6 +515,8 @@ mod tests {
             max_upscale: 1.0,
             avif_speed: 10,
             max_avif_pixels: 2_073_600,
+            max_animation_pixels: 500_000_000,
+            jpeg_progressive: false,
         };
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x10\0\0\0\x10\x08\x02\0\0\0".to_vec();
         png.extend_from_slice(b"garbage garbage garbage");

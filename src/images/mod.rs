@@ -20,7 +20,8 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`colour`] (embedded ICC profiles to sRGB,
+//! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF and WebP: every
+//! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
@@ -34,6 +35,7 @@
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
 //! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`.
 
+pub mod animation;
 pub mod avif;
 pub mod codec;
 pub mod colour;
@@ -245,6 +247,8 @@ impl Images {
             max_upscale: cfg.max_upscale.0,
             avif_speed: cfg.avif_speed.get() as u8,
             max_avif_pixels: cfg.max_avif_pixels.get() as u64,
+            max_animation_pixels: cfg.max_animation_pixels.get() as u64,
+            jpeg_progressive: cfg.jpeg_progressive,
         };
         let mark = cfg.watermark.as_deref().and_then(|path| match load_mark(path, &limits) {
             Ok(r) => Some(Arc::new(r)),

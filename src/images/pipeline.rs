@@ -13,8 +13,11 @@
 //! turned at all) and then cropped and scaled in one SIMD resize ([`super::transform`]'s
 //! decode, band and resize, shared with zimg's API). [`prepare`] plans from the header alone,
 //! refuses requests over the route's limits (400/422) and estimates memory and cost (the pool
-//! admits by them); [`run`] does the work.
+//! admits by them); [`run`] does the work. An animated source whose output animates (GIF,
+//! WebP) runs every frame through the same steps with the first frame's layout
+//! ([`super::animation`]); other outputs take its first frame.
 
+use super::animation;
 use super::codec;
 use super::filters;
 use super::params::Target;
@@ -423,7 +426,12 @@ pub fn prepare(
         extra: canvases,
         encodes: if o.max_bytes > 0 { 3 } else { 1 },
     };
-    let (memory, cost) = transform::estimate(probe, &shape, limits.avif_speed);
+    let (mut memory, mut cost) = transform::estimate(probe, &shape, limits.avif_speed);
+    if animation::animates(probe, format) {
+        // Every frame is decoded and transformed, and all results are held for the encoder.
+        memory += animation::memory(probe, geometry.out);
+        cost = cost.saturating_mul(u64::from(probe.frames));
+    }
     Ok(Prepared {
         geometry,
         orientation,
@@ -440,7 +448,9 @@ pub fn prepare(
 /// Most encodes tried to fit `mb` (quality falls each time, as imgproxy's).
 const MAX_BYTES_TRIES: u32 = 8;
 
-/// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image.
+/// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image. An
+/// animation kept by the output runs frame by frame ([`animation`]), every frame with the
+/// first frame's layout (trim box, smart positions).
 pub fn run(
     src: &[u8],
     probe: &Probe,
@@ -449,19 +459,81 @@ pub fn run(
     mark: Option<&Raster>,
     limits: &Limits,
 ) -> Result<Vec<u8>, TransformError> {
-    let (ow, _) = transform::oriented_size(probe, p.orientation);
-    let (mut img, top) =
+    if animation::animates(probe, p.format) {
+        let mut first: Option<Layout> = None;
+        let anim = animation::map_frames(src, probe, limits, |frame| {
+            let frame = transform::orient(frame, p.orientation);
+            match &first {
+                Some(l) => render(l.trimmed(frame), 0, l, o, p, mark),
+                None => {
+                    let (frame, l) = layout(frame, 0, probe, o, p, limits)?;
+                    render(frame, 0, first.insert(l), o, p, mark)
+                }
+            }
+        })?;
+        return encode(p.format, p.quality, o.max_bytes, |q| {
+            animation::encode(&anim, p.format, q)
+        });
+    }
+    let (img, top) =
         transform::decode_oriented(src, probe, p.orientation, p.need, p.gray, p.rows, limits)?;
-    let mut g = p.geometry;
-    let mut source_w = ow;
+    let (img, l) = layout(img, top, probe, o, p, limits)?;
+    let img = render(img, top, &l, o, p, mark)?;
+    let out = |quality| codec::Output {
+        quality,
+        avif_speed: limits.avif_speed,
+        bg: codec::WHITE,
+        icc: None,
+        progressive: limits.jpeg_progressive,
+    };
+    encode(p.format, p.quality, o.max_bytes, |q| {
+        codec::encode_with(&img, p.format, &out(q))
+    })
+}
+
+/// Where the result comes from in a decoded image: the geometry once trimmed and smart
+/// positions are known, the trim box, and the width of the source the geometry is in.
+struct Layout {
+    g: Geometry,
+    trim: Option<(u32, u32, u32, u32)>,
+    source_w: u32,
+}
+
+impl Layout {
+    /// `img` cut to the trim box.
+    fn trimmed(&self, img: Raster) -> Raster {
+        match self.trim {
+            Some(b) => sub(&img, b),
+            None => img,
+        }
+    }
+}
+
+/// The layout found in `img` (decoded and turned, its rows from `top`), and `img` trimmed.
+fn layout(
+    mut img: Raster,
+    top: u32,
+    probe: &Probe,
+    o: &Options,
+    p: &Prepared,
+    limits: &Limits,
+) -> Result<(Raster, Layout), TransformError> {
+    let (ow, _) = transform::oriented_size(probe, p.orientation);
+    let mut l = Layout {
+        g: p.geometry,
+        trim: None,
+        source_w: ow,
+    };
     if let Some(t) = &o.trim {
         let (x, y, w, h) = filters::trim_box(&img, t);
         if (w, h) != (img.width, img.height) && w > 0 && h > 0 {
+            l.trim = Some((x, y, w, h));
             img = sub(&img, (x, y, w, h));
-            g = geometry(w, h, o, limits)?;
-            source_w = w;
+            l.g = geometry(w, h, o, limits)?;
+            l.source_w = w;
         }
     }
+    let (g, source_w) = (&mut l.g, l.source_w);
     // Smart positions, from the decoded pixels (k: decoded pixels per source pixel).
     let k = f64::from(img.width) / f64::from(source_w);
     if g.smart_crop {
@@ -489,8 +561,22 @@ pub fn run(
         g.result.0 = (f64::from(x) / k * g.scale.0).round();
         g.result.1 = (f64::from(y) / k * g.scale.1).round();
     }
+    Ok((img, l))
+}
+
+/// `img` (trimmed, its rows from `top`) made into the result by `l`: cropped and scaled,
+/// filtered, extended, padded, flattened, watermarked; not yet encoded.
+fn render(
+    img: Raster,
+    top: u32,
+    l: &Layout,
+    o: &Options,
+    p: &Prepared,
+    mark: Option<&Raster>,
+) -> Result<Raster, TransformError> {
+    let g = &l.g;
     let plan = g.plan();
-    let crop = transform::in_decoded(plan.crop, &img, top, source_w);
+    let crop = transform::in_decoded(plan.crop, &img, top, l.source_w);
     let mut img = transform::resize(img, crop, plan.out)?;
 
     if o.blur > 0.0 {
@@ -502,7 +588,8 @@ pub fn run(
     if o.pixelate > 0 {
         img = filters::pixelate(&img, o.pixelate);
     }
-    if o.grayscale && !p.gray {
+    // Only a JPEG decoder makes gray pixels itself (`p.gray`); the others give colour.
+    if o.grayscale && (!p.gray || img.channels != 1) {
         img = img.to_gray();
     }
     let (cw, ch, cx, cy) = g.canvas;
@@ -519,23 +606,22 @@ pub fn run(
     if let (Some(wm), Some(mark)) = (&o.watermark, mark) {
         filters::watermark(&mut img, mark, wm);
     }
-    encode(&img, p.format, p.quality, o.max_bytes, limits)
+    Ok(img)
 }
 
 /// Encodes at `quality`, then lower while the result is over `max_bytes` (0: no limit):
 /// imgproxy's steps (¼, ½ or ¾ of the quality by how far over), at most [`MAX_BYTES_TRIES`]
 /// encodes, never below quality 10; the last try is returned when nothing fits.
 fn encode(
-    img: &Raster,
     format: ImageFormat,
     quality: u8,
     max_bytes: u64,
-    limits: &Limits,
+    mut at: impl FnMut(u8) -> Result<Vec<u8>, codec::CodecError>,
 ) -> Result<Vec<u8>, TransformError> {
     let mut q = quality.max(1);
     let mut tries = 0;
     loop {
-        let out = codec::encode_at(img, format, q, limits.avif_speed)?;
+        let out = at(q)?;
         tries += 1;
         let len = out.len() as u64;
         let lossy = matches!(
@@ -593,6 +679,8 @@ mod tests {
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 500_000_000,
+        jpeg_progressive: false,
     };
 
     fn opts(s: &str) -> Options {
@@ -603,6 +691,36 @@ mod tests {
 
     fn out(sw: u32, sh: u32, s: &str) -> (u32, u32) {
         geometry(sw, sh, &opts(s), &LIMITS).unwrap().out
+    }
+
+    /// thumbor's `grayscale()` on a PNG: only a JPEG decoder makes gray pixels itself, and the
+    /// step was skipped for every source when the plan decoded "gray" (PNG, GIF, WebP and AVIF
+    /// stayed in colour).
+    #[test]
+    fn regression_grayscale_of_a_png_is_gray() {
+        let red = Raster {
+            width: 8,
+            height: 8,
+            channels: 3,
+            data: [200, 30, 30].repeat(64),
+        };
+        let src = codec::encode(&red, ImageFormat::Png, 75).unwrap();
+        let probe = crate::images::sniff::probe(&src).unwrap();
+        let o = Options {
+            grayscale: true,
+            ..Options::default()
+        };
+        let p = prepare(&probe, &o, Target::Keep, 75, &LIMITS).unwrap();
+        let out = run(&src, &probe, &o, &p, None, &LIMITS).unwrap();
+        let back = crate::images::sniff::probe(&out).unwrap();
+        let (img, _) = codec::decode(&out, &back, (8, 8), false, (0.0, 1.0), &LIMITS).unwrap();
+        assert!(
+            img.data
+                .chunks_exact(usize::from(img.channels))
+                .all(|px| px.len() < 3 || (px[0] == px[1] && px[1] == px[2])),
+            "{:?}",
+            &img.data[..4]
+        );
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub enum CodecError {
     TooManyPixels { pixels: u64, limit: u64 },
     #[error("image has {frames} frames, more than the limit of {limit}")]
     TooManyFrames { frames: u32, limit: u32 },
+    #[error("animation has {pixels} pixels in all its frames, more than the limit of {limit}")]
+    TooManyAnimationPixels { pixels: u64, limit: u64 },
     #[error("this transform needs about {need} bytes of memory, more than the route's decode_memory of {budget}")]
     OverMemoryBudget { need: u64, budget: u64 },
     #[error("cannot decode {0}: {1}")]
@@ -100,7 +102,8 @@ pub enum CodecError {
 }
 
 /// Limits a transform runs under: the source's size and frames (checked here, from the header),
-/// the output's, and AVIF's cost.
+/// the output's, and AVIF's cost; and the route's encoding settings (AVIF's speed, progressive
+/// JPEG).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_pixels: u64,
@@ -112,4 +115,8 @@ pub struct Limits {
     pub avif_speed: u8,
     /// Largest AVIF output, in pixels.
     pub max_avif_pixels: u64,
+    /// Most pixels of all an animation's frames together (width × height × frames).
+    pub max_animation_pixels: u64,
+    /// JPEG output is progressive (SOF2).
+    pub jpeg_progressive: bool,
 }

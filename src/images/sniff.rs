@@ -61,6 +61,14 @@ impl Probe {
 pub enum SniffError {
     #[error("not a JPEG, PNG, GIF, WebP or AVIF image")]
     Unknown,
+    /// SVG is refused rather than rasterized (no rasterizer is built in) or passed through
+    /// (an SVG may carry scripts: serving it from the image route's origin would need a
+    /// sanitiser, an XSS risk of its own).
+    #[error(
+        "SVG sources are not served: larder does not rasterize SVG, and does not pass it \
+         through (an SVG may carry scripts)"
+    )]
+    Svg,
     #[error("truncated or malformed {0} header")]
     Malformed(&'static str),
 }
@@ -95,7 +103,13 @@ fn is_avif_compatible(b: &[u8]) -> bool {
 
 /// Format, dimensions, frames and orientation from the headers.
 pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
-    let format = format(b).ok_or(SniffError::Unknown)?;
+    let format = format(b).ok_or_else(|| {
+        if is_svg(b) {
+            SniffError::Svg
+        } else {
+            SniffError::Unknown
+        }
+    })?;
     let mut p = Probe {
         format,
         width: 0,
@@ -121,6 +135,45 @@ pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
         return Err(SniffError::Malformed(format.name()));
     }
     Ok(p)
+}
+
+/// Whether `b` is SVG text: `<svg` after an optional BOM, XML declaration, comments,
+/// processing instructions, a doctype and white space, looked for in the first 64 KiB.
+pub fn is_svg(b: &[u8]) -> bool {
+    let mut t = &b[..b.len().min(64 << 10)];
+    t = t.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(t);
+    // The length of `t` up to and past `close`; None when unterminated.
+    let skip = |t: &[u8], close: &[u8]| -> Option<usize> {
+        t.windows(close.len())
+            .position(|w| w == close)
+            .map(|i| i + close.len())
+    };
+    loop {
+        let start = t.iter().position(|c| !c.is_ascii_whitespace());
+        t = &t[start.unwrap_or(t.len())..];
+        let past = if t.starts_with(b"<?") {
+            skip(t, b"?>")
+        } else if t.starts_with(b"<!--") {
+            skip(t, b"-->")
+        } else if t.len() >= 9 && t[..9].eq_ignore_ascii_case(b"<!DOCTYPE") {
+            // An internal subset ends with `]>`.
+            match (
+                t.iter().position(|&c| c == b'['),
+                t.iter().position(|&c| c == b'>'),
+            ) {
+                (Some(open), Some(end)) if open < end => skip(t, b"]>"),
+                (_, end) => end.map(|e| e + 1),
+            }
+        } else {
+            return t.starts_with(b"<svg")
+                && t.get(4)
+                    .is_some_and(|&c| c.is_ascii_whitespace() || c == b'>' || c == b'/');
+        };
+        match past {
+            Some(n) => t = &t[n..],
+            None => return false,
+        }
+    }
 }
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
@@ -636,6 +689,29 @@ mod tests {
         assert_eq!(orientation(0, Some(0)), 2);
         assert_eq!(orientation(3, Some(0)), 5);
         assert_eq!(orientation(2, Some(1)), 2);
+    }
+
+    #[test]
+    fn svg_text_is_recognised_and_refused() {
+        for svg in [
+            "<svg xmlns=\"http://www.w3.org/2000/svg\"/>",
+            "\u{FEFF}<?xml version=\"1.0\"?>\n<!-- made by hand -->\n<svg>",
+            "<?xml version=\"1.0\" standalone=\"no\"?>\n<!DOCTYPE svg PUBLIC \"-//W3C//DTD SVG 1.1//EN\" \"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd\">\n<svg width=\"10\">",
+            "<!DOCTYPE svg [ <!ENTITY a \"b\"> ]>\r\n  <svg\tviewBox=\"0 0 1 1\"></svg>",
+        ] {
+            assert!(is_svg(svg.as_bytes()), "{svg}");
+            assert_eq!(probe(svg.as_bytes()), Err(SniffError::Svg), "{svg}");
+        }
+        for not in [
+            "<html><svg></svg></html>",
+            "<svgfoo>",
+            "<!-- unterminated <svg>",
+            "<?xml version=\"1.0\"?><rss/>",
+            "",
+        ] {
+            assert!(!is_svg(not.as_bytes()), "{not}");
+        }
+        assert!(SniffError::Svg.to_string().contains("SVG"));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! plan the geometry → decode (shrinking on load) → orient → crop+resize (SIMD) → rotate →
 //! grayscale → encode. Decoding converts to sRGB (or keeps the source's profile, `keep_icc`);
 //! encoding flattens alpha onto `bg` where the format has none; a `smart` crop is placed on
-//! the content ([`super::smart`]). [`prepare`] plans from the
+//! the content ([`super::smart`]); an animation the output keeps (GIF, WebP) runs frame by
+//! frame with the first frame's crop ([`super::animation`]). [`prepare`] plans from the
 //! header alone and estimates the peak memory and CPU cost (never enlarging past
 //! `max_upscale`, holding AVIF output to its pixel cap); [`run`] returns the encoded bytes and
 //! the time spent in each step.
@@ -253,7 +254,13 @@ impl Prepared {
             extra: 0,
             encodes: 1,
         };
-        estimate(probe, &shape, avif_speed)
+        let (mut memory, mut cost) = estimate(probe, &shape, avif_speed);
+        if super::animation::animates(probe, self.format) {
+            // Every frame is decoded and transformed, and all results are held for the encoder.
+            memory += super::animation::memory(probe, shape.encoded);
+            cost = cost.saturating_mul(u64::from(probe.frames));
+        }
+        (memory, cost)
     }
 }
 
@@ -452,6 +459,28 @@ pub fn run(
     let (ow, _) = oriented_size(probe, probe.orientation);
 
     let start = Instant::now();
+    let place = |img: &Raster, top: u32| {
+        let crop = in_decoded(plan.crop, img, top, ow);
+        // A smart crop keeps the planned size and moves it to the content.
+        if r.smart_cover() {
+            super::smart::place(img, crop)
+        } else {
+            crop
+        }
+    };
+    if super::animation::animates(probe, p.format) {
+        // Every frame with the first frame's crop; decode and resize interleave.
+        let mut crop = None;
+        let anim = super::animation::map_frames(src, probe, limits, |img| {
+            let c = *crop.get_or_insert_with(|| place(&img, 0));
+            finish(img, c, plan.out, r)
+        })?;
+        t.resize = start.elapsed();
+        let start = Instant::now();
+        let out = super::animation::encode(&anim, p.format, r.quality)?;
+        t.encode = start.elapsed();
+        return Ok((out, t));
+    }
     // A kept profile must be one the output can carry, and fit its pixels (not a gray output).
     let keep_icc = r.keep_icc
         && !r.gray
@@ -468,20 +497,8 @@ pub fn run(
     t.decode = start.elapsed();
 
     let start = Instant::now();
-    let crop = in_decoded(plan.crop, &img, band.top, ow);
-    // A smart crop keeps the planned size and moves it to the content.
-    let crop = if r.smart_cover() {
-        super::smart::place(&img, crop)
-    } else {
-        crop
-    };
-    let mut img = resize(img, crop, plan.out)?;
-    if r.r != 0 {
-        img = rotate(&img, r.r);
-    }
-    if r.gray {
-        img = img.to_gray();
-    }
+    let crop = place(&img, band.top);
+    let img = finish(img, crop, plan.out, r)?;
     t.resize = start.elapsed();
 
     let start = Instant::now();
@@ -493,10 +510,28 @@ pub fn run(
             avif_speed: limits.avif_speed,
             bg: r.bg,
             icc: icc.as_deref(),
+            progressive: limits.jpeg_progressive,
         },
     )?;
     t.encode = start.elapsed();
     Ok((out, t))
+}
+
+/// `crop` of `img` scaled to `out`, rotated and grayed as `r` asks.
+fn finish(
+    img: Raster,
+    crop: (f64, f64, f64, f64),
+    out: (u32, u32),
+    r: &Resolved,
+) -> Result<Raster, CodecError> {
+    let mut img = resize(img, crop, out)?;
+    if r.r != 0 {
+        img = rotate(&img, r.r);
+    }
+    if r.gray {
+        img = img.to_gray();
+    }
+    Ok(img)
 }
 
 /// Crops `crop` (in `img` pixels) and scales it to `out`, with SIMD convolution.
@@ -723,6 +758,8 @@ mod tests {
             max_upscale: 1.0,
             avif_speed: 10,
             max_avif_pixels: 1 << 20,
+            max_animation_pixels: 500_000_000,
+            jpeg_progressive: false,
         }
     }
 
