@@ -22,7 +22,7 @@ use super::raster::{Limits, Raster};
 use super::smart;
 use super::sniff::{ImageFormat, Probe};
 use super::transform::{self, Plan, Shape, TransformError};
-use crate::config::image_options::{Gravity, GravityType, Options, ResizeType};
+use crate::config::image_options::{Compass, Gravity, GravityType, Options, ResizeType};
 use crate::config::image_params::FormatChoice;
 
 /// The geometry of one request, in the turned source's pixels.
@@ -82,15 +82,9 @@ fn anchor(g: &Gravity, outer: (f64, f64), inner: (f64, f64), offset_scale: f64) 
     let (ox, oy) = (off(g.x, outer.0), off(g.y, outer.1));
     let (fw, fh) = (outer.0 - inner.0, outer.1 - inner.1);
     let (x, y) = match g.kind {
-        GravityType::Center | GravityType::Smart => (fw / 2.0 + ox, fh / 2.0 + oy),
-        GravityType::North => (fw / 2.0 + ox, oy),
-        GravityType::South => (fw / 2.0 + ox, fh - oy),
-        GravityType::East => (fw - ox, fh / 2.0 + oy),
-        GravityType::West => (ox, fh / 2.0 + oy),
-        GravityType::NorthEast => (fw - ox, oy),
-        GravityType::NorthWest => (ox, oy),
-        GravityType::SouthEast => (fw - ox, fh - oy),
-        GravityType::SouthWest => (ox, fh - oy),
+        GravityType::Compass(c) => c.anchor((fw, fh), (ox, oy)),
+        // Placed by the smart crop's own search where it applies; centred otherwise.
+        GravityType::Smart => Compass::Center.anchor((fw, fh), (ox, oy)),
         GravityType::FocusPoint(fx, fy) => {
             (fx * outer.0 - inner.0 / 2.0, fy * outer.1 - inner.1 / 2.0)
         }
