@@ -50,6 +50,7 @@ pub mod sniff;
 pub mod source;
 pub mod storage;
 pub mod thumbor;
+pub mod stats;
 pub mod transform;
 pub mod upload;
 
@@ -64,6 +65,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use crate::body::Body;
 use crate::cache::policy::Freshness;
+use crate::access_log::ImageServed;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Purge, Reach};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
@@ -210,6 +212,8 @@ struct Inner {
     mark: Option<Arc<Raster>>,
 }
 
+    /// What the route counts into the server's metrics.
+    stats: stats::Stats,
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
@@ -258,6 +262,7 @@ impl Images {
                 mark,
                 pool: Pool::new(
                     cfg.workers.as_usize(),
+                stats: stats::Stats::default(),
                     cfg.queue_depth.get() as usize,
                     cfg.decode_memory.0,
                     cfg.queue_timeout.0,
@@ -282,6 +287,12 @@ impl Images {
 
     /// Where the originals are, for logs.
     pub fn source(&self) -> String {
+    /// Counts the route's transforms and originals into `m` (the server's metrics, when it
+    /// counts requests).
+    pub fn count_into(&self, m: &Arc<crate::metrics::Metrics>) {
+        self.inner.stats.count_into(m);
+    }
+
         let uploads = self.inner.store.as_ref().map(|s| s.describe());
         match (uploads, self.inner.sources.describe()) {
             (Some(u), Some(o)) => format!("{u}, originals from {o}"),
@@ -441,12 +452,17 @@ impl Images {
         let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
         if let Some(name) = params.t.take() {
             let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
+        let mut served = ImageServed {
+            grammar: Grammar::Zimg.name(),
+            presets: Box::from(""),
+        };
                 name: "t",
                 reason: format!("no preset named `{name}`"),
             })?;
             params = params.over(&preset.0);
         }
         let resolved = Resolved::new(
+            served.presets = name.into_boxed_str();
             &params,
             inner.cfg.default_format,
             inner.cfg.default_quality.get() as u8,
@@ -458,7 +474,8 @@ impl Images {
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
         let fill = Arc::clone(inner);
-        cached(inner, req, key, move || fill.make(md5, resolved)).await
+        let made = cached(inner, req, key, move || fill.make(md5, resolved)).await;
+        Ok(noted(made?, served))
     }
 
     /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
@@ -486,7 +503,9 @@ impl Images {
                 reason: "this route has no `watermark` image".into(),
             }));
         }
-        let original = inner.sources.load(&source).await?;
+        let original = inner.sources.load(&source).await;
+        inner.stats.source(&original);
+        let original = original?;
         let probe = sniff::probe(&original.data)?;
         let target = Target::choose(
             options.format.unwrap_or(inner.cfg.default_format),
@@ -523,14 +542,13 @@ impl Images {
                 target.key()
             ),
         );
-        tracing::debug!(
-            grammar = grammar.name(),
-            presets = options.presets.join(",").as_str(),
-            "image proxy request"
-        );
+        let served = ImageServed {
+            grammar: grammar.name(),
+            presets: options.presets.join(",").into_boxed_str(),
+        };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
-        cached(inner, req, key, move || async move {
+        let made = cached(inner, req, key, move || async move {
             let Original { data, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
@@ -543,9 +561,9 @@ impl Images {
                     let mark = fill.mark.clone();
                     let format = prepared.format;
                     let memory = prepared.memory;
-                    let ran = fill
-                        .pool
-                        .run(job, move || {
+                    let source_len = data.len();
+                    let (ran, nanos) = (fill.stats)
+                        .run(&fill.pool, job, move || {
                             pipeline::run(
                                 &data,
                                 &probe,
@@ -557,7 +575,9 @@ impl Images {
                         })
                         .await?;
                     crate::memory::memory_freed(memory);
-                    (Bytes::from(ran?), format)
+                    let out = ran?;
+                    (fill.stats).transformed(grammar, format, nanos, source_len, out.len());
+                    (Bytes::from(out), format)
                 }
             };
             let now = fill.cache.clock().now();
@@ -566,12 +586,19 @@ impl Images {
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
-        .await
+        .await;
+        Ok(noted(made?, served))
     }
 }
 
 /// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
 /// requests of the key: the first makes it in a task of its own, which completes and feeds the
+/// `r` with what the access log says of the image request it answers.
+fn noted(mut r: Response<Body>, served: ImageServed) -> Response<Body> {
+    r.extensions_mut().insert(served);
+    r
+}
+
 /// others even if its client goes away; another node may have made it already, the shared
 /// tier, or be making it, its lease). Without `cache_results`, made for every request.
 async fn cached<F, Fut>(
@@ -699,9 +726,9 @@ impl Inner {
                 memory: prepared.memory,
                 cost: prepared.cost,
             };
-            let ran = self
-                .pool
-                .run(job, move || {
+            let source_len = data.len();
+            let (ran, nanos) = (self.stats)
+                .run(&self.pool, job, move || {
                     transform::run(&data, &probe, &resolved, &limits)
                 })
                 .await?;
@@ -711,6 +738,7 @@ impl Inner {
             let format = prepared.format;
             tracing::debug!(
                 md5 = md5.as_str(),
+            (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
                 params = key.as_str(),
                 decode_us = timing.decode.as_micros() as u64,
                 resize_us = timing.resize.as_micros() as u64,
