@@ -28,7 +28,8 @@
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
 //! (their originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no uploads),
 //! [`filters`] and [`smart`] (pixel filters, content-aware crop placement: edges, skin,
-//! saturation).
+//! saturation), [`metadata`] (the original's EXIF, XMP and ICC profile a result keeps), [`stats`]
+//! (what the routes count into the server's metrics).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
@@ -41,6 +42,7 @@ pub mod filters;
 pub mod grammar;
 pub mod imgproxy;
 pub mod jpeg;
+pub mod metadata;
 pub mod params;
 pub mod pipeline;
 pub mod pool;
@@ -48,9 +50,9 @@ pub mod raster;
 pub mod smart;
 pub mod sniff;
 pub mod source;
+pub mod stats;
 pub mod storage;
 pub mod thumbor;
-pub mod stats;
 pub mod transform;
 pub mod upload;
 
@@ -63,9 +65,9 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
+use crate::access_log::ImageServed;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
-use crate::access_log::ImageServed;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Purge, Reach};
 use crate::compress::Encoding;
 use crate::config::ImagesConfig;
@@ -210,10 +212,10 @@ struct Inner {
     limits: Limits,
     /// The route's `watermark` image, decoded at start.
     mark: Option<Arc<Raster>>,
-}
-
     /// What the route counts into the server's metrics.
     stats: stats::Stats,
+}
+
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
@@ -260,9 +262,9 @@ impl Images {
         Images {
             inner: Arc::new(Inner {
                 mark,
+                stats: stats::Stats::default(),
                 pool: Pool::new(
                     cfg.workers.as_usize(),
-                stats: stats::Stats::default(),
                     cfg.queue_depth.get() as usize,
                     cfg.decode_memory.0,
                     cfg.queue_timeout.0,
@@ -285,14 +287,14 @@ impl Images {
         self.inner.admin_token.as_deref()
     }
 
-    /// Where the originals are, for logs.
-    pub fn source(&self) -> String {
     /// Counts the route's transforms and originals into `m` (the server's metrics, when it
     /// counts requests).
     pub fn count_into(&self, m: &Arc<crate::metrics::Metrics>) {
         self.inner.stats.count_into(m);
     }
 
+    /// Where the originals are, for logs.
+    pub fn source(&self) -> String {
         let uploads = self.inner.store.as_ref().map(|s| s.describe());
         match (uploads, self.inner.sources.describe()) {
             (Some(u), Some(o)) => format!("{u}, originals from {o}"),
@@ -450,19 +452,19 @@ impl Images {
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
         let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
-        if let Some(name) = params.t.take() {
-            let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
         let mut served = ImageServed {
             grammar: Grammar::Zimg.name(),
             presets: Box::from(""),
         };
+        if let Some(name) = params.t.take() {
+            let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
                 name: "t",
                 reason: format!("no preset named `{name}`"),
             })?;
             params = params.over(&preset.0);
+            served.presets = name.into_boxed_str();
         }
         let resolved = Resolved::new(
-            served.presets = name.into_boxed_str();
             &params,
             inner.cfg.default_format,
             inner.cfg.default_quality.get() as u8,
@@ -591,14 +593,14 @@ impl Images {
     }
 }
 
-/// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
-/// requests of the key: the first makes it in a task of its own, which completes and feeds the
 /// `r` with what the access log says of the image request it answers.
 fn noted(mut r: Response<Body>, served: ImageServed) -> Response<Body> {
     r.extensions_mut().insert(served);
     r
 }
 
+/// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
+/// requests of the key: the first makes it in a task of its own, which completes and feeds the
 /// others even if its client goes away; another node may have made it already, the shared
 /// tier, or be making it, its lease). Without `cache_results`, made for every request.
 async fn cached<F, Fut>(
@@ -736,9 +738,9 @@ impl Inner {
             crate::memory::memory_freed(prepared.memory);
             let (out, timing) = ran?;
             let format = prepared.format;
+            (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
             tracing::debug!(
                 md5 = md5.as_str(),
-            (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
                 params = key.as_str(),
                 decode_us = timing.decode.as_micros() as u64,
                 resize_us = timing.resize.as_micros() as u64,

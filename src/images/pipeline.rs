@@ -17,6 +17,7 @@
 
 use super::codec;
 use super::filters;
+use super::metadata;
 use super::params::Target;
 use super::raster::{Limits, Raster};
 use super::smart;
@@ -444,8 +445,24 @@ pub fn run(
     limits: &Limits,
 ) -> Result<Vec<u8>, TransformError> {
     let (ow, _) = transform::oriented_size(probe, p.orientation);
-    let (mut img, top) =
-        transform::decode_oriented(src, probe, p.orientation, p.need, p.gray, p.rows, limits)?;
+    // A kept profile (scp:0) must be one the output carries and fit its pixels.
+    let keep_icc = metadata::keeps_icc(o)
+        && !p.gray
+        && !o.grayscale
+        && matches!(
+            p.format,
+            ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
+        );
+    let (mut img, top, icc) = transform::decode_oriented(
+        src,
+        probe,
+        p.orientation,
+        p.need,
+        p.gray,
+        p.rows,
+        limits,
+        keep_icc,
+    )?;
     let mut g = p.geometry;
     let mut source_w = ow;
     if let Some(t) = &o.trim {
@@ -513,7 +530,9 @@ pub fn run(
     if let (Some(wm), Some(mark)) = (&o.watermark, mark) {
         filters::watermark(&mut img, mark, wm);
     }
-    encode(&img, p.format, p.quality, o.max_bytes, limits)
+    let out = encode(&img, p.format, p.quality, o.max_bytes, limits)?;
+    let kept = metadata::keep(src, probe.format, o, icc);
+    Ok(metadata::embed(out, p.format, &kept))
 }
 
 /// Encodes at `quality`, then lower while the result is over `max_bytes` (0: no limit):

@@ -503,7 +503,9 @@ fn apply_filter(
         }
         "strip_exif" => {
             arity(name, args, 0, 0)?;
+            // All of it: thumbor keeps no copyright either.
             o.strip_metadata = Some(true);
+            o.keep_copyright = Some(false);
         }
         "max_bytes" => {
             arity(name, args, 1, 1)?;
@@ -892,6 +894,7 @@ mod tests {
         assert!(o.grayscale);
         assert_eq!(o.strip_color_profile, Some(true));
         assert_eq!(o.strip_metadata, Some(true));
+        assert_eq!(o.keep_copyright, Some(false), "thumbor strips the copyright too");
         assert_eq!(o.max_bytes, 9000);
         assert_eq!(opts("unsafe/filters:blur(4,%202.5)/a.jpg").blur, 2.5);
         assert_eq!(opts("unsafe/filters:blur(400)/a.jpg").blur, MAX_BLUR);
