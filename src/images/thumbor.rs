@@ -894,7 +894,11 @@ mod tests {
         assert!(o.grayscale);
         assert_eq!(o.strip_color_profile, Some(true));
         assert_eq!(o.strip_metadata, Some(true));
-        assert_eq!(o.keep_copyright, Some(false), "thumbor strips the copyright too");
+        assert_eq!(
+            o.keep_copyright,
+            Some(false),
+            "thumbor strips the copyright too"
+        );
         assert_eq!(o.max_bytes, 9000);
         assert_eq!(opts("unsafe/filters:blur(4,%202.5)/a.jpg").blur, 2.5);
         assert_eq!(opts("unsafe/filters:blur(400)/a.jpg").blur, MAX_BLUR);
