@@ -49,6 +49,17 @@ pub struct Entry {
     pub request_id: Option<String>,
     /// The backend that answered and its time, when the response was fetched.
     pub upstream: Option<crate::http::fetch::Upstreamed>,
+    /// The URL grammar and presets of an image request, when an image route served it.
+    pub image: Option<ImageServed>,
+}
+
+/// What an image route notes of the request it served, in its response's extensions, for the
+/// log: the URL grammar (`zimg`, `imgproxy`, `thumbor`) and the presets applied, comma
+/// separated (none: empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageServed {
+    pub grammar: &'static str,
+    pub presets: Box<str>,
 }
 
 impl Entry {
@@ -83,6 +94,7 @@ impl Entry {
             user: None,
             request_id: None,
             upstream: None,
+            image: None,
         }
     }
 }
@@ -270,6 +282,8 @@ fn render(format: &Format, e: &Entry, out: &mut String) {
                 "request_id": e.request_id,
                 "upstream_addr": e.upstream.as_ref().map(|u| &*u.addr),
                 "upstream_time": e.upstream.as_ref().map(|u| (u.time.as_micros() as f64) / 1e6),
+                "image_grammar": e.image.as_ref().map(|i| i.grammar),
+                "image_presets": e.image.as_ref().map(|i| &*i.presets).filter(|p| !p.is_empty()),
             });
             out.push_str(&v.to_string());
         }
@@ -317,6 +331,11 @@ fn field(e: &Entry, name: &str, out: &mut String) {
         // nginx's $upstream_response_time: seconds, to the millisecond.
         "upstream_time" => match &e.upstream {
             Some(u) => write!(out, "{:.3}", u.time.as_secs_f64()),
+            None => write!(out, "-"),
+        },
+        "image_grammar" => write!(out, "{}", e.image.as_ref().map_or("-", |i| i.grammar)),
+        "image_presets" => match e.image.as_ref().filter(|i| !i.presets.is_empty()) {
+            Some(i) => write!(out, "{}", i.presets),
             None => write!(out, "-"),
         },
         _ => Ok(()),

@@ -769,6 +769,26 @@ impl StatusSource {
                 }),
             );
         }
+        let images = (self.metrics.as_ref()).and_then(|m| m.images().totals());
+        if let (Some(t), Some(o)) = (images, v.as_object_mut()) {
+            let sources: serde_json::Map<String, serde_json::Value> =
+                (crate::metrics::SOURCE_OUTCOMES.iter())
+                    .zip(t.sources)
+                    .map(|(k, n)| (k.to_string(), n.into()))
+                    .collect();
+            o.insert(
+                "images".into(),
+                serde_json::json!({
+                    "transforms": t.transforms,
+                    "le_seconds": crate::metrics::IMAGE_BUCKETS,
+                    "counts": t.buckets.to_vec(),
+                    "queued": t.queued,
+                    "rejected": t.rejected,
+                    "sources": sources,
+                    "saved": t.saved,
+                }),
+            );
+        }
         if let (Some(info), Some(o)) = (&self.info, v.as_object_mut()) {
             if let serde_json::Value::Object(server) = info() {
                 o.extend(server);

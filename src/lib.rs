@@ -108,7 +108,8 @@
 //! 5. [`deliver`] (cache, compress, http, range, metrics); [`admin`] (cache, config, http,
 //!    metrics, tls, upstream: a configuration checked as `larder check` does); [`otel`] (body, config, upstream).
 //! 6. The handlers: [`proxy`] (also upstream, phases), [`static_files`] (also clock), [`images`]
-//!    (also fleet, and upstream: originals from an origin), [`push`] (also fleet) (the lines
+//!    (also fleet, access_log: what the log says of an image request, and upstream:
+//!    originals from an origin), [`push`] (also fleet) (the lines
 //!    above); [`rules`] (body, config, phases, admin,
 //!    http, inbound, respond, fleet, upstream, metrics, clock, and [`proxy`] for the decisions the
 //!    cache and traffic rules leave it: `proxy::Steer`).

@@ -28,7 +28,7 @@
 //! not through thread-locals.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
@@ -301,6 +301,7 @@ struct State {
     routes: Mutex<Vec<String>>,
     shards: Mutex<Vec<Arc<Shard>>>,
     families: Mutex<Vec<FamiliesFn>>,
+    images: ImageCounters,
 }
 
 /// A server's metrics. Each server makes its own and hands it to its routers and connections
@@ -421,6 +422,12 @@ impl Metrics {
             }
         }
         out
+    }
+
+    /// The image routes' figures ([`ImageCounters`]).
+    #[inline]
+    pub fn images(&self) -> &ImageCounters {
+        &self.state.images
     }
 
     /// Everything counted, in the OpenMetrics text format (what `/metrics` serves).
@@ -563,6 +570,7 @@ impl Collector for Collect {
             }
             Value(n, true).encode(saved.encode_family(&[("route", route.as_str())])?)?;
         }
+        state.images.encode(&mut encoder)?;
         for read in lock(&state.families).iter() {
             for f in read() {
                 let kind = if f.counter {
@@ -586,6 +594,287 @@ impl Collector for Collect {
         }
         Ok(())
     }
+}
+
+/// The URL grammars of image requests ([`ImageCounters`]'s `grammar` label), in the order of
+/// `crate::images::grammar::Grammar`.
+pub const GRAMMARS: [&str; 3] = ["zimg", "imgproxy", "thumbor"];
+/// Image output formats ([`ImageCounters`]'s `format` label); the last for any other.
+pub const IMAGE_FORMATS: [&str; 6] = ["jpeg", "png", "gif", "webp", "avif", "other"];
+/// How an image proxy request's original was had ([`ImageCounters::source`]): from the memory
+/// tier, from a tier below (disk, shared), fetched from the origin, shared with a concurrent
+/// fetch of the same URL, read from `root`, a stale copy standing in for a failing origin; or
+/// why not.
+pub const SOURCE_OUTCOMES: [&str; 10] = [
+    "memory",
+    "tier",
+    "fetched",
+    "coalesced",
+    "local",
+    "stale",
+    "not_found",
+    "refused",
+    "too_large",
+    "error",
+];
+/// Why the transform pool refused a job ([`ImageCounters::rejected`]): its queue was full
+/// (503), no worker and memory came free within `queue_timeout` (503), it needed more than the
+/// whole `decode_memory` (422).
+pub const POOL_REJECTIONS: [&str; 3] = ["queue_full", "timed_out", "over_budget"];
+/// Upper bounds of the transform-time histogram's buckets, in seconds.
+pub const IMAGE_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const IMAGE_BUCKET_NANOS: [u64; 11] = {
+    let mut out = [0u64; 11];
+    let mut i = 0;
+    while i < IMAGE_BUCKETS.len() {
+        out[i] = (IMAGE_BUCKETS[i] * 1e9) as u64;
+        i += 1;
+    }
+    out
+};
+const TRANSFORM_KINDS: usize = GRAMMARS.len() * IMAGE_FORMATS.len();
+
+/// What the image routes count (docs/metrics.md, "Images"): transforms by grammar and output
+/// format, their time, the transform pool's queue and refusals, originals had by outcome, and
+/// bytes. Shared atomics, not per-thread shards: each count goes with a transform or an
+/// original's load (milliseconds of work), never with a cached image's delivery, so one
+/// `fetch_add` is nothing beside it. A server without image routes exposes none of it.
+pub struct ImageCounters {
+    /// An image route counts into these: the families are exposed.
+    used: AtomicBool,
+    /// grammars × formats.
+    transforms: [AtomicU64; TRANSFORM_KINDS],
+    /// Transform time: one count per bucket of [`IMAGE_BUCKETS`] (not cumulative), then +Inf.
+    buckets: [AtomicU64; IMAGE_BUCKETS.len() + 1],
+    nanos: AtomicU64,
+    /// Jobs waiting for a worker and memory now.
+    queued: AtomicU64,
+    /// Time jobs spent queued, in nanoseconds.
+    wait_nanos: AtomicU64,
+    rejected: [AtomicU64; POOL_REJECTIONS.len()],
+    sources: [AtomicU64; SOURCE_OUTCOMES.len()],
+    /// Bytes of the originals transformed, of the results, and what the results saved
+    /// (original less result, when smaller).
+    source_bytes: AtomicU64,
+    output_bytes: AtomicU64,
+    saved: AtomicU64,
+}
+
+impl Default for ImageCounters {
+    fn default() -> Self {
+        ImageCounters {
+            used: AtomicBool::new(false),
+            transforms: std::array::from_fn(|_| AtomicU64::new(0)),
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            nanos: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            wait_nanos: AtomicU64::new(0),
+            rejected: std::array::from_fn(|_| AtomicU64::new(0)),
+            sources: std::array::from_fn(|_| AtomicU64::new(0)),
+            source_bytes: AtomicU64::new(0),
+            output_bytes: AtomicU64::new(0),
+            saved: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A snapshot of [`ImageCounters`] for the admin status and the dashboard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageTotals {
+    pub transforms: u64,
+    /// Transforms by time: one count per bucket of [`IMAGE_BUCKETS`] (not cumulative), then
+    /// longer ones.
+    pub buckets: [u64; IMAGE_BUCKETS.len() + 1],
+    pub queued: u64,
+    pub rejected: u64,
+    /// Originals had, by [`SOURCE_OUTCOMES`].
+    pub sources: [u64; SOURCE_OUTCOMES.len()],
+    pub saved: u64,
+}
+
+impl ImageCounters {
+    /// An image route counts here: its families are exposed from now on.
+    pub fn enable(&self) {
+        self.used.store(true, Ordering::Relaxed);
+    }
+
+    /// One transform of `grammar` (an index into [`GRAMMARS`]) to `format` (into
+    /// [`IMAGE_FORMATS`]) that took `nanos` (decode, resize and encode) from `source` bytes to
+    /// `output` bytes.
+    pub fn transformed(&self, grammar: usize, format: usize, nanos: u64, source: u64, output: u64) {
+        let kind = grammar.min(GRAMMARS.len() - 1) * IMAGE_FORMATS.len()
+            + format.min(IMAGE_FORMATS.len() - 1);
+        self.transforms[kind].fetch_add(1, Ordering::Relaxed);
+        let b = IMAGE_BUCKET_NANOS
+            .iter()
+            .position(|le| nanos <= *le)
+            .unwrap_or(IMAGE_BUCKETS.len());
+        self.buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.source_bytes.fetch_add(source, Ordering::Relaxed);
+        self.output_bytes.fetch_add(output, Ordering::Relaxed);
+        self.saved
+            .fetch_add(source.saturating_sub(output), Ordering::Relaxed);
+    }
+
+    /// A job joins the pool's queue; [`ImageCounters::dequeued`] takes it off.
+    pub fn enqueued(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A queued job left the queue after `nanos` (it starts, or it was refused or dropped).
+    pub fn dequeued(&self, nanos: u64) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// The pool refused a job: `why` is an index into [`POOL_REJECTIONS`].
+    pub fn rejected(&self, why: usize) {
+        self.rejected[why.min(POOL_REJECTIONS.len() - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An original had (or not) with `outcome`, an index into [`SOURCE_OUTCOMES`].
+    pub fn source(&self, outcome: usize) {
+        self.sources[outcome.min(SOURCE_OUTCOMES.len() - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Totals so far; None when no image route counts here.
+    pub fn totals(&self) -> Option<ImageTotals> {
+        if !self.used.load(Ordering::Relaxed) {
+            return None;
+        }
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Some(ImageTotals {
+            transforms: self.transforms.iter().map(load).sum(),
+            buckets: std::array::from_fn(|i| load(&self.buckets[i])),
+            queued: load(&self.queued),
+            rejected: self.rejected.iter().map(load).sum(),
+            sources: std::array::from_fn(|i| load(&self.sources[i])),
+            saved: load(&self.saved),
+        })
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if !self.used.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut t = encoder.encode_descriptor(
+            "larder_image_transforms",
+            "Image transforms made (cached results not counted), by URL grammar and output \
+             format.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (g, grammar) in GRAMMARS.iter().enumerate() {
+            for (f, format) in IMAGE_FORMATS.iter().enumerate() {
+                let n = load(&self.transforms[g * IMAGE_FORMATS.len() + f]);
+                if n > 0 {
+                    counter(
+                        t.encode_family(&[("grammar", *grammar), ("format", *format)])?,
+                        n,
+                    )?;
+                }
+            }
+        }
+        // Per bucket, not cumulative: the encoder adds them up.
+        let counts: Vec<u64> = self.buckets.iter().map(load).collect();
+        let total = counts.iter().sum();
+        let buckets: Vec<(f64, u64)> = (IMAGE_BUCKETS.iter().copied())
+            .chain([f64::MAX])
+            .zip(counts)
+            .collect();
+        encoder
+            .encode_descriptor(
+                "larder_image_transform_duration_seconds",
+                "Time of an image transform on the pool (decode, resize, encode).",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                load(&self.nanos) as f64 / 1e9,
+                total,
+                &buckets,
+                None,
+            )?;
+        Value(load(&self.queued), false).encode(encoder.encode_descriptor(
+            "larder_image_queue_depth",
+            "Image transforms waiting for a worker and memory now.",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        encoder
+            .encode_descriptor(
+                "larder_image_queue_wait_seconds",
+                "Time image transforms spent queued for a worker and memory (over the transforms \
+                 made: the mean wait).",
+                None,
+                MetricType::Counter,
+            )?
+            .encode_counter::<prometheus_client::encoding::NoLabelSet, f64, u64>(
+                &(load(&self.wait_nanos) as f64 / 1e9),
+                None,
+            )?;
+        let mut r = encoder.encode_descriptor(
+            "larder_image_rejections",
+            "Image transforms the pool refused, by reason (queue_full and timed_out: 503; \
+             over_budget: 422).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, why) in POOL_REJECTIONS.iter().enumerate() {
+            counter(
+                r.encode_family(&[("reason", *why)])?,
+                load(&self.rejected[i]),
+            )?;
+        }
+        let mut s = encoder.encode_descriptor(
+            "larder_image_sources",
+            "Originals of image proxy requests, by outcome.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, outcome) in SOURCE_OUTCOMES.iter().enumerate() {
+            let n = load(&self.sources[i]);
+            if n > 0 {
+                counter(s.encode_family(&[("outcome", *outcome)])?, n)?;
+            }
+        }
+        for (name, help, c) in [
+            (
+                "larder_image_source_bytes",
+                "Bytes of the originals transformed.",
+                &self.source_bytes,
+            ),
+            (
+                "larder_image_output_bytes",
+                "Bytes of the transforms' results.",
+                &self.output_bytes,
+            ),
+            (
+                "larder_image_saved_bytes",
+                "Bytes the transforms' results saved: each original's length less its result's, \
+                 when smaller.",
+                &self.saved,
+            ),
+        ] {
+            counter(
+                encoder.encode_descriptor(name, help, None, MetricType::Counter)?,
+                load(c),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A counter's value written to `e`.
+fn counter(
+    e: prometheus_client::encoding::MetricEncoder<'_>,
+    n: u64,
+) -> Result<(), std::fmt::Error> {
+    Value(n, true).encode(e)
 }
 
 fn request_index(route: u32, method: usize, status: usize, cache: usize) -> usize {

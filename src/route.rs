@@ -331,6 +331,9 @@ impl Observed {
                 .extensions()
                 .get::<crate::http::fetch::Upstreamed>()
                 .cloned();
+            e.image = (response.extensions())
+                .get::<crate::access_log::ImageServed>()
+                .cloned();
             e.bytes = (response.headers().get(header::CONTENT_LENGTH))
                 .and_then(|v| v.to_str().ok()?.parse().ok());
             log.log(*e);
@@ -531,6 +534,9 @@ impl Router {
                 Some(m) => m.route(label.clone()),
                 None => i as u32,
             };
+            if let (Handler::Images(images), Some(m)) = (&r.handler, metrics) {
+                images.count_into(m);
+            }
             r.label = label;
         }
         self.counted = metrics.cloned();

@@ -358,3 +358,98 @@ async fn sigusr1_reopens_the_file() {
         "the moved file keeps its line"
     );
 }
+
+/// An image request's line says which URL grammar served it and the presets applied (zimg's
+/// `t=`, imgproxy's `pr:` and `default`, none for thumbor here); other routes' lines say
+/// neither.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_requests_name_their_grammar_and_presets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, store) = (dir.path().join("root"), dir.path().join("store"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("photo.jpg"), photo()).unwrap();
+    let (json, template) = (dir.path().join("json.log"), dir.path().join("t.log"));
+    let c = client();
+    for (log, format) in [
+        (&json, "json"),
+        (&template, "{uri} {image_grammar} {image_presets}"),
+    ] {
+        let larder = Larder::start(&format!(
+            r#"
+[access_log]
+path = {log:?}
+format = {format:?}
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/ping"
+  respond = {{ body = "pong" }}
+  [[listener.route]]
+  path = "/"
+  [listener.route.images]
+  dir = {store:?}
+  root = {root:?}
+  [listener.route.images.presets]
+  small = "w=40"
+  [listener.route.images.imgproxy.presets]
+  default = "q:70"
+  thumb = "rs:fill:50:50"
+"#,
+            log = log.display().to_string(),
+            store = store.display().to_string(),
+            root = root.display().to_string(),
+        ))
+        .await;
+        let up = send(
+            &c,
+            "POST",
+            &larder.url("/upload"),
+            &[("content-type", "image/jpeg")],
+            photo(),
+        )
+        .await;
+        assert_eq!(up.status, 200, "{}", up.text());
+        let md5: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
+        let md5 = md5["md5"].as_str().unwrap().to_string();
+        for path in [
+            format!("/{md5}?t=small"),
+            "/insecure/pr:thumb/plain/photo.jpg".to_string(),
+            "/unsafe/30x30/photo.jpg".to_string(),
+            "/ping".to_string(),
+        ] {
+            let r = get(&c, &larder.url(&path), &[]).await;
+            assert_eq!(r.status, 200, "{path}: {}", r.text());
+        }
+        let got = lines(log, 5).await;
+        assert_eq!(got.len(), 5, "{got:?}");
+        if format == "json" {
+            let v: Vec<serde_json::Value> = got
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let said = |i: usize| (v[i]["image_grammar"].clone(), v[i]["image_presets"].clone());
+            use serde_json::Value::Null;
+            assert_eq!(said(0), (Null, Null), "the upload: {}", got[0]);
+            assert_eq!(said(1), ("zimg".into(), "small".into()), "{}", got[1]);
+            assert_eq!(
+                said(2),
+                ("imgproxy".into(), "default,thumb".into()),
+                "{}",
+                got[2]
+            );
+            assert_eq!(said(3), ("thumbor".into(), Null), "{}", got[3]);
+            assert_eq!(said(4), (Null, Null), "{}", got[4]);
+        } else {
+            assert_eq!(
+                got[1..],
+                [
+                    format!("/{md5}?t=small zimg small"),
+                    "/insecure/pr:thumb/plain/photo.jpg imgproxy default,thumb".to_string(),
+                    "/unsafe/30x30/photo.jpg thumbor -".to_string(),
+                    "/ping - -".to_string(),
+                ]
+            );
+        }
+    }
+}

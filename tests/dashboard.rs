@@ -170,6 +170,7 @@ addr = "127.0.0.1:0"
     assert_eq!(seen["rates"][0].as_f64(), Some(10.0), "{seen}");
     assert!(seen["rates"][1].is_null(), "{seen}");
     assert!(seen["p99_inf"].is_null(), "beyond the last bound: {seen}");
+    assert_eq!(seen["image_tiles"], 0, "no image route: {seen}");
     // At 1400 px every tile holds its lines: all of one height.
     let heights: Vec<f64> = (seen["tile_heights"].as_array().unwrap().iter())
         .map(|h| h.as_f64().unwrap())
@@ -437,4 +438,43 @@ async fn the_push_demo_page_shows_records_live_and_a_websocket_subscribes() {
     assert_eq!(set["id"], "cars/4", "{seen}");
     assert_eq!(set["sub"], "cheap");
     assert!(!ws.iter().any(|m| m["id"] == "cars/3"), "{seen}");
+}
+
+/// An image route adds its tiles: transforms per second and in total, their p50 / p99 (a
+/// time), the queue (empty) and refusals, the originals fetched · cached · failed (here read
+/// from `root`, one missing).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_shows_image_transforms_queue_and_sources() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("photo.jpg"), photo()).unwrap();
+    let (l, _dir) = from_file(&format!(
+        r#"
+[admin]
+token = "s3cret"
+listen = "127.0.0.1:0"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  [listener.route.images]
+  root = "{}"
+"#,
+        root.path().display()
+    ))
+    .await;
+    let seen = browser(
+        "dashboard_images.mjs",
+        vec![l.admin_url(""), l.url(""), "s3cret".into()],
+    )
+    .await;
+    assert_eq!(seen["tiles"], 4, "{seen}");
+    assert_eq!(seen["img-total"], "4", "{seen}");
+    assert_ne!(seen["img-rate"], "0", "{seen}");
+    let lat = seen["img-lat"].as_str().unwrap();
+    assert!(lat.contains(" / ") && lat.contains('s'), "{seen}");
+    assert_eq!(seen["img-queue"], "0", "{seen}");
+    assert_eq!(seen["img-rejected"], "0", "{seen}");
+    // 5 loads of photo.jpg from root (the cached result's too), 1 missing.
+    assert_eq!(seen["img-src"], "0 · 5 · 1", "{seen}");
 }

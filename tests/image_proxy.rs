@@ -419,3 +419,115 @@ async fn errors_and_limits() {
     assert_eq!(&r.body[..], &photo()[..]);
     l.larder.shutdown().await;
 }
+
+/// `jpeg` with an EXIF block of Copyright, Artist, a private tag (0xC000, ASCII) and
+/// Orientation 6, written with kamadak-exif and put in with img-parts (not larder's code).
+fn with_exif(jpeg: Vec<u8>) -> Vec<u8> {
+    use exif::{Context, Field, In, Tag, Value};
+    use img_parts::ImageEXIF;
+    let ascii = |tag, v: &str| Field {
+        tag,
+        ifd_num: In::PRIMARY,
+        value: Value::Ascii(vec![v.as_bytes().to_vec()]),
+    };
+    let fields = [
+        ascii(Tag::Copyright, "(c) Larder Photo"),
+        ascii(Tag::Artist, "Ada"),
+        ascii(Tag(Context::Tiff, 0xC000), "a private note"),
+        Field {
+            tag: Tag::Orientation,
+            ifd_num: In::PRIMARY,
+            value: Value::Short(vec![6]),
+        },
+    ];
+    let mut w = exif::experimental::Writer::new();
+    for f in &fields {
+        w.push_field(f);
+    }
+    let mut tiff = std::io::Cursor::new(Vec::new());
+    w.write(&mut tiff, false).unwrap();
+    let mut img = img_parts::jpeg::Jpeg::from_bytes(jpeg.into()).unwrap();
+    img.set_exif(Some(tiff.into_inner().into()));
+    img.encoder().bytes().to_vec()
+}
+
+/// The EXIF of an image, read with kamadak-exif: (copyright, the private tag, orientation).
+fn exif_of(data: &[u8]) -> Option<(Option<String>, Option<String>, Option<u32>)> {
+    use exif::{Context, In, Tag};
+    let e = exif::Reader::new()
+        .read_from_container(&mut std::io::Cursor::new(data))
+        .ok()?;
+    let text = |tag| {
+        e.get_field(tag, In::PRIMARY)
+            .map(|f| f.display_value().to_string())
+    };
+    Some((
+        text(Tag::Copyright),
+        text(Tag(Context::Tiff, 0xC000)),
+        e.get_field(Tag::Orientation, In::PRIMARY)
+            .and_then(|f| f.value.get_uint(0)),
+    ))
+}
+
+/// imgproxy's metadata options on real originals: by default a result keeps the EXIF
+/// copyright (and nothing else), `kcr:0` nothing, `sm:0` every field with the orientation
+/// reset (the pixels are turned: 856×640 becomes 100×75); thumbor's `strip_exif()` strips the
+/// copyright too; `scp:0` keeps a Display P3 profile where the default converts to sRGB.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_kept_as_sm_kcr_and_scp_say() {
+    let l = start("").await;
+    std::fs::write(l._root.path().join("exif.jpg"), with_exif(photo())).unwrap();
+    let copyright = Some("\"(c) Larder Photo\"".to_string());
+    let private = Some("\"a private note\"".to_string());
+    for ext in ["jpg", "png", "webp"] {
+        let path = |opts: &str| format!("/insecure/{opts}rs:fit:100:100/plain/exif.jpg@{ext}");
+        let r = get(l.addr, &path("")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(dims(&r.body), (100, 75), "turned by its EXIF");
+        assert_eq!(
+            exif_of(&r.body),
+            Some((copyright.clone(), None, None)),
+            "{ext}"
+        );
+
+        let r = get(l.addr, &path("kcr:0/")).await;
+        assert_eq!(exif_of(&r.body), None, "{ext}");
+
+        let r = get(l.addr, &path("sm:0/")).await;
+        assert_eq!(dims(&r.body), (100, 75));
+        assert_eq!(
+            exif_of(&r.body),
+            Some((copyright.clone(), private.clone(), Some(1))),
+            "{ext}"
+        );
+    }
+    let r = get(l.addr, "/unsafe/100x100/filters:strip_exif()/exif.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(exif_of(&r.body), None);
+    let r = get(l.addr, "/unsafe/100x100/exif.jpg").await;
+    assert_eq!(exif_of(&r.body), Some((copyright.clone(), None, None)));
+
+    // A Display P3 original: converted (no profile) by default, its profile kept with scp:0.
+    let p3 = moxcms::ColorProfile::new_display_p3().encode().unwrap();
+    let tagged = larder::images::colour::embed_jpeg(&photo(), &p3);
+    std::fs::write(l._root.path().join("p3.jpg"), tagged).unwrap();
+    for ext in ["jpg", "png", "webp"] {
+        let profile = |body: &[u8]| {
+            let format = sniff::probe(body).unwrap().format;
+            larder::images::colour::embedded(body, format).icc
+        };
+        let r = get(
+            l.addr,
+            &format!("/insecure/rs:fit:50:50/plain/p3.jpg@{ext}"),
+        )
+        .await;
+        assert_eq!(profile(&r.body), None, "{ext}");
+        let r = get(
+            l.addr,
+            &format!("/insecure/scp:0/rs:fit:50:50/plain/p3.jpg@{ext}"),
+        )
+        .await;
+        assert_eq!(profile(&r.body).as_deref(), Some(&p3[..]), "{ext}");
+    }
+    l.larder.shutdown().await;
+}

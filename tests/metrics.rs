@@ -101,6 +101,21 @@ addr = "127.0.0.1:0"
 
     // Prometheus's own OpenMetrics parser reads it whole (it is strict: `# EOF`, one block
     // per family, counters' `_total`).
+    let said = parsed_families(&text);
+    for family in [
+        "larder_requests",
+        "larder_request_duration_seconds",
+        "larder_cache_entries",
+        "larder_connections_open",
+        "larder_sent_bytes",
+    ] {
+        assert!(said.split_whitespace().any(|w| w == family), "{said}");
+    }
+}
+
+/// The names of the families in `text`, as Prometheus's own OpenMetrics parser reads them (it
+/// is strict: `# EOF`, one block per family, counters' `_total`); fails when it refuses them.
+fn parsed_families(text: &str) -> String {
     let python = pip(PIP_PACKAGES);
     let mut parse = Command::new(python)
         .arg("-c")
@@ -108,7 +123,6 @@ addr = "127.0.0.1:0"
             "import sys\n\
              from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
              fams = list(text_string_to_metric_families(sys.stdin.read()))\n\
-             print(len(fams), sum(len(f.samples) for f in fams))\n\
              print(' '.join(sorted(f.name for f in fams)))\n",
         )
         .stdin(Stdio::piped())
@@ -123,21 +137,12 @@ addr = "127.0.0.1:0"
         .write_all(text.as_bytes())
         .unwrap();
     let out = parse.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "parser refused:\n{}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for family in [
-        "larder_requests",
-        "larder_request_duration_seconds",
-        "larder_cache_entries",
-        "larder_connections_open",
-        "larder_sent_bytes",
-    ] {
-        assert!(said.split_whitespace().any(|w| w == family), "{said}");
-    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The value of the sample `series` (name and labels, as printed) in a scrape, 0 if absent.
@@ -535,4 +540,101 @@ addr = "127.0.0.1:0"
         names(&larder::metrics::LOOKUP_RESULTS).replace('|', "\\|")
     );
     assert!(ops.contains(&alert), "{alert} in docs/operations.md");
+}
+
+/// An image route's figures: transforms by grammar and output format (a cached result is not
+/// one), their time, the pool's queue, originals by outcome, bytes saved; Prometheus's parser
+/// reads them and docs/metrics.md lists each. A server without image routes exposes none.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_routes_count_transforms_sources_and_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("photo.jpg"), photo()).unwrap();
+    let larder = Larder::start(&format!(
+        r#"
+[admin]
+token = "{TOKEN}"
+listen = "127.0.0.1:0"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  [listener.route.images]
+  root = {root:?}
+"#,
+        root = root.display().to_string(),
+    ))
+    .await;
+    let c = client();
+    for (path, status) in [
+        ("/insecure/rs:fit:50:50/plain/photo.jpg@webp", 200),
+        ("/insecure/rs:fit:50:50/plain/photo.jpg@webp", 200),
+        ("/unsafe/40x40/filters:format(png)/photo.jpg", 200),
+        ("/insecure/rs:fit:50:50/plain/missing.jpg", 404),
+    ] {
+        let r = get(&c, &larder.url(path), &[]).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+    }
+    let text = larder.metrics_text().unwrap();
+    for (series, want) in [
+        (
+            "larder_image_transforms_total{grammar=\"imgproxy\",format=\"webp\"}",
+            1,
+        ),
+        (
+            "larder_image_transforms_total{grammar=\"thumbor\",format=\"png\"}",
+            1,
+        ),
+        ("larder_image_transform_duration_seconds_count", 2),
+        ("larder_image_queue_depth", 0),
+        // The cached result's request loaded its original too (the key names the original).
+        ("larder_image_sources_total{outcome=\"local\"}", 3),
+        ("larder_image_sources_total{outcome=\"not_found\"}", 1),
+        ("larder_image_rejections_total{reason=\"queue_full\"}", 0),
+    ] {
+        assert_eq!(sample(&text, series), want, "{series} in {text}");
+    }
+    let (source, output) = (
+        sample(&text, "larder_image_source_bytes_total"),
+        sample(&text, "larder_image_output_bytes_total"),
+    );
+    assert_eq!(source, 2 * photo().len() as u64);
+    assert!(output > 0 && output < source, "{output}");
+    assert_eq!(
+        sample(&text, "larder_image_saved_bytes_total"),
+        source - output
+    );
+    let said = parsed_families(&text);
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let mut images = 0;
+    for line in text.lines() {
+        let Some((name, kind)) =
+            (line.strip_prefix("# TYPE larder_image_")).and_then(|rest| rest.split_once(' '))
+        else {
+            continue;
+        };
+        images += 1;
+        let name = format!("larder_image_{name}");
+        assert!(said.split_whitespace().any(|w| w == name), "{said}");
+        let exposed = match kind {
+            "counter" => format!("`{name}_total`"),
+            _ => format!("`{name}`"),
+        };
+        assert!(
+            docs.contains(&exposed),
+            "{exposed} is not in docs/metrics.md"
+        );
+    }
+    assert_eq!(images, 9, "{text}");
+
+    // Without an image route: no image families.
+    let plain = Larder::start(&format!(
+        "[admin]\ntoken = \"{TOKEN}\"\nlisten = \"127.0.0.1:0\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n  [[listener.route]]\n  respond = {{ body = \"x\" }}\n"
+    ))
+    .await;
+    get(&c, &plain.url("/"), &[]).await;
+    assert!(!plain.metrics_text().unwrap().contains("larder_image"));
 }

@@ -58,6 +58,8 @@ pub const LOG_FIELDS: &[&str] = &[
     "time_iso",
     "upstream_addr",
     "upstream_time",
+    "image_grammar",
+    "image_presets",
 ];
 
 /// How access log lines are written.

@@ -30,9 +30,12 @@ pub enum ResizeType {
     Auto,
 }
 
-/// Where a crop (or an extension, or a watermark) is anchored (imgproxy's gravity `g`).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub enum GravityType {
+/// A point of the compass a box is anchored to inside another: a crop, an extension or a
+/// result by its gravity (imgproxy's `g:no`, thumbor's `left/top`), a watermark by its
+/// position (`wm:1:soea`). On each axis the box is near (left, top), in the middle, or far
+/// (right, bottom); [`Compass::anchor`] places it, the one placement both use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compass {
     #[default]
     Center,
     North,
@@ -43,10 +46,106 @@ pub enum GravityType {
     NorthWest,
     SouthEast,
     SouthWest,
+}
+
+impl Compass {
+    /// imgproxy's name of a point (`ce`, `no`, `so`, `ea`, `we`, `noea`, `nowe`, `soea`,
+    /// `sowe`), or None.
+    pub fn parse(v: &str) -> Option<Compass> {
+        Some(match v {
+            "ce" => Compass::Center,
+            "no" => Compass::North,
+            "so" => Compass::South,
+            "ea" => Compass::East,
+            "we" => Compass::West,
+            "noea" => Compass::NorthEast,
+            "nowe" => Compass::NorthWest,
+            "soea" => Compass::SouthEast,
+            "sowe" => Compass::SouthWest,
+            _ => return None,
+        })
+    }
+
+    /// The side on each axis (horizontal, vertical): 0 near (left, top), 1 middle, 2 far
+    /// (right, bottom).
+    pub fn sides(self) -> (u8, u8) {
+        match self {
+            Compass::NorthWest => (0, 0),
+            Compass::North => (1, 0),
+            Compass::NorthEast => (2, 0),
+            Compass::West => (0, 1),
+            Compass::Center => (1, 1),
+            Compass::East => (2, 1),
+            Compass::SouthWest => (0, 2),
+            Compass::South => (1, 2),
+            Compass::SouthEast => (2, 2),
+        }
+    }
+
+    /// The point with these [`Compass::sides`] (a side above 2 is far).
+    pub fn from_sides(h: u8, v: u8) -> Compass {
+        match (h.min(2), v.min(2)) {
+            (0, 0) => Compass::NorthWest,
+            (1, 0) => Compass::North,
+            (2, 0) => Compass::NorthEast,
+            (0, 1) => Compass::West,
+            (2, 1) => Compass::East,
+            (0, 2) => Compass::SouthWest,
+            (1, 2) => Compass::South,
+            (2, 2) => Compass::SouthEast,
+            _ => Compass::Center,
+        }
+    }
+
+    /// The top-left corner of a box anchored here, `free` being the outer size less the box's
+    /// on each axis: `offset` away from the anchored edge (near: `offset`, far: `free -
+    /// offset`), or added to the middle (`free / 2 + offset`). In pixels of any type: `f64`
+    /// for geometry, `i64` for a watermark (whose halves are truncated); not kept inside.
+    pub fn anchor<T>(self, free: (T, T), offset: (T, T)) -> (T, T)
+    where
+        T: Copy
+            + std::ops::Add<Output = T>
+            + std::ops::Sub<Output = T>
+            + std::ops::Div<Output = T>
+            + From<u8>,
+    {
+        let along = |side: u8, free: T, offset: T| match side {
+            0 => offset,
+            2 => free - offset,
+            _ => free / T::from(2) + offset,
+        };
+        let (h, v) = self.sides();
+        (along(h, free.0, offset.0), along(v, free.1, offset.1))
+    }
+}
+
+/// Where a crop (or an extension, or the result) is anchored (imgproxy's gravity `g`).
+#[derive(Clone, Copy, PartialEq)]
+pub enum GravityType {
+    /// A point of the compass (imgproxy's `ce`, `no`, ...).
+    Compass(Compass),
     /// Chosen by content (`crate::images::smart`, libvips's attention strategy).
     Smart,
     /// A focus point, as fractions of the width and height (0.0-1.0).
     FocusPoint(f64, f64),
+}
+
+impl Default for GravityType {
+    fn default() -> Self {
+        GravityType::Compass(Compass::Center)
+    }
+}
+
+/// A compass point prints as its name alone (`North`, as before [`Compass`] was its own
+/// type): options' cache keys print gravities, and stored results keep their keys.
+impl std::fmt::Debug for GravityType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GravityType::Compass(c) => c.fmt(f),
+            GravityType::Smart => f.write_str("Smart"),
+            GravityType::FocusPoint(x, y) => f.debug_tuple("FocusPoint").field(x).field(y).finish(),
+        }
+    }
 }
 
 /// A gravity with its offsets (pixels when ≥ 1, fractions of the size when < 1, imgproxy's
@@ -78,20 +177,28 @@ pub struct Trim {
 }
 
 /// Where the configured watermark image goes (imgproxy's `wm` positions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum WatermarkPosition {
-    #[default]
-    Center,
-    North,
-    South,
-    East,
-    West,
-    NorthEast,
-    NorthWest,
-    SouthEast,
-    SouthWest,
+    /// At a point of the compass.
+    At(Compass),
     /// Repeated over the whole image.
     Replicate,
+}
+
+impl Default for WatermarkPosition {
+    fn default() -> Self {
+        WatermarkPosition::At(Compass::Center)
+    }
+}
+
+/// As [`GravityType`]'s: a compass point prints as its name alone (cache keys print it).
+impl std::fmt::Debug for WatermarkPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WatermarkPosition::At(c) => c.fmt(f),
+            WatermarkPosition::Replicate => f.write_str("Replicate"),
+        }
+    }
 }
 
 /// The configured watermark, placed (imgproxy's `wm:%opacity:%position:%x:%y:%scale`).
@@ -264,22 +371,6 @@ fn arg<'a>(args: &[&'a str], i: usize) -> Option<&'a str> {
     args.get(i).copied().filter(|a| !a.is_empty())
 }
 
-/// A compass gravity's name (`no`, `soea`, ...), or None.
-fn compass(v: &str) -> Option<GravityType> {
-    Some(match v {
-        "ce" => GravityType::Center,
-        "no" => GravityType::North,
-        "so" => GravityType::South,
-        "ea" => GravityType::East,
-        "we" => GravityType::West,
-        "noea" => GravityType::NorthEast,
-        "nowe" => GravityType::NorthWest,
-        "soea" => GravityType::SouthEast,
-        "sowe" => GravityType::SouthWest,
-        _ => return None,
-    })
-}
-
 /// `%type:%x_offset:%y_offset`, `sm` or `fp:%x:%y`; `smart` false for extend gravities.
 fn gravity(name: &str, args: &[&str], smart: bool) -> Result<Gravity, OptionError> {
     let Some(t) = arg(args, 0) else {
@@ -306,7 +397,7 @@ fn gravity(name: &str, args: &[&str], smart: bool) -> Result<Gravity, OptionErro
             })
         }
         _ => {
-            let kind = compass(t).ok_or_else(|| {
+            let kind = Compass::parse(t).map(GravityType::Compass).ok_or_else(|| {
                 bad(
                     name,
                     format!(
@@ -493,16 +584,8 @@ impl Options {
                 let opacity = arg(args, 0).map_or(Ok(0.0), |v| float(name, v, 1.0))?;
                 let position = match arg(args, 1).unwrap_or("ce") {
                     "re" => WatermarkPosition::Replicate,
-                    p => match compass(p) {
-                        Some(GravityType::North) => WatermarkPosition::North,
-                        Some(GravityType::South) => WatermarkPosition::South,
-                        Some(GravityType::East) => WatermarkPosition::East,
-                        Some(GravityType::West) => WatermarkPosition::West,
-                        Some(GravityType::NorthEast) => WatermarkPosition::NorthEast,
-                        Some(GravityType::NorthWest) => WatermarkPosition::NorthWest,
-                        Some(GravityType::SouthEast) => WatermarkPosition::SouthEast,
-                        Some(GravityType::SouthWest) => WatermarkPosition::SouthWest,
-                        Some(_) => WatermarkPosition::Center,
+                    p => match Compass::parse(p) {
+                        Some(c) => WatermarkPosition::At(c),
                         None => {
                             return Err(bad(name, format!("unknown position `{p}`")));
                         }
@@ -823,7 +906,7 @@ mod tests {
         assert_eq!(
             o.extend,
             Some(Gravity {
-                kind: GravityType::South,
+                kind: GravityType::Compass(Compass::South),
                 x: 5.0,
                 y: 6.0
             })
@@ -865,7 +948,7 @@ mod tests {
         assert_eq!(
             o.gravity,
             Gravity {
-                kind: GravityType::SouthEast,
+                kind: GravityType::Compass(Compass::SouthEast),
                 x: 10.0,
                 y: 0.2
             }
@@ -880,13 +963,16 @@ mod tests {
         assert_eq!(err("g:sm:1"), "g");
         let c = opts("c:100:50:nowe").unwrap().crop.unwrap();
         assert_eq!((c.width, c.height), (100.0, 50.0));
-        assert_eq!(c.gravity.unwrap().kind, GravityType::NorthWest);
+        assert_eq!(
+            c.gravity.unwrap().kind,
+            GravityType::Compass(Compass::NorthWest)
+        );
         assert_eq!(opts("c:0.5:0.5").unwrap().crop.unwrap().gravity, None);
         assert_eq!(opts("ex:1").unwrap().extend, Some(Gravity::default()));
         assert_eq!(opts("ex:0").unwrap().extend, None);
         assert_eq!(
             opts("exar:1:no").unwrap().extend_aspect.unwrap().kind,
-            GravityType::North
+            GravityType::Compass(Compass::North)
         );
         // Smart gravity cannot place an extension.
         assert_eq!(err("ex:1:sm"), "ex");
@@ -925,13 +1011,40 @@ mod tests {
         let w = opts("wm:0.5:soea:10:20:0.3").unwrap().watermark.unwrap();
         assert_eq!(
             (w.opacity, w.position, w.scale),
-            (0.5, WatermarkPosition::SouthEast, 0.3)
+            (0.5, WatermarkPosition::At(Compass::SouthEast), 0.3)
         );
         assert_eq!(
             opts("wm:1:re").unwrap().watermark.unwrap().position,
             WatermarkPosition::Replicate
         );
         assert_eq!(err("wm:2"), "wm");
+    }
+
+    /// Gravities and watermark positions print in cache keys as they did before [`Compass`]
+    /// was split out of them (stored results keep their keys), and one placement serves both.
+    #[test]
+    fn compass_points_keep_their_keys_and_share_one_anchor() {
+        let key = opts("g:noea:5:6/wm:0.5:sowe/c:10:10:fp:0.25:0.75")
+            .unwrap()
+            .key();
+        for part in [
+            "NorthEast:5:6",
+            "position: SouthWest",
+            "FocusPoint(0.25, 0.75)",
+        ] {
+            assert!(key.contains(part), "{part} in {key}");
+        }
+        assert!(!key.contains("Compass") && !key.contains("At("), "{key}");
+        for h in 0..3 {
+            for v in 0..3 {
+                assert_eq!(Compass::from_sides(h, v).sides(), (h, v));
+            }
+        }
+        // f64 for geometry, i64 (halves truncated) for watermarks: the same rule.
+        assert_eq!(Compass::South.anchor((10.0, 7.0), (1.0, 2.0)), (6.0, 5.0));
+        assert_eq!(Compass::South.anchor((10i64, 7), (1, 2)), (6, 5));
+        assert_eq!(Compass::Center.anchor((7i64, -3), (0, 0)), (3, -1));
+        assert_eq!(Compass::NorthWest.anchor((7i64, 7), (2, 3)), (2, 3));
     }
 
     #[test]

@@ -429,7 +429,7 @@ pub fn watermark(img: &mut Raster, mark: &Raster, wm: &Watermark) {
     let (mw, mh) = (i64::from(rgba.width), i64::from(rgba.height));
     let (ox, oy) = (offset(wm.x, img.width), offset(wm.y, img.height));
     use WatermarkPosition as P;
-    if wm.position == P::Replicate {
+    let P::At(at) = wm.position else {
         let (sx, sy) = ((mw + ox.max(0)).max(1), (mh + oy.max(0)).max(1));
         for ty in (0..ih).step_by(sy as usize) {
             for tx in (0..iw).step_by(sx as usize) {
@@ -437,24 +437,9 @@ pub fn watermark(img: &mut Raster, mark: &Raster, wm: &Watermark) {
             }
         }
         return;
-    }
-    let (h, v) = match wm.position {
-        P::NorthWest => (0, 0),
-        P::North => (1, 0),
-        P::NorthEast => (2, 0),
-        P::West => (0, 1),
-        P::East => (2, 1),
-        P::SouthWest => (0, 2),
-        P::South => (1, 2),
-        P::SouthEast => (2, 2),
-        _ => (1, 1),
     };
-    let at = |side: u8, size: i64, m: i64, o: i64| match side {
-        0 => o,
-        2 => size - m - o,
-        _ => (size - m) / 2 + o,
-    };
-    composite(img, &rgba, at(h, iw, mw, ox), at(v, ih, mh, oy), opacity);
+    let (x, y) = at.anchor((iw - mw, ih - mh), (ox, oy));
+    composite(img, &rgba, x, y, opacity);
 }
 
 /// The RGBA `mark` drawn over `img` with its top-left corner at (`x`, `y`) (cut at the edges),
@@ -511,6 +496,7 @@ fn composite(img: &mut Raster, mark: &Raster, x: i64, y: i64, opacity: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::image_options::Compass;
 
     fn flat(w: u32, h: u32, px: &[u8]) -> Raster {
         Raster {
@@ -735,24 +721,24 @@ mod tests {
     fn watermark_lands_at_each_position() {
         use WatermarkPosition as P;
         let cases = [
-            (P::NorthWest, (0, 0)),
-            (P::North, (3, 0)),
-            (P::NorthEast, (6, 0)),
-            (P::West, (0, 2)),
-            (P::Center, (3, 2)),
-            (P::East, (6, 2)),
-            (P::SouthWest, (0, 4)),
-            (P::South, (3, 4)),
-            (P::SouthEast, (6, 4)),
+            (P::At(Compass::NorthWest), (0, 0)),
+            (P::At(Compass::North), (3, 0)),
+            (P::At(Compass::NorthEast), (6, 0)),
+            (P::At(Compass::West), (0, 2)),
+            (P::At(Compass::Center), (3, 2)),
+            (P::At(Compass::East), (6, 2)),
+            (P::At(Compass::SouthWest), (0, 4)),
+            (P::At(Compass::South), (3, 4)),
+            (P::At(Compass::SouthEast), (6, 4)),
         ];
         for (p, want) in cases {
             assert_eq!(lands(&wm(p, 0.0, 0.0, 1.0)), want, "{p:?}");
         }
         // offsets away from the anchored edges, added on a centred axis, fractions of the size
-        assert_eq!(lands(&wm(P::NorthWest, 1.0, 2.0, 1.0)), (1, 2));
-        assert_eq!(lands(&wm(P::SouthEast, 1.0, 2.0, 1.0)), (5, 2));
-        assert_eq!(lands(&wm(P::Center, 1.0, 1.0, 1.0)), (4, 3));
-        assert_eq!(lands(&wm(P::NorthWest, 0.5, 0.0, 1.0)), (4, 0));
+        assert_eq!(lands(&wm(P::At(Compass::NorthWest), 1.0, 2.0, 1.0)), (1, 2));
+        assert_eq!(lands(&wm(P::At(Compass::SouthEast), 1.0, 2.0, 1.0)), (5, 2));
+        assert_eq!(lands(&wm(P::At(Compass::Center), 1.0, 1.0, 1.0)), (4, 3));
+        assert_eq!(lands(&wm(P::At(Compass::NorthWest), 0.5, 0.0, 1.0)), (4, 0));
     }
 
     #[test]
@@ -762,7 +748,7 @@ mod tests {
         watermark(
             &mut img,
             &flat(1, 1, &[200, 100, 255]),
-            &wm(P::NorthWest, 0.0, 0.0, 0.5),
+            &wm(P::At(Compass::NorthWest), 0.0, 0.0, 0.5),
         );
         assert_eq!(at(&img, 0, 0), &[100, 50, 128]);
         assert_eq!(at(&img, 1, 0), &[0, 0, 0]);
@@ -771,7 +757,7 @@ mod tests {
         watermark(
             &mut img,
             &flat(1, 1, &[255, 255, 255, 128]),
-            &wm(P::West, 0.0, 0.0, 1.0),
+            &wm(P::At(Compass::West), 0.0, 0.0, 1.0),
         );
         assert_eq!(at(&img, 0, 0), &[255, 255, 255, 128]);
         // gray images take the mark's luma
@@ -779,7 +765,7 @@ mod tests {
         watermark(
             &mut g,
             &flat(1, 1, &[255, 0, 0]),
-            &wm(P::Center, 0.0, 0.0, 1.0),
+            &wm(P::At(Compass::Center), 0.0, 0.0, 1.0),
         );
         assert_eq!(g.data, vec![76]);
         // replicate: tiles from the corner, offsets as gaps
@@ -795,7 +781,7 @@ mod tests {
         let mut img = flat(20, 20, &[0, 0, 0]);
         let w = Watermark {
             scale: 0.5,
-            ..wm(P::NorthWest, 0.0, 0.0, 1.0)
+            ..wm(P::At(Compass::NorthWest), 0.0, 0.0, 1.0)
         };
         watermark(&mut img, &flat(4, 2, &[255, 255, 255]), &w);
         let lit = img.data.chunks_exact(3).filter(|p| p[0] == 255).count();
@@ -807,7 +793,7 @@ mod tests {
         watermark(
             &mut img,
             &flat(1, 1, &[255, 255, 255]),
-            &wm(P::Center, 0.0, 0.0, 0.0),
+            &wm(P::At(Compass::Center), 0.0, 0.0, 0.0),
         );
         assert_eq!(img, flat(2, 2, &[9, 9, 9]));
     }

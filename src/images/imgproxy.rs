@@ -80,6 +80,8 @@ pub fn parse(path: &str, cfg: &ImgproxyConfig, now: SystemTime) -> Result<Parsed
     let mut options = Options::default();
     if let Some(d) = cfg.presets.get("default") {
         d.apply_to(&mut options).map_err(|e| bad(e.to_string()))?;
+        // Named with the others (the access log says which presets served a request).
+        options.presets.push("default".into());
     }
     let segments: Vec<&str> = rest.split('/').collect();
     // Options are the segments before the first without a `:` (imgproxy's rule).
@@ -251,6 +253,7 @@ mod tests {
         );
         let p = parse("x/pr:thumb/plain/a.jpg", &c, at(0)).unwrap();
         assert_eq!((p.options.width, p.options.quality), (100, 50));
+        assert_eq!(p.options.presets, ["default", "thumb"]);
         let p = parse("x/plain/a.jpg", &c, at(0)).unwrap();
         assert_eq!(p.options.width, 20);
         assert!(parse("x/pr:nope/plain/a.jpg", &c, at(0)).is_err());

@@ -29,7 +29,8 @@
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
 //! (their originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no uploads),
 //! [`filters`] and [`smart`] (pixel filters, content-aware crop placement: edges, skin,
-//! saturation).
+//! saturation), [`metadata`] (the original's EXIF, XMP and ICC profile a result keeps), [`stats`]
+//! (what the routes count into the server's metrics).
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
@@ -43,6 +44,7 @@ pub mod filters;
 pub mod grammar;
 pub mod imgproxy;
 pub mod jpeg;
+pub mod metadata;
 pub mod params;
 pub mod pipeline;
 pub mod pool;
@@ -50,6 +52,7 @@ pub mod raster;
 pub mod smart;
 pub mod sniff;
 pub mod source;
+pub mod stats;
 pub mod storage;
 pub mod thumbor;
 pub mod transform;
@@ -64,6 +67,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
+use crate::access_log::ImageServed;
 use crate::body::Body;
 use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Purge, Reach};
@@ -210,6 +214,8 @@ struct Inner {
     limits: Limits,
     /// The route's `watermark` image, decoded at start.
     mark: Option<Arc<Raster>>,
+    /// What the route counts into the server's metrics.
+    stats: stats::Stats,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -260,6 +266,7 @@ impl Images {
         Images {
             inner: Arc::new(Inner {
                 mark,
+                stats: stats::Stats::default(),
                 pool: Pool::new(
                     cfg.workers.as_usize(),
                     cfg.queue_depth.get() as usize,
@@ -282,6 +289,12 @@ impl Images {
     #[cfg(test)]
     pub(crate) fn admin_token(&self) -> Option<&str> {
         self.inner.admin_token.as_deref()
+    }
+
+    /// Counts the route's transforms and originals into `m` (the server's metrics, when it
+    /// counts requests).
+    pub fn count_into(&self, m: &Arc<crate::metrics::Metrics>) {
+        self.inner.stats.count_into(m);
     }
 
     /// Where the originals are, for logs.
@@ -443,12 +456,17 @@ impl Images {
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
         let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
+        let mut served = ImageServed {
+            grammar: Grammar::Zimg.name(),
+            presets: Box::from(""),
+        };
         if let Some(name) = params.t.take() {
             let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
                 name: "t",
                 reason: format!("no preset named `{name}`"),
             })?;
             params = params.over(&preset.0);
+            served.presets = name.into_boxed_str();
         }
         let resolved = Resolved::new(
             &params,
@@ -462,7 +480,8 @@ impl Images {
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
         let fill = Arc::clone(inner);
-        cached(inner, req, key, move || fill.make(md5, resolved)).await
+        let made = cached(inner, req, key, move || fill.make(md5, resolved)).await;
+        Ok(noted(made?, served))
     }
 
     /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
@@ -490,7 +509,9 @@ impl Images {
                 reason: "this route has no `watermark` image".into(),
             }));
         }
-        let original = inner.sources.load(&source).await?;
+        let original = inner.sources.load(&source).await;
+        inner.stats.source(&original);
+        let original = original?;
         let probe = sniff::probe(&original.data)?;
         let target = Target::choose(
             options.format.unwrap_or(inner.cfg.default_format),
@@ -527,14 +548,13 @@ impl Images {
                 target.key()
             ),
         );
-        tracing::debug!(
-            grammar = grammar.name(),
-            presets = options.presets.join(",").as_str(),
-            "image proxy request"
-        );
+        let served = ImageServed {
+            grammar: grammar.name(),
+            presets: options.presets.join(",").into_boxed_str(),
+        };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
-        cached(inner, req, key, move || async move {
+        let made = cached(inner, req, key, move || async move {
             let Original { data, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
@@ -547,9 +567,9 @@ impl Images {
                     let mark = fill.mark.clone();
                     let format = prepared.format;
                     let memory = prepared.memory;
-                    let ran = fill
-                        .pool
-                        .run(job, move || {
+                    let source_len = data.len();
+                    let (ran, nanos) = (fill.stats)
+                        .run(&fill.pool, job, move || {
                             pipeline::run(
                                 &data,
                                 &probe,
@@ -561,7 +581,9 @@ impl Images {
                         })
                         .await?;
                     crate::memory::memory_freed(memory);
-                    (Bytes::from(ran?), format)
+                    let out = ran?;
+                    (fill.stats).transformed(grammar, format, nanos, source_len, out.len());
+                    (Bytes::from(out), format)
                 }
             };
             let now = fill.cache.clock().now();
@@ -570,8 +592,15 @@ impl Images {
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
-        .await
+        .await;
+        Ok(noted(made?, served))
     }
+}
+
+/// `r` with what the access log says of the image request it answers.
+fn noted(mut r: Response<Body>, served: ImageServed) -> Response<Body> {
+    r.extensions_mut().insert(served);
+    r
 }
 
 /// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
@@ -703,9 +732,9 @@ impl Inner {
                 memory: prepared.memory,
                 cost: prepared.cost,
             };
-            let ran = self
-                .pool
-                .run(job, move || {
+            let source_len = data.len();
+            let (ran, nanos) = (self.stats)
+                .run(&self.pool, job, move || {
                     transform::run(&data, &probe, &resolved, &limits)
                 })
                 .await?;
@@ -713,6 +742,7 @@ impl Inner {
             crate::memory::memory_freed(prepared.memory);
             let (out, timing) = ran?;
             let format = prepared.format;
+            (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
             tracing::debug!(
                 md5 = md5.as_str(),
                 params = key.as_str(),

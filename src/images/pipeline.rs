@@ -20,12 +20,13 @@
 use super::animation;
 use super::codec;
 use super::filters;
+use super::metadata;
 use super::params::Target;
 use super::raster::{Limits, Raster};
 use super::smart;
 use super::sniff::{ImageFormat, Probe};
 use super::transform::{self, Plan, Shape, TransformError};
-use crate::config::image_options::{Gravity, GravityType, Options, ResizeType};
+use crate::config::image_options::{Compass, Gravity, GravityType, Options, ResizeType};
 use crate::config::image_params::FormatChoice;
 
 /// The geometry of one request, in the turned source's pixels.
@@ -85,15 +86,9 @@ fn anchor(g: &Gravity, outer: (f64, f64), inner: (f64, f64), offset_scale: f64) 
     let (ox, oy) = (off(g.x, outer.0), off(g.y, outer.1));
     let (fw, fh) = (outer.0 - inner.0, outer.1 - inner.1);
     let (x, y) = match g.kind {
-        GravityType::Center | GravityType::Smart => (fw / 2.0 + ox, fh / 2.0 + oy),
-        GravityType::North => (fw / 2.0 + ox, oy),
-        GravityType::South => (fw / 2.0 + ox, fh - oy),
-        GravityType::East => (fw - ox, fh / 2.0 + oy),
-        GravityType::West => (ox, fh / 2.0 + oy),
-        GravityType::NorthEast => (fw - ox, oy),
-        GravityType::NorthWest => (ox, oy),
-        GravityType::SouthEast => (fw - ox, fh - oy),
-        GravityType::SouthWest => (ox, fh - oy),
+        GravityType::Compass(c) => c.anchor((fw, fh), (ox, oy)),
+        // Placed by the smart crop's own search where it applies; centred otherwise.
+        GravityType::Smart => Compass::Center.anchor((fw, fh), (ox, oy)),
         GravityType::FocusPoint(fx, fy) => {
             (fx * outer.0 - inner.0 / 2.0, fy * outer.1 - inner.1 / 2.0)
         }
@@ -475,8 +470,24 @@ pub fn run(
             animation::encode(&anim, p.format, q)
         });
     }
-    let (img, top) =
-        transform::decode_oriented(src, probe, p.orientation, p.need, p.gray, p.rows, limits)?;
+    // A kept profile (scp:0) must be one the output carries and fit its pixels.
+    let keep_icc = metadata::keeps_icc(o)
+        && !p.gray
+        && !o.grayscale
+        && matches!(
+            p.format,
+            ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
+        );
+    let (img, top, icc) = transform::decode_oriented(
+        src,
+        probe,
+        p.orientation,
+        p.need,
+        p.gray,
+        p.rows,
+        limits,
+        keep_icc,
+    )?;
     let (img, l) = layout(img, top, probe, o, p, limits)?;
     let img = render(img, top, &l, o, p, mark)?;
     let out = |quality| codec::Output {
@@ -486,9 +497,11 @@ pub fn run(
         icc: None,
         progressive: limits.jpeg_progressive,
     };
-    encode(p.format, p.quality, o.max_bytes, |q| {
+    let out = encode(p.format, p.quality, o.max_bytes, |q| {
         codec::encode_with(&img, p.format, &out(q))
-    })
+    })?;
+    let kept = metadata::keep(src, probe.format, o, icc);
+    Ok(metadata::embed(out, p.format, &kept))
 }
 
 /// Where the result comes from in a decoded image: the geometry once trimmed and smart

@@ -56,6 +56,37 @@ pub struct Original {
     pub data: Bytes,
     /// Names these bytes in result cache keys: a new original makes new keys.
     pub id: String,
+    /// Where it came from (the metrics count it).
+    pub had: Had,
+}
+
+/// Where an original came from, in the order of `crate::metrics::SOURCE_OUTCOMES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Had {
+    /// A fresh copy in the memory tier.
+    Memory,
+    /// A copy in a tier below memory (disk, shared).
+    Tier,
+    /// From the origin (a 304 refreshing a stale copy too).
+    Fetched,
+    /// From a concurrent request's fetch of the same URL.
+    Coalesced,
+    /// A file under `root`.
+    Local,
+    /// A stale copy standing in for an origin that failed (within stale-if-error).
+    Stale,
+}
+
+impl SourceError {
+    /// The index of the outcome in `crate::metrics::SOURCE_OUTCOMES`.
+    pub fn outcome(&self) -> usize {
+        match self {
+            SourceError::NotFound => 6,
+            SourceError::NotAllowed(_) => 7,
+            SourceError::TooLarge(_) => 8,
+            SourceError::Failed(_) => 9,
+        }
+    }
 }
 
 /// Why an original could not be had.
@@ -200,7 +231,7 @@ impl Sources {
         let now = self.cache.clock().now();
         let stored = self.cache.get(&key);
         if let Some(e) = stored.as_ref().filter(|e| e.freshness.is_fresh(now)) {
-            return Ok(original_of(e));
+            return Ok(original_of(e, Had::Memory));
         }
         match self.fills.join(&key) {
             Join::Leader(guard) => {
@@ -209,7 +240,10 @@ impl Sources {
                 got
             }
             Join::Follower(f) => match f.wait(self.timeout + Duration::from_secs(1)).await {
-                FillOutcome::Filled(got) => got,
+                FillOutcome::Filled(got) => got.map(|o| Original {
+                    had: Had::Coalesced,
+                    ..o
+                }),
                 // The leader went away (its client did): fetch for this one.
                 FillOutcome::Failed(_) | FillOutcome::Released => {
                     let stored = self.cache.get(&key);
@@ -236,7 +270,7 @@ impl Sources {
                     .find(key, &none, &directives, Reach::Lease)
                     .await
                 {
-                    Found::Hit(e) => return Ok(original_of(&e)),
+                    Found::Hit(e) => return Ok(original_of(&e, Had::Tier)),
                     Found::Stale(e) => (Some(e), None),
                     Found::Miss(lease) => (None, lease),
                 }
@@ -258,7 +292,7 @@ impl Sources {
                 if e.freshness.serve_on_error(self.cache.clock().now()) =>
             {
                 tracing::debug!(key = key.as_str(), why, "stale original served on error");
-                Ok(original_of(&e))
+                Ok(original_of(&e, Had::Stale))
             }
             (got, _) => got,
         }
@@ -320,11 +354,11 @@ impl Sources {
                     let fresh = Arc::new(old.refreshed(fields, s.freshness));
                     self.cache
                         .store_filled(key.clone(), Arc::clone(&fresh), lease);
-                    original_of(&fresh)
+                    original_of(&fresh, Had::Fetched)
                 }
                 Err(_) => {
                     self.cache.remove(key);
-                    original_of(old)
+                    original_of(old, Had::Fetched)
                 }
             });
         }
@@ -345,6 +379,7 @@ impl Sources {
         let original = Original {
             data: data.clone(),
             id: id.clone(),
+            had: Had::Fetched,
         };
         let storable = if data.len() as u64 > cfg.max_object_size.0 {
             Err(policy::NoStoreReason::TooLarge)
@@ -399,8 +434,8 @@ fn inline(base: Upstream) -> Option<Fetcher> {
     }
 }
 
-/// The original stored in `e`.
-fn original_of(e: &Entry) -> Original {
+/// The original stored in `e`, had from where `had` says.
+fn original_of(e: &Entry, had: Had) -> Original {
     let data = e
         .variant(Encoding::Identity)
         .map(|v| v.body.clone())
@@ -409,7 +444,7 @@ fn original_of(e: &Entry) -> Original {
         Some(id) => id.to_string(),
         None => Md5Hex::of(&data).as_str().to_string(),
     };
-    Original { data, id }
+    Original { data, id, had }
 }
 
 /// Reads `body` whole, failing once it passes `max` bytes (the rest left unread).
@@ -538,6 +573,7 @@ fn read_local(root: &Path, path: &Path, max: u64) -> Result<Original, SourceErro
     Ok(Original {
         id: format!("local:{}:{}:{modified}", rel.display(), data.len()),
         data: Bytes::from(data),
+        had: Had::Local,
     })
 }
 

@@ -20,7 +20,7 @@ use base64::Engine;
 use percent_encoding::percent_decode_str;
 
 use crate::config::image_options::{
-    Crop, Gravity, GravityType, Options, ResizeType, Trim, Watermark, WatermarkPosition,
+    Compass, Crop, Gravity, GravityType, Options, ResizeType, Trim, Watermark, WatermarkPosition,
 };
 use crate::config::image_params::FormatChoice;
 use crate::config::ThumborConfig;
@@ -279,15 +279,15 @@ fn options_of(p: &Parts) -> Options {
     let mut o = Options::default();
     let kind = match (p.halign.unwrap_or("center"), p.valign.unwrap_or("middle")) {
         _ if p.smart => GravityType::Smart,
-        ("left", "top") => GravityType::NorthWest,
-        ("left", "bottom") => GravityType::SouthWest,
-        ("left", _) => GravityType::West,
-        ("right", "top") => GravityType::NorthEast,
-        ("right", "bottom") => GravityType::SouthEast,
-        ("right", _) => GravityType::East,
-        (_, "top") => GravityType::North,
-        (_, "bottom") => GravityType::South,
-        _ => GravityType::Center,
+        ("left", "top") => GravityType::Compass(Compass::NorthWest),
+        ("left", "bottom") => GravityType::Compass(Compass::SouthWest),
+        ("left", _) => GravityType::Compass(Compass::West),
+        ("right", "top") => GravityType::Compass(Compass::NorthEast),
+        ("right", "bottom") => GravityType::Compass(Compass::SouthEast),
+        ("right", _) => GravityType::Compass(Compass::East),
+        (_, "top") => GravityType::Compass(Compass::North),
+        (_, "bottom") => GravityType::Compass(Compass::South),
+        _ => GravityType::Compass(Compass::Center),
     };
     o.gravity = Gravity {
         kind,
@@ -310,7 +310,7 @@ fn options_of(p: &Parts) -> Options {
             width: f64::from(w),
             height: f64::from(h),
             gravity: Some(Gravity {
-                kind: GravityType::NorthWest,
+                kind: GravityType::Compass(Compass::NorthWest),
                 x: f64::from(l),
                 y: f64::from(t),
             }),
@@ -503,7 +503,9 @@ fn apply_filter(
         }
         "strip_exif" => {
             arity(name, args, 0, 0)?;
+            // All of it: thumbor keeps no copyright either.
             o.strip_metadata = Some(true);
+            o.keep_copyright = Some(false);
         }
         "max_bytes" => {
             arity(name, args, 1, 1)?;
@@ -634,17 +636,7 @@ fn watermark(name: &str, args: &[String]) -> Result<Watermark, GrammarError> {
                 Axis::Edge(far, o) => (if far { 2 } else { 0 }, o),
                 _ => (1, 0.0),
             };
-            let p = match (h, v) {
-                (0, 0) => P::NorthWest,
-                (1, 0) => P::North,
-                (2, 0) => P::NorthEast,
-                (0, 1) => P::West,
-                (2, 1) => P::East,
-                (0, 2) => P::SouthWest,
-                (1, 2) => P::South,
-                (2, 2) => P::SouthEast,
-                _ => P::Center,
-            };
+            let p = P::At(Compass::from_sides(h, v));
             (p, ox, oy)
         }
     };
@@ -767,7 +759,7 @@ mod tests {
                     height: 0.0,
                     gravity: None
                 }),
-                gravity: gravity(GravityType::West),
+                gravity: gravity(GravityType::Compass(Compass::West)),
                 ..fill(0, 0)
             }
         );
@@ -789,15 +781,15 @@ mod tests {
     #[test]
     fn alignment_trim_and_manual_crop() {
         let cases = [
-            ("left/top", GravityType::NorthWest),
-            ("center/top", GravityType::North),
-            ("right/top", GravityType::NorthEast),
-            ("left", GravityType::West),
-            ("middle", GravityType::Center),
-            ("right/middle", GravityType::East),
-            ("left/bottom", GravityType::SouthWest),
-            ("bottom", GravityType::South),
-            ("right/bottom", GravityType::SouthEast),
+            ("left/top", GravityType::Compass(Compass::NorthWest)),
+            ("center/top", GravityType::Compass(Compass::North)),
+            ("right/top", GravityType::Compass(Compass::NorthEast)),
+            ("left", GravityType::Compass(Compass::West)),
+            ("middle", GravityType::Compass(Compass::Center)),
+            ("right/middle", GravityType::Compass(Compass::East)),
+            ("left/bottom", GravityType::Compass(Compass::SouthWest)),
+            ("bottom", GravityType::Compass(Compass::South)),
+            ("right/bottom", GravityType::Compass(Compass::SouthEast)),
             ("right/bottom/smart", GravityType::Smart),
         ];
         for (parts, kind) in cases {
@@ -830,7 +822,7 @@ mod tests {
                 width: 100.0,
                 height: 200.0,
                 gravity: Some(Gravity {
-                    kind: GravityType::NorthWest,
+                    kind: GravityType::Compass(Compass::NorthWest),
                     x: 10.0,
                     y: 20.0
                 })
@@ -902,6 +894,11 @@ mod tests {
         assert!(o.grayscale);
         assert_eq!(o.strip_color_profile, Some(true));
         assert_eq!(o.strip_metadata, Some(true));
+        assert_eq!(
+            o.keep_copyright,
+            Some(false),
+            "thumbor strips the copyright too"
+        );
         assert_eq!(o.max_bytes, 9000);
         assert_eq!(opts("unsafe/filters:blur(4,%202.5)/a.jpg").blur, 2.5);
         assert_eq!(opts("unsafe/filters:blur(400)/a.jpg").blur, MAX_BLUR);
@@ -977,22 +974,22 @@ mod tests {
         let w = wm("10,20,25");
         assert_eq!(
             (w.position, w.x, w.y, w.opacity),
-            (P::NorthWest, 10.0, 20.0, 0.75)
+            (P::At(Compass::NorthWest), 10.0, 20.0, 0.75)
         );
         let w = wm("-10,-20,0");
         assert_eq!(
             (w.position, w.x, w.y, w.opacity),
-            (P::SouthEast, 10.0, 20.0, 1.0)
+            (P::At(Compass::SouthEast), 10.0, 20.0, 1.0)
         );
-        assert_eq!(wm("center,center,50").position, P::Center);
-        assert_eq!(wm("center,-0,50").position, P::South);
-        assert_eq!(wm("-5,center,50").position, P::East);
+        assert_eq!(wm("center,center,50").position, P::At(Compass::Center));
+        assert_eq!(wm("center,-0,50").position, P::At(Compass::South));
+        assert_eq!(wm("-5,center,50").position, P::At(Compass::East));
         assert_eq!(wm("repeat,repeat,50").position, P::Replicate);
         assert_eq!(wm("repeat,10,50").position, P::Replicate);
         let w = wm("20p,-30p,100,40");
         assert_eq!(
             (w.position, w.x, w.y, w.opacity),
-            (P::SouthWest, 0.2, 0.3, 0.0)
+            (P::At(Compass::SouthWest), 0.2, 0.3, 0.0)
         );
         assert_eq!(w.scale, 0.4);
         assert_eq!(wm("0,0,0,none,30").scale, 0.0);

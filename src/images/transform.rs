@@ -407,7 +407,8 @@ pub(super) fn avif_capped(
 }
 
 /// Decodes `src` for a plan: the size `need` and rows `rows` (see [`window`]), turned by
-/// `orientation`. Returns the image and the band's first row in the decoded image.
+/// `orientation`. Returns the image, the band's first row in the decoded image, and the ICC
+/// profile its pixels are still in when `keep_icc` kept it ([`codec::decode_colour`]).
 pub(super) fn decode_oriented(
     src: &[u8],
     probe: &Probe,
@@ -416,9 +417,10 @@ pub(super) fn decode_oriented(
     gray: bool,
     rows: (f64, f64),
     limits: &Limits,
-) -> Result<(Raster, u32), CodecError> {
-    let (img, band) = codec::decode(src, probe, need, gray, rows, limits)?;
-    Ok((orient(img, orientation), band.top))
+    keep_icc: bool,
+) -> Result<(Raster, u32, Option<Vec<u8>>), CodecError> {
+    let d = codec::decode_colour(src, probe, need, gray, rows, limits, keep_icc)?;
+    Ok((orient(d.raster, orientation), d.band.top, d.icc))
 }
 
 /// A region of the oriented source (`ow` pixels wide) in the pixels of `img`, a decoded (and

@@ -79,6 +79,8 @@ try {
   out.p99_inf = await page.evaluate(() => percentile([0.001, 0.002], [0, 1, 99], 0.99));
   // Tiles on one line each at 1400 px: none taller than the first.
   out.tile_heights = await page.$$eval(".tile:not(.hidden)", (ts) => ts.map((t) => t.getBoundingClientRect().height));
+  // No image route: no image tiles.
+  out.image_tiles = await page.$$eval(".images-tile:not(.hidden)", (ts) => ts.length);
   // ... and none of their lines cut short.
   out.tiles_cut = await page.$$eval(".tile:not(.hidden) .k, .tile:not(.hidden) .v, .tile:not(.hidden) .s", (es) => es.filter((e) => e.scrollWidth > e.clientWidth).map((e) => e.textContent));
   if (shots) await page.screenshot({ path: shots + "/dashboard-errors.png" });

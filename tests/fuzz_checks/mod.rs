@@ -215,6 +215,8 @@ pub fn image_proxy_url(data: &[u8]) {
         max_upscale: 2.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 100_000_000,
+        jpeg_progressive: false,
     };
     for p in parsed.into_iter().flatten() {
         assert_eq!(p.options.key(), p.options.clone().key());
