@@ -133,6 +133,8 @@ fn estimate_bounds_the_heap_a_transform_uses() {
     let gif = codec::encode(&gradient(300, 200, 4), ImageFormat::Gif, 75).unwrap();
     let webp = codec::encode(&gradient(300, 200, 3), ImageFormat::Webp, 75).unwrap();
     let avif = codec::encode(&gradient(300, 200, 4), ImageFormat::Avif, 75).unwrap();
+    // libjxl, loaded at run time (tests/provision installs it).
+    let jxl = codec::encode(&gradient(300, 200, 4), ImageFormat::Jxl, 75).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("jpeg thumb", photo.clone(), "w=100&h=100"),
         ("jpeg gray", photo.clone(), "w=100&h=100&g=1"),
@@ -149,6 +151,8 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("gif", gif, "w=150&f=gif"),
         ("webp", webp, "w=100&f=jpeg"),
         ("avif", avif, "f=png"),
+        ("jxl", jxl.clone(), "f=png"),
+        ("jxl to jxl", jxl, "w=100&f=jxl"),
     ];
     let mut over = Vec::new();
     for (name, src, q) in &cases {

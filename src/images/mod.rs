@@ -22,7 +22,9 @@
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
 //! [`codec`] (decoders and encoders per format), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
+//! YUV to RGB), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
+//! decoding through libheif), [`dynlib`] (the shared libraries those two load at run time),
+//! [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
 //! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
@@ -37,10 +39,13 @@
 pub mod avif;
 pub mod codec;
 pub mod colour;
+pub mod dynlib;
 pub mod filters;
 pub mod grammar;
+pub mod heif;
 pub mod imgproxy;
 pub mod jpeg;
+pub mod jxl;
 pub mod params;
 pub mod pipeline;
 pub mod pool;
@@ -121,7 +126,8 @@ impl ImageError {
         match self {
             ImageError::Param(_) | ImageError::BadUpload(_) => StatusCode::BAD_REQUEST,
             ImageError::NotFound | ImageError::NoStore => StatusCode::NOT_FOUND,
-            ImageError::NotAnImage(_) | ImageError::Refused(CodecError::Unsupported(_)) => {
+            ImageError::NotAnImage(_)
+            | ImageError::Refused(CodecError::Unsupported(_) | CodecError::Unavailable { .. }) => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
             ImageError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
