@@ -135,6 +135,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
     let avif = codec::encode(&gradient(300, 200, 4), ImageFormat::Avif, 75).unwrap();
     // libjxl, loaded at run time (tests/provision installs it).
     let jxl = codec::encode(&gradient(300, 200, 4), ImageFormat::Jxl, 75).unwrap();
+    let jxl_large = codec::encode(&gradient(1200, 900, 3), ImageFormat::Jxl, 75).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("jpeg thumb", photo.clone(), "w=100&h=100"),
         ("jpeg gray", photo.clone(), "w=100&h=100&g=1"),
@@ -153,6 +154,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("avif", avif, "f=png"),
         ("jxl", jxl.clone(), "f=png"),
         ("jxl to jxl", jxl, "w=100&f=jxl"),
+        ("jxl large", jxl_large, "w=300&f=jpeg"),
     ];
     let mut over = Vec::new();
     for (name, src, q) in &cases {

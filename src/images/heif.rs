@@ -219,3 +219,55 @@ pub fn decode(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::sniff;
+
+    #[test]
+    fn damaged_files_are_errors() {
+        assert!(
+            can_decode(),
+            "libheif: run tests/provision (Debian's libheif1)"
+        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/flat-160x120.heic");
+        let good = std::fs::read(path).expect("tests/data fixture in the repository");
+        let p = sniff::probe(&good).unwrap();
+        let r = decode(&good, &p).unwrap();
+        assert_eq!((r.width, r.height, r.channels), (160, 120, 3));
+        // Every truncation and every byte changed: decoded at the header's size, or refused.
+        let mut damaged: Vec<Vec<u8>> = (1..good.len()).map(|n| good[..n].to_vec()).collect();
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0x55;
+            damaged.push(b);
+        }
+        let mut refused = 0;
+        for b in &damaged {
+            let Ok(p) = sniff::probe(b) else { continue };
+            if p.pixels() > 1 << 20 {
+                continue;
+            }
+            match decode(b, &p) {
+                Ok(r) => assert_eq!((r.width, r.height), (p.width, p.height)),
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(refused > 0);
+    }
+
+    #[test]
+    fn a_missing_library_is_named() {
+        let e = dynlib::open(&["libnot-here.so.9"]).unwrap_err();
+        assert!(e.contains("libnot-here.so.9"), "{e}");
+        let e = CodecError::Unavailable {
+            format: "decoding HEIC",
+            library: "libheif (Debian: libheif1)",
+            why: e,
+        };
+        assert!(e
+            .to_string()
+            .starts_with("decoding HEIC needs libheif (Debian: libheif1)"));
+    }
+}

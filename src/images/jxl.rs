@@ -310,6 +310,37 @@ pub fn encode(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::sniff;
+
+    #[test]
+    fn damaged_files_are_errors_not_panics() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/flat-160x120.jxl");
+        let good = std::fs::read(path).expect("tests/data fixture in the repository");
+        let p = sniff::probe(&good).unwrap();
+        let r = decode(&good, &p).unwrap();
+        assert_eq!((r.width, r.height, r.channels), (160, 120, 3));
+        // Every byte changed three ways, and every truncation: decoded or refused, never a
+        // panic, and never larger than the header said.
+        let mut damaged: Vec<Vec<u8>> = (1..good.len()).map(|n| good[..n].to_vec()).collect();
+        for i in 0..good.len() {
+            for x in [0x01, 0x80, 0xFF] {
+                let mut b = good.clone();
+                b[i] ^= x;
+                damaged.push(b);
+            }
+        }
+        for b in &damaged {
+            let Ok(p) = sniff::probe(b) else { continue };
+            if p.pixels() > 1 << 20 {
+                continue;
+            }
+            let run = std::panic::catch_unwind(|| decode(b, &p));
+            let r = run.unwrap_or_else(|_| panic!("jxl-oxide panicked on {b:02x?}"));
+            if let Ok(r) = r {
+                assert_eq!((r.width, r.height), (p.width, p.height));
+            }
+        }
+    }
 
     #[test]
     fn quality_maps_to_libjxl_distance() {

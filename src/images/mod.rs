@@ -793,6 +793,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_format_without_its_library_is_415() {
+        let e = ImageError::Refused(CodecError::Unavailable {
+            format: "JPEG XL output",
+            library: "libjxl",
+            why: "none of libjxl.so.0.7 loads".into(),
+        });
+        assert_eq!(e.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(e.to_string().contains("libjxl"), "{e}");
+    }
+
+    #[test]
     fn grammar_by_shape() {
         assert_eq!(grammar_of("unsafe/100x100/smart/a.jpg"), Grammar::Thumbor);
         assert_eq!(
