@@ -33,6 +33,11 @@ const SEEDS: &[&[u8]] = &[
     ENTRY_RECORD,
     // An AVIF header: ftyp, meta (pitm, iprp: ipco with ispe, colr, irot; ipma), mdat.
     b"\x00\x00\x00\x18ftypavif\x00\x00\x00\x00mif1avif\x00\x00\x00pmeta\x00\x00\x00\x00\x00\x00\x00\x0epitm\x00\x00\x00\x00\x00\x01\x00\x00\x00Viprp\x00\x00\x008ipco\x00\x00\x00\x14ispe\x00\x00\x00\x00\x00\x00\x02\x80\x00\x00\x01\xe0\x00\x00\x00\x13colrnclx\x00\x01\x00\x0d\x00\x01\x80\x00\x00\x00\x09irot\x01\x00\x00\x00\x16ipma\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x03\x81\x02\x83\x00\x00\x00\x0bmdat\x12\x00\x0a",
+    // JPEG XL (a bare codestream and the container, made by cjxl) and a HEIC (heif-enc):
+    // tests/data/README.md.
+    include_bytes!("data/flat-160x120.jxl"),
+    include_bytes!("data/flat-160x120-container.jxl"),
+    include_bytes!("data/flat-160x120.heic"),
     // imgproxy's and thumbor's URLs.
     b"insecure/rs:fill:100:100:1/g:sm/c:0.5:300:nowe:10:5/pd:1:2:3:4/bg:ff0000/ex:1:ce/exar:1/dpr:2/z:1.5/pr:thumb/bl:2/sh:1/rot:90/fl:1:0/t:10:ff0000:1:1/q:80/mb:1000/plain/http%3A%2F%2Fa/b.jpg@webp",
     b"unsafe/trim/10x20:300x400/fit-in/-100x-0/left/top/smart/filters:quality(80):blur(2):fill(red):format(webp)/aHR0cDovL2EvYi5qcGc=",

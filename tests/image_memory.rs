@@ -156,6 +156,9 @@ fn estimate_bounds_the_heap_a_transform_uses() {
     };
     let anim_gif = animation::encode(&anim, ImageFormat::Gif, 75).unwrap();
     let anim_webp = animation::encode(&anim, ImageFormat::Webp, 75).unwrap();
+    // libjxl, loaded at run time (tests/provision installs it).
+    let jxl = codec::encode(&gradient(300, 200, 4), ImageFormat::Jxl, 75).unwrap();
+    let jxl_large = codec::encode(&gradient(1200, 900, 3), ImageFormat::Jxl, 75).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("jpeg thumb", photo.clone(), "w=100&h=100"),
         ("jpeg gray", photo.clone(), "w=100&h=100&g=1"),
@@ -176,6 +179,9 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("gif anim to webp", anim_gif, "w=200&f=webp"),
         ("webp animated", anim_webp.clone(), "w=100&h=100&p=1"),
         ("webp anim to gif", anim_webp, "f=gif"),
+        ("jxl", jxl.clone(), "f=png"),
+        ("jxl to jxl", jxl, "w=100&f=jxl"),
+        ("jxl large", jxl_large, "w=300&f=jpeg"),
     ];
     let mut over = Vec::new();
     for (name, src, q) in &cases {

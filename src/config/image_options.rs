@@ -350,7 +350,7 @@ fn format(name: &str, v: &str) -> Result<FormatChoice, OptionError> {
     match FormatChoice::parse(v) {
         Some(FormatChoice::Keep) | None => Err(bad(
             name,
-            format!("unknown format `{v}` (jpg, png, webp, avif, gif, auto)"),
+            format!("unknown format `{v}` (jpg, png, webp, avif, gif, jxl, auto)"),
         )),
         Some(f) => Ok(f),
     }

@@ -73,6 +73,8 @@ pub enum FormatChoice {
     Webp,
     Avif,
     Gif,
+    /// JPEG XL (output through libjxl, loaded at run time).
+    Jxl,
 }
 
 impl FormatChoice {
@@ -85,6 +87,7 @@ impl FormatChoice {
             "webp" => FormatChoice::Webp,
             "avif" => FormatChoice::Avif,
             "gif" => FormatChoice::Gif,
+            "jxl" => FormatChoice::Jxl,
             _ => return None,
         })
     }
@@ -95,7 +98,7 @@ impl<'de> Deserialize<'de> for FormatChoice {
         let s = String::deserialize(d)?;
         FormatChoice::parse(&s).ok_or_else(|| {
             de::Error::custom(format!(
-                "unknown format `{s}` (use none, auto, jpeg, png, webp, avif or gif)"
+                "unknown format `{s}` (use none, auto, jpeg, png, webp, avif, gif or jxl)"
             ))
         })
     }
@@ -179,7 +182,7 @@ impl Params {
                         bad(
                             "f",
                             format!(
-                                "unknown format `{v}` (none, auto, jpeg, png, webp, avif, gif)"
+                                "unknown format `{v}` (none, auto, jpeg, png, webp, avif, gif, jxl)"
                             ),
                         )
                     })?)

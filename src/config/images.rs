@@ -72,7 +72,7 @@ pub struct ImagesConfig {
     #[serde(default = "ImagesConfig::default_max_avif_pixels")]
     pub max_avif_pixels: Bounded<1, 1_000_000_000>,
     /// Output format when a request has no `f`: `none` keeps the source's, `auto` picks AVIF
-    /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`.
+    /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`, `jxl`.
     #[serde(default = "ImagesConfig::default_format")]
     pub default_format: FormatChoice,
     /// Encoding quality (1-100) when a request has no `q`.

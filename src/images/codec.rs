@@ -2,14 +2,16 @@
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode, progressive
 //! when the route asks), PNG and GIF through the pure-Rust `png` and `gif` crates, WebP through
 //! libwebp (an animation's first frame here; every frame in [`super::animation`]), AVIF
-//! decoding in [`super::avif`] (rav1d) and encoding through rav1e (`ravif`). Every decoder is
-//! guarded by the header probe (pixel, frame and animation limits) and has its own memory limit
-//! where it offers one; a bad image is an error, never a panic. Decoded pixels are sRGB: an
-//! embedded ICC profile is converted ([`super::colour`]) unless the caller keeps it, CMYK JPEGs
-//! are converted to RGB, 16-bit PNGs are rounded to 8 bits after their conversion. Output never
+//! decoding in [`super::avif`] (rav1d) and encoding through rav1e (`ravif`), JPEG XL in
+//! [`super::jxl`] (jxl-oxide decoding, libjxl encoding loaded at run time), HEIC decoding in
+//! [`super::heif`] (libheif loaded at run time; no HEIC output). Every decoder is guarded by
+//! the header probe (pixel, frame and animation limits) and has its own memory limit where it
+//! offers one; a bad image is an error, never a panic. Decoded pixels are sRGB: an embedded ICC
+//! profile is converted ([`super::colour`]) unless the caller keeps it, CMYK JPEGs are
+//! converted to RGB, 16-bit PNGs are rounded to 8 bits after their conversion. Output never
 //! carries the source's metadata, except its ICC profile when kept; alpha is flattened onto a
-//! background colour where the format has none (JPEG). The pixels, limits and errors they share
-//! are in [`super::raster`] (re-exported here), which avif imports rather than this file.
+//! background colour where the format has none (JPEG). The pixels, limits and errors they
+//! share are in [`super::raster`] (re-exported here), which avif imports rather than this file.
 
 use std::io::Cursor;
 
@@ -109,6 +111,9 @@ pub fn decode_colour(
         ImageFormat::Gif => decode_gif(src, p, limits).map(whole)?,
         ImageFormat::Webp => decode_webp(src, p).map(whole)?,
         ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole)?,
+        // Converted to sRGB by jxl-oxide itself (`embedded` finds no profile for JPEG XL).
+        ImageFormat::Jxl => super::jxl::decode(src, p).map(whole)?,
+        ImageFormat::Heic => super::heif::decode(src, p).map(whole)?,
     };
     let mut icc = None;
     if let Some(profile) = embedded.icc.filter(|_| !applied) {
@@ -276,7 +281,7 @@ fn decode_webp(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
 }
 
 /// Encodes with fast settings (AVIF at rav1e's fastest speed); `quality` 1-100 applies to JPEG,
-/// WebP and AVIF.
+/// WebP, AVIF and JPEG XL.
 pub fn encode(img: &Raster, format: ImageFormat, quality: u8) -> Result<Vec<u8>, CodecError> {
     encode_at(img, format, quality, 10)
 }
@@ -304,7 +309,7 @@ pub fn encode_at(
 /// How an image is encoded, besides its format.
 #[derive(Debug, Clone, Copy)]
 pub struct Output<'a> {
-    /// 1-100, for JPEG, WebP and AVIF.
+    /// 1-100, for JPEG, WebP, AVIF and JPEG XL (100: lossless).
     pub quality: u8,
     /// rav1e's speed preset (1 slowest to 10 fastest).
     pub avif_speed: u8,
@@ -328,6 +333,8 @@ pub fn encode_with(
         ImageFormat::Gif => encode_gif(img)?,
         ImageFormat::Webp => encode_webp(img, out.quality)?,
         ImageFormat::Avif => encode_avif(img, out.quality, out.avif_speed)?,
+        ImageFormat::Jxl => super::jxl::encode(img, out.quality)?,
+        ImageFormat::Heic => return Err(CodecError::Unsupported("HEIC output")),
     };
     Ok(match (format, out.icc) {
         (ImageFormat::Jpeg, Some(icc)) => colour::embed_jpeg(&bytes, icc),

@@ -53,7 +53,8 @@ pub fn embedded(src: &[u8], format: ImageFormat) -> Embedded {
             icc: webp(src),
             adobe: false,
         },
-        ImageFormat::Avif => Embedded {
+        // Both HEIF: the primary item's `colr` property.
+        ImageFormat::Avif | ImageFormat::Heic => Embedded {
             icc: super::sniff::avif_header(src)
                 .ok()
                 .and_then(|h| h.icc)
@@ -62,7 +63,8 @@ pub fn embedded(src: &[u8], format: ImageFormat) -> Embedded {
                 .map(<[u8]>::to_vec),
             adobe: false,
         },
-        ImageFormat::Gif => Embedded::default(),
+        // JPEG XL: jxl-oxide renders to sRGB itself, through its own profile handling.
+        ImageFormat::Gif | ImageFormat::Jxl => Embedded::default(),
     }
 }
 

@@ -23,7 +23,9 @@
 //! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF and WebP: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
+//! YUV to RGB), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
+//! decoding through libheif), [`dynlib`] (the shared libraries those two load at run time),
+//! [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
 //! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
@@ -40,10 +42,13 @@ pub mod animation;
 pub mod avif;
 pub mod codec;
 pub mod colour;
+pub mod dynlib;
 pub mod filters;
 pub mod grammar;
+pub mod heif;
 pub mod imgproxy;
 pub mod jpeg;
+pub mod jxl;
 pub mod metadata;
 pub mod params;
 pub mod pipeline;
@@ -127,7 +132,8 @@ impl ImageError {
         match self {
             ImageError::Param(_) | ImageError::BadUpload(_) => StatusCode::BAD_REQUEST,
             ImageError::NotFound | ImageError::NoStore => StatusCode::NOT_FOUND,
-            ImageError::NotAnImage(_) | ImageError::Refused(CodecError::Unsupported(_)) => {
+            ImageError::NotAnImage(_)
+            | ImageError::Refused(CodecError::Unsupported(_) | CodecError::Unavailable { .. }) => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
             ImageError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -819,6 +825,17 @@ fn req_path(rest: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_format_without_its_library_is_415() {
+        let e = ImageError::Refused(CodecError::Unavailable {
+            format: "JPEG XL output",
+            library: "libjxl",
+            why: "none of libjxl.so.0.7 loads".into(),
+        });
+        assert_eq!(e.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(e.to_string().contains("libjxl"), "{e}");
+    }
 
     #[test]
     fn grammar_by_shape() {

@@ -33,16 +33,25 @@ impl Target {
             FormatChoice::Webp => Target::Fixed(ImageFormat::Webp),
             FormatChoice::Avif => Target::Fixed(ImageFormat::Avif),
             FormatChoice::Gif => Target::Fixed(ImageFormat::Gif),
+            FormatChoice::Jxl => Target::Fixed(ImageFormat::Jxl),
         }
     }
 
     /// The format produced from a `source` image.
     pub fn output(self, source: ImageFormat) -> ImageFormat {
         match self {
+            // No HEIC encoder: its sources become JPEG, as in imgproxy (whose preferred
+            // formats are JPEG, PNG and GIF).
+            Target::Keep if source == ImageFormat::Heic => ImageFormat::Jpeg,
             Target::Keep => source,
             Target::Fixed(f) | Target::Auto(Some(f)) => f,
             // The client did not list the source's modern format: send JPEG.
-            Target::Auto(None) if matches!(source, ImageFormat::Avif | ImageFormat::Webp) => {
+            Target::Auto(None)
+                if matches!(
+                    source,
+                    ImageFormat::Avif | ImageFormat::Webp | ImageFormat::Jxl | ImageFormat::Heic
+                ) =>
+            {
                 ImageFormat::Jpeg
             }
             Target::Auto(None) => source,

@@ -352,6 +352,9 @@ fn choice(f: ImageFormat) -> FormatChoice {
         ImageFormat::Gif => FormatChoice::Gif,
         ImageFormat::Webp => FormatChoice::Webp,
         ImageFormat::Avif => FormatChoice::Avif,
+        ImageFormat::Jxl => FormatChoice::Jxl,
+        // Not a format asked for: `skp:heic` is refused by the grammar.
+        ImageFormat::Heic => FormatChoice::Keep,
     }
 }
 
@@ -639,7 +642,7 @@ fn encode(
         let len = out.len() as u64;
         let lossy = matches!(
             format,
-            ImageFormat::Jpeg | ImageFormat::Webp | ImageFormat::Avif
+            ImageFormat::Jpeg | ImageFormat::Webp | ImageFormat::Avif | ImageFormat::Jxl
         );
         if max_bytes == 0 || len <= max_bytes || !lossy || q <= 10 || tries >= MAX_BYTES_TRIES {
             return Ok(out);

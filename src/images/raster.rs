@@ -95,6 +95,13 @@ pub enum CodecError {
     Decode(&'static str, String),
     #[error("transforming {0} sources is not supported")]
     Unsupported(&'static str),
+    /// A format whose shared library, loaded at run time, is not on this machine (415).
+    #[error("{format} needs {library}, which cannot be loaded here: {why}")]
+    Unavailable {
+        format: &'static str,
+        library: &'static str,
+        why: String,
+    },
     #[error("cannot encode {0}: {1}")]
     Encode(&'static str, String),
     #[error("{0}")]

@@ -1,6 +1,6 @@
-//! What an image really is, from its bytes alone: the format (JPEG, PNG, GIF, WebP, AVIF), its
-//! dimensions, frame count and orientation, read from headers without decoding pixels. This
-//! is what refuses pixel bombs and frame bombs before any large allocation.
+//! What an image really is, from its bytes alone: the format (JPEG, PNG, GIF, WebP, AVIF, JPEG
+//! XL, HEIC), its dimensions, frame count and orientation, read from headers without decoding
+//! pixels. This is what refuses pixel bombs and frame bombs before any large allocation.
 
 /// The image formats larder stores and produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -10,6 +10,10 @@ pub enum ImageFormat {
     Gif,
     Webp,
     Avif,
+    /// JPEG XL: a bare codestream or the ISOBMFF container.
+    Jxl,
+    /// HEIF with an HEVC primary image (HEIC); read only (no output).
+    Heic,
 }
 
 impl ImageFormat {
@@ -21,6 +25,8 @@ impl ImageFormat {
             ImageFormat::Gif => "gif",
             ImageFormat::Webp => "webp",
             ImageFormat::Avif => "avif",
+            ImageFormat::Jxl => "jxl",
+            ImageFormat::Heic => "heic",
         }
     }
 
@@ -32,6 +38,8 @@ impl ImageFormat {
             ImageFormat::Gif => "image/gif",
             ImageFormat::Webp => "image/webp",
             ImageFormat::Avif => "image/avif",
+            ImageFormat::Jxl => "image/jxl",
+            ImageFormat::Heic => "image/heic",
         }
     }
 }
@@ -59,7 +67,7 @@ impl Probe {
 /// Why bytes are not an image larder handles.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SniffError {
-    #[error("not a JPEG, PNG, GIF, WebP or AVIF image")]
+    #[error("not a JPEG, PNG, GIF, WebP, AVIF, JPEG XL or HEIC image")]
     Unknown,
     /// SVG is refused rather than rasterized (no rasterizer is built in) or passed through
     /// (an SVG may carry scripts: serving it from the image route's origin would need a
@@ -88,9 +96,28 @@ pub fn format(b: &[u8]) -> Option<ImageFormat> {
         && (&b[8..12] == b"avif" || &b[8..12] == b"avis" || is_avif_compatible(b))
     {
         Some(ImageFormat::Avif)
+    } else if b.starts_with(&[0xFF, 0x0A]) || b.starts_with(JXL_CONTAINER) {
+        Some(ImageFormat::Jxl)
+    } else if b.len() >= 12 && &b[4..8] == b"ftyp" && is_heic(b) {
+        Some(ImageFormat::Heic)
     } else {
         None
     }
+}
+
+/// The first box of a JPEG XL container (`JXL `); a bare codestream starts FF 0A.
+const JXL_CONTAINER: &[u8] = b"\0\0\0\x0cJXL \r\n\x87\n";
+
+/// HEIF brands of HEVC-coded images (ISO/IEC 23008-12 annex B): the major brand, or a
+/// compatible one when the major brand is HEIF's generic `mif1`/`msf1`.
+fn is_heic(b: &[u8]) -> bool {
+    const BRANDS: [&[u8]; 6] = [b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"];
+    let size = be32(b, 0).unwrap_or(0) as usize;
+    let end = size.min(b.len());
+    BRANDS.contains(&&b[8..12])
+        || (16..end)
+            .step_by(4)
+            .any(|i| b.get(i..i + 4).is_some_and(|x| BRANDS.contains(&x)))
 }
 
 fn is_avif_compatible(b: &[u8]) -> bool {
@@ -129,7 +156,8 @@ pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
         }
         ImageFormat::Gif => gif(b, &mut p)?,
         ImageFormat::Webp => webp(b, &mut p)?,
-        ImageFormat::Avif => avif(b, &mut p)?,
+        ImageFormat::Avif | ImageFormat::Heic => avif(b, &mut p)?,
+        ImageFormat::Jxl => jxl(b, &mut p)?,
     }
     if p.width == 0 || p.height == 0 {
         return Err(SniffError::Malformed(format.name()));
@@ -559,12 +587,50 @@ fn orientation(quarter_turns_ccw: u8, mirror: Option<u8>) -> u8 {
     }
 }
 
+/// AVIF and HEIC: both HEIF, whose primary item's properties say size and orientation.
 fn avif(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
-    let h = avif_header(b)?;
+    let h = avif_header(b).map_err(|e| match p.format {
+        ImageFormat::Heic => SniffError::Malformed("HEIC"),
+        _ => e,
+    })?;
     p.width = h.width;
     p.height = h.height;
     p.orientation = h.orientation;
     Ok(())
+}
+
+/// Codestream bytes collected from a container for its header: the size header and image
+/// metadata take a few hundred bytes at most (an ICC profile, which follows them, is not read).
+const JXL_HEADER_BYTES: usize = 64 << 10;
+
+/// JPEG XL's image header (size, orientation, animation), parsed by jxl-oxide's own header
+/// parser (bit-packed fields: not hand-written here). The container's boxes are walked by its
+/// container parser; only the first bytes of the codestream are kept. The size reported is the
+/// displayed one: jxl-oxide applies the orientation as it renders, so none is left to apply.
+/// An animation counts as one frame: only its first is decoded.
+fn jxl(b: &[u8], p: &mut Probe) -> Result<(), SniffError> {
+    let err = SniffError::Malformed("JPEG XL");
+    let header = jxl_header(b).ok_or(err)?;
+    p.width = header.width_with_orientation();
+    p.height = header.height_with_orientation();
+    Ok(())
+}
+
+fn jxl_header(b: &[u8]) -> Option<jxl_oxide::ImageHeader> {
+    use jxl_bitstream::{Bitstream, ContainerParser, ParseEvent};
+    use jxl_oxide_common::Bundle;
+    let mut parser = ContainerParser::new();
+    let mut code = Vec::new();
+    for event in parser.feed_bytes(b) {
+        if let ParseEvent::Codestream(c) = event.ok()? {
+            let room = JXL_HEADER_BYTES - code.len();
+            code.extend_from_slice(&c[..c.len().min(room)]);
+            if code.len() == JXL_HEADER_BYTES {
+                break;
+            }
+        }
+    }
+    jxl_oxide::ImageHeader::parse(&mut Bitstream::new(&code), ()).ok()
 }
 
 #[cfg(test)]
@@ -689,6 +755,54 @@ mod tests {
         assert_eq!(orientation(0, Some(0)), 2);
         assert_eq!(orientation(3, Some(0)), 5);
         assert_eq!(orientation(2, Some(1)), 2);
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(path).expect("tests/data fixture in the repository")
+    }
+
+    #[test]
+    fn jxl_size_from_codestream_and_container() {
+        for name in ["flat-160x120.jxl", "flat-160x120-container.jxl"] {
+            let b = fixture(name);
+            let p = probe(&b).unwrap();
+            assert_eq!(
+                (p.format, p.width, p.height, p.frames),
+                (ImageFormat::Jxl, 160, 120, 1)
+            );
+            // Cut inside the signature and size header: malformed, not a panic.
+            for cut in [2, 3] {
+                // The container's codestream (its `jxlc` box's payload) starts at byte 40.
+                let head = if b[0] == 0xFF { cut } else { 40 + cut };
+                assert_eq!(
+                    probe(&b[..head.min(b.len())]),
+                    Err(SniffError::Malformed("JPEG XL")),
+                    "{name} cut at {head}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn heic_is_heif_with_an_hevc_brand() {
+        let b = fixture("flat-160x120.heic");
+        let p = probe(&b).unwrap();
+        assert_eq!((p.format, p.width, p.height), (ImageFormat::Heic, 160, 120));
+        assert_eq!(p.format.mime(), "image/heic");
+        // The generic brand alone (`mif1`, compatible `heic`) is HEIC too; without the HEVC
+        // brand it is no format of ours.
+        let mut generic = b.clone();
+        generic[8..12].copy_from_slice(b"mif1");
+        assert_eq!(format(&generic), Some(ImageFormat::Heic));
+        let mut other = generic.clone();
+        for i in (16..28).step_by(4) {
+            if &other[i..i + 4] == b"heic" {
+                other[i..i + 4].copy_from_slice(b"xxxx");
+            }
+        }
+        assert_eq!(format(&other), None);
+        assert_eq!(probe(&b[..40]), Err(SniffError::Malformed("HEIC")));
     }
 
     #[test]

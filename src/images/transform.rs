@@ -315,6 +315,17 @@ pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
         ImageFormat::Gif => (8, 0, 2),
         ImageFormat::Webp => (8, 0, 3),
         ImageFormat::Avif => (32, 2 * MIB, 8),
+        // jxl-oxide's f32 planes, capped at this by its allocation tracker; libheif's.
+        ImageFormat::Jxl => (
+            super::jxl::DECODE_BYTES_PER_PIXEL,
+            super::jxl::DECODE_FIXED_BYTES,
+            10,
+        ),
+        ImageFormat::Heic => (
+            super::heif::DECODE_BYTES_PER_PIXEL,
+            super::heif::DECODE_FIXED_BYTES,
+            6,
+        ),
     };
     let (ow, oh) = (u64::from(s.out.0), u64::from(s.out.1));
     let encoded = u64::from(s.encoded.0) * u64::from(s.encoded.1);
@@ -327,6 +338,8 @@ pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
         ImageFormat::Gif => (12, 0, 6),
         ImageFormat::Webp => (8, 0, 6),
         ImageFormat::Avif => (56, 3 * MIB, 200 * (11 - u64::from(avif_speed.clamp(1, 10)))),
+        // libjxl at effort 4 (its own buffers are float planes); HEIC is never encoded.
+        ImageFormat::Jxl | ImageFormat::Heic => (48, 4 * MIB, 30),
     };
     let oriented = u64::from(s.reoriented);
     let decode = decoded * (decode_bytes + oriented * channels) + decode_fixed;

@@ -101,6 +101,8 @@ pub fn image_sniff(data: &[u8]) {
         ImageFormat::Png,
         ImageFormat::Webp,
         ImageFormat::Avif,
+        ImageFormat::Jxl,
+        ImageFormat::Heic,
     ] {
         let _ = larder::images::colour::embedded(data, f);
     }
