@@ -487,7 +487,7 @@ mod tests {
             let mut f = gif::Frame::from_rgba(2, 2, &mut corner);
             f.dispose = gif::DisposalMethod::Background;
             enc.write_frame(&f).unwrap();
-            let mut other = [0u8, 0, 200, 255].repeat(1);
+            let mut other = [0u8, 0, 200, 255];
             let mut f = gif::Frame::from_rgba(1, 1, &mut other);
             (f.left, f.top) = (3, 3);
             enc.write_frame(&f).unwrap();
