@@ -15,8 +15,8 @@
 //! counts them (`cache.zero_copy_files`).
 //!
 //! The two settings are process-wide (set once at start, [`configure`]), since an entry is
-//! built in many places (fills, static files, images, records read back) that carry no cache
-//! settings.
+//! built in many places (fills, static files, images, records read back once memory keeps
+//! them) that carry no cache settings.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

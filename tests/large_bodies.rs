@@ -358,3 +358,88 @@ async fn tls_and_http2_send_the_same_bytes() {
     }
     assert_eq!(b.origin.hits(), 3);
 }
+
+/// A disk tier's counter, from the Prometheus text (`larder_cache_tier_{what}_total`).
+fn disk_count(larder: &Larder, what: &str) -> u64 {
+    let text = larder.metrics_text().expect("metrics (an admin listener)");
+    let name = format!("larder_cache_tier_{what}_total{{tier=\"disk\"}} ");
+    (text.lines())
+        .find_map(|l| l.strip_prefix(name.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Large bodies read back from the disk tier, byte for byte: read once, the record is sent
+/// from where it was read (a memory file would cost more than the copy into the socket it
+/// saves, for one response); kept in memory (its second read, the doorkeeper), the body is put
+/// in a memory file then, and its hits go out with `sendfile`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_disk_hit_is_mapped_once_memory_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let toml = format!(
+        r#"
+[admin]
+token = "large-bodies-admin-token"
+listen = "127.0.0.1:0"
+
+[cache]
+max_size = "4MiB"
+max_object_size = "2MiB"
+
+[cache.disk]
+dir = "{disk}"
+max_size = "64MiB"
+write = "evicted"
+
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/"
+  proxy = {{ upstream = "{origin}" }}
+"#,
+        disk = dir.path().join("disk").display(),
+        origin = origin.url(),
+    );
+    let larder = Larder::start(&toml).await;
+    // `/1m`, then bodies of a MiB enough for memory to let it go, to the disk.
+    assert_eq!(get_site(&larder, "/1m", &[]).await.cache(), "MISS");
+    for i in 0..12 {
+        let g = get_site(&larder, &format!("/other/{i}"), &[]).await;
+        assert_eq!(g.status, 200);
+    }
+    assert!(!larder.has_entry(HOST, "/1m"), "memory let /1m go");
+    let mut written = false;
+    for _ in 0..500 {
+        if disk_count(&larder, "writes") > 0 {
+            written = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(written, "what memory let go is written to the disk");
+
+    let fetched = origin.hits();
+    let disk_hits = disk_count(&larder, "hits");
+    for n in 1..=2 {
+        let g = get_site(&larder, "/1m", &[]).await;
+        assert_eq!(g.status, 200);
+        assert_eq!(g.cache(), "HIT", "read {n}");
+        assert!(g.body == pattern(0, MIB - 1), "byte-exact, read {n}");
+        assert_eq!(disk_count(&larder, "hits"), disk_hits + n, "from the disk");
+        assert_eq!(
+            larder.has_entry(HOST, "/1m"),
+            n == 2,
+            "kept after read {n}?"
+        );
+    }
+    let sent = larder::socket::sent_zero_copy();
+    let g = get_site(&larder, "/1m", &[]).await;
+    assert_eq!(g.cache(), "HIT");
+    assert!(g.body == pattern(0, MIB - 1), "byte-exact from memory");
+    assert_eq!(disk_count(&larder, "hits"), disk_hits + 2, "from memory");
+    assert!(
+        larder::socket::sent_zero_copy() - sent >= MIB,
+        "sent with sendfile"
+    );
+    assert_eq!(origin.hits(), fetched, "never fetched again");
+}

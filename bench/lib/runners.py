@@ -14,8 +14,8 @@ import time
 import zlib
 from pathlib import Path
 
-from .common import (BENCH, DATA, HOST, LOAD_CPU, SUT_CPU, TLS_PORTS, WARMUP_S, WRK_THREADS, log,
-                     warn)
+from .common import (BACKGROUND_WAIT_S, BENCH, DATA, HOST, LOAD_CPU, SUT_CPU, TLS_PORTS, WARMUP_S,
+                     WRK_THREADS, log, warn)
 from .processes import CLK_TCK, busy_pct, cpu_busy_ticks, cpu_ticks, tree_cpu_ns
 from .probes import http_req, image_format, jpeg_info, origin_requests
 from .quality import describe, judge, measure, reference
@@ -283,6 +283,20 @@ def run_scenario(name, env, args, duration):
                 active.append((sname, sysm, path))
         if cell.get("transform") and not cell.get("cached"):
             measure_quality(cell, res, active)
+        for sname, sysm, path in active:
+            # The check may have just stored the body, and a cache may compress its variants in
+            # the background (larder's br and zstd of a 10 MB body at levels 11 and 19: tens of
+            # seconds of CPU): wait for that to end, or the runs' CPU per request counts it.
+            t0 = time.monotonic()
+            idle = sysm.wait_idle(limit=BACKGROUND_WAIT_S)
+            waited = time.monotonic() - t0
+            res[sname]["background_s"] = round(waited, 1)
+            if not idle:
+                res[sname]["background_busy"] = True
+                log(f"    {sname:13s} WARNING: still busy after {waited:.0f} s of background "
+                    "work (compression?): its CPU per request includes it")
+            elif waited > 1:
+                log(f"    {sname:13s} waited {waited:.1f} s for background work (compression)")
         for sname, sysm, path in active:  # 1 s unrecorded warm-up at the cell's concurrency
             run_wrk(sysm.port, path, cell["conns"], WARMUP_S, cell["headers"], timeout_s,
                     env.procs, sysm, tool=cell.get("tool", "wrk"))

@@ -259,8 +259,10 @@ impl Cache {
     }
 
     /// Stores an entry read from below in memory (and on disk, `to_disk`), building the
-    /// compressed variants a record written before they were ready lacks.
-    fn promote(self: &Arc<Self>, key: &CacheKey, mut entry: Entry, to_disk: bool) -> Arc<Entry> {
+    /// compressed variants a record written before they were ready lacks. Its large bodies go
+    /// into memory files now (a record served once and dropped is not worth one).
+    fn promote(self: &Arc<Self>, key: &CacheKey, entry: Entry, to_disk: bool) -> Arc<Entry> {
+        let mut entry = entry.into_mapped();
         let partial = entry.lacks_variants();
         if partial {
             entry.pending = Some(Pending::new());

@@ -144,7 +144,7 @@ impl Entry {
     }
 
     /// Reads back a record written by [`Entry::encode`]. The bodies are slices of `record`
-    /// (no copy). Any record that is not exactly one valid entry of [`ENTRY_VERSION`] with
+    /// (no copy), not put in memory files ([`Entry::into_mapped`] does that). Any record that is not exactly one valid entry of [`ENTRY_VERSION`] with
     /// its checksum right is an error.
     pub fn decode(record: Bytes) -> Result<Entry, DecodeError> {
         let mut r = Reader(record);
@@ -223,7 +223,10 @@ impl Entry {
             return Err(corrupt("bytes after the record"));
         }
 
-        let mut entry = Entry::build(status, headers, bodies, freshness, flags & NEGOTIATED != 0);
+        // Not in memory files: most records read back are sent once (`Cache::promote` maps
+        // what memory keeps).
+        let negotiated = flags & NEGOTIATED != 0;
+        let mut entry = Entry::build_as(status, headers, bodies, freshness, negotiated, false);
         entry.auth_ok = flags & AUTH_OK != 0;
         entry.tags = tags.into();
         entry.selection = selection;
@@ -398,6 +401,31 @@ mod tests {
         let body = &back.variant(Encoding::Identity).unwrap().body;
         let within = record.as_ptr_range();
         assert!(within.contains(&body.as_ptr()), "the body was copied");
+    }
+
+    /// A large body read back stays a slice of the record, not a memory file (most records are
+    /// sent once); mapped as a stored body is once the entry is kept ([`Entry::into_mapped`]).
+    #[test]
+    fn large_bodies_are_mapped_only_when_kept() {
+        let large = Bytes::from(vec![7u8; crate::mapped::DEFAULT_MIN * 2]);
+        let stored = Entry::build(
+            StatusCode::OK,
+            HeaderMap::new(),
+            vec![(Encoding::Identity, large.clone())],
+            crate::cache::entry::tests_support::fresh(),
+            false,
+        );
+        let record = stored.encode().unwrap();
+        let back = Entry::decode(record.clone()).unwrap();
+        let body = back.variant(Encoding::Identity).unwrap().body.clone();
+        assert!(record.as_ptr_range().contains(&body.as_ptr()), "a slice");
+        assert_eq!(crate::mapped::find(&body), None, "not in a memory file");
+        let weight = back.weight;
+        let kept = back.into_mapped();
+        let mapped = &kept.variant(Encoding::Identity).unwrap().body;
+        assert_eq!(*mapped, large);
+        assert!(crate::mapped::find(mapped).is_some(), "in a memory file");
+        assert_eq!(kept.weight, weight, "same weight");
     }
 
     #[test]

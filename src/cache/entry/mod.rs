@@ -5,7 +5,8 @@
 //! the body as one `Bytes`. A hit clones the header block and the `Bytes` handle; it never parses
 //! stored headers, compresses, or copies a body. A body of `cache.zero_copy_min` bytes or more is
 //! copied once, here, into a memory file ([`crate::mapped`]), which a plain socket then sends
-//! with `sendfile` (its bytes count in the entry's weight as before). Its bytes form, for tiers beyond memory, is in
+//! with `sendfile` (its bytes count in the entry's weight as before); an entry decoded from a
+//! tier below, only once memory keeps it. Its bytes form, for tiers beyond memory, is in
 //! [`super::record`].
 //!
 //! [`pending`]: the compressed variants of an entry on their way (entries hold it, it holds the
@@ -127,13 +128,30 @@ fn own_values(headers: &mut HeaderMap) {
 
 impl Entry {
     /// Builds an entry from stored headers and the bodies available per encoding.
-    /// `compressible` adds `Vary: Accept-Encoding` (the body is negotiated by larder).
+    /// `compressible` adds `Vary: Accept-Encoding` (the body is negotiated by larder). Its
+    /// large bodies go into memory files ([`crate::mapped::map`]).
     pub fn build(
+        status: StatusCode,
+        headers: HeaderMap,
+        bodies: Vec<(Encoding, Bytes)>,
+        freshness: Freshness,
+        negotiated: bool,
+    ) -> Entry {
+        Entry::build_as(status, headers, bodies, freshness, negotiated, true)
+    }
+
+    /// [`Entry::build`], with the bodies put in memory files (`map`) or left where they are: a
+    /// record read back from a tier below is decoded without, since most are sent once and
+    /// dropped, and making a memory file costs far more than the copy into the socket it saves
+    /// (about 430 µs a MiB against 20 for reading it; docs/design.md "Large bodies without a
+    /// copy"). [`Entry::into_mapped`] maps them when the entry is kept in memory.
+    pub(in crate::cache) fn build_as(
         status: StatusCode,
         mut headers: HeaderMap,
         bodies: Vec<(Encoding, Bytes)>,
         freshness: Freshness,
         negotiated: bool,
+        map: bool,
     ) -> Entry {
         // A coding larder does not know stays on the stored headers: the body (in the identity
         // slot) is stored and served exactly as the origin coded it.
@@ -162,7 +180,7 @@ impl Entry {
         let mut by_size: Vec<(usize, Encoding)> = Vec::with_capacity(bodies.len());
         for (enc, body) in bodies {
             // A large body goes into a memory file, which plain HTTP/1.1 sends without a copy.
-            let body = crate::mapped::map(body);
+            let body = if map { crate::mapped::map(body) } else { body };
             let mut head = headers.clone();
             if let Some(v) = enc.header_value() {
                 head.insert(header::CONTENT_ENCODING, v);
@@ -205,6 +223,16 @@ impl Entry {
         };
         entry.recount();
         entry
+    }
+
+    /// This entry with its large bodies in memory files, as [`Entry::build`] makes them: for an
+    /// entry decoded from a tier below ([`Entry::build_as`]) once it is kept in memory, where
+    /// its hits repay the memory file. Same bytes, same weight.
+    pub(in crate::cache) fn into_mapped(mut self) -> Entry {
+        for v in self.variants.iter_mut().flatten() {
+            v.body = crate::mapped::map(std::mem::take(&mut v.body));
+        }
+        self
     }
 
     /// Sets [`Entry::weight`] to the heap bytes the entry holds, which the cache's `max_size`
