@@ -1,7 +1,34 @@
 //! Shared libraries loaded at run time (libjxl for JPEG XL output, libheif for HEIC sources):
 //! opened by soname with `libloading` the first time a format needs them, never linked, so a
 //! machine without their -dev packages builds larder and one without the libraries runs it
-//! (the format is then refused with 415 naming the library). A leaf: `jxl` and `heif` import it.
+//! (the format is then refused with 415 naming the library). `jxl` and `heif` import it; it
+//! imports only `raster` (the error).
+
+use std::sync::OnceLock;
+
+use super::raster::CodecError;
+
+/// A library's entry points, loaded once per process by [`load`].
+pub type Once<T> = OnceLock<Result<T, String>>;
+
+/// The entry points `symbols` makes of the first of `sonames` that loads, the first time;
+/// after, the same (or the same failure). A failure is [`CodecError::Unavailable`] for
+/// `format`, naming `library`.
+pub fn load<T>(
+    cell: &'static Once<T>,
+    sonames: &[&str],
+    symbols: impl FnOnce(libloading::Library) -> Result<T, String>,
+    format: &'static str,
+    library: &'static str,
+) -> Result<&'static T, CodecError> {
+    cell.get_or_init(|| open(sonames).and_then(symbols))
+        .as_ref()
+        .map_err(|why| CodecError::Unavailable {
+            format,
+            library,
+            why: why.clone(),
+        })
+}
 
 /// Opens the first of `sonames` that loads; the error lists what was tried.
 pub fn open(sonames: &[&str]) -> Result<libloading::Library, String> {

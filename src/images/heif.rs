@@ -8,7 +8,6 @@
 //! The FFI declarations below are libheif's C API (`libheif/heif.h`, 1.x) for the calls used.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::OnceLock;
 
 use super::dynlib::{self, Symbols};
 use super::raster::{CodecError, Raster};
@@ -59,9 +58,8 @@ struct Api {
 pub const LIBHEIF: &[&str] = &["libheif.so.1"];
 
 fn api() -> Result<&'static Api, CodecError> {
-    static LIB: OnceLock<Result<Api, String>> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let lib = dynlib::open(LIBHEIF)?;
+    static LIB: dynlib::Once<Api> = dynlib::Once::new();
+    let symbols = |lib: libloading::Library| {
         let s = Symbols(&lib);
         // SAFETY: each symbol is declared above with its C signature from libheif/heif.h.
         unsafe {
@@ -83,13 +81,9 @@ fn api() -> Result<&'static Api, CodecError> {
                 _lib: lib,
             })
         }
-    })
-    .as_ref()
-    .map_err(|why| CodecError::Unavailable {
-        format: "decoding HEIC",
-        library: "libheif (Debian: libheif1)",
-        why: why.clone(),
-    })
+    };
+    let library = "libheif (Debian: libheif1)";
+    dynlib::load(&LIB, LIBHEIF, symbols, "decoding HEIC", library)
 }
 
 /// Whether libheif can be loaded (HEIC sources can be decoded).

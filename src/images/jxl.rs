@@ -6,7 +6,6 @@
 //! (`jxl/encode.h`, stable since 0.7) for the few calls used.
 
 use std::ffi::{c_int, c_void};
-use std::sync::OnceLock;
 
 use super::dynlib::{self, Symbols};
 use super::raster::{CodecError, Raster};
@@ -161,9 +160,8 @@ pub const LIBJXL: &[&str] = &[
 ];
 
 fn encoder() -> Result<&'static Encoder, CodecError> {
-    static LIB: OnceLock<Result<Encoder, String>> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let lib = dynlib::open(LIBJXL)?;
+    static LIB: dynlib::Once<Encoder> = dynlib::Once::new();
+    let symbols = |lib: libloading::Library| {
         let s = Symbols(&lib);
         // SAFETY: each symbol is declared above with its C signature from jxl/encode.h.
         unsafe {
@@ -184,13 +182,9 @@ fn encoder() -> Result<&'static Encoder, CodecError> {
                 _lib: lib,
             })
         }
-    })
-    .as_ref()
-    .map_err(|why| CodecError::Unavailable {
-        format: "JPEG XL output",
-        library: "libjxl (Debian: libjxl0.7 or later)",
-        why: why.clone(),
-    })
+    };
+    let library = "libjxl (Debian: libjxl0.7 or later)";
+    dynlib::load(&LIB, LIBJXL, symbols, "JPEG XL output", library)
 }
 
 /// Whether libjxl can be loaded (JPEG XL output is possible).
