@@ -453,16 +453,9 @@ pub fn run(
             p.format,
             ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
         );
-    let (mut img, top, icc) = transform::decode_oriented(
-        src,
-        probe,
-        p.orientation,
-        p.need,
-        p.gray,
-        p.rows,
-        limits,
-        keep_icc,
-    )?;
+    let codec::Decoded { raster, band, icc } =
+        codec::decode_colour(src, probe, p.need, p.gray, p.rows, limits, keep_icc)?;
+    let (mut img, top) = (transform::orient(raster, p.orientation), band.top);
     let mut g = p.geometry;
     let mut source_w = ow;
     if let Some(t) = &o.trim {
