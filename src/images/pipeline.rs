@@ -481,16 +481,9 @@ pub fn run(
             p.format,
             ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
         );
-    let (img, top, icc) = transform::decode_oriented(
-        src,
-        probe,
-        p.orientation,
-        p.need,
-        p.gray,
-        p.rows,
-        limits,
-        keep_icc,
-    )?;
+    let codec::Decoded { raster, band, icc } =
+        codec::decode_colour(src, probe, p.need, p.gray, p.rows, limits, keep_icc)?;
+    let (img, top) = (transform::orient(raster, p.orientation), band.top);
     let (img, l) = layout(img, top, probe, o, p, limits)?;
     let img = render(img, top, &l, o, p, mark)?;
     let out = |quality| codec::Output {

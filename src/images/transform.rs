@@ -419,23 +419,6 @@ pub(super) fn avif_capped(
     Ok(Target::Auto(None).output(source))
 }
 
-/// Decodes `src` for a plan: the size `need` and rows `rows` (see [`window`]), turned by
-/// `orientation`. Returns the image, the band's first row in the decoded image, and the ICC
-/// profile its pixels are still in when `keep_icc` kept it ([`codec::decode_colour`]).
-pub(super) fn decode_oriented(
-    src: &[u8],
-    probe: &Probe,
-    orientation: u8,
-    need: (u32, u32),
-    gray: bool,
-    rows: (f64, f64),
-    limits: &Limits,
-    keep_icc: bool,
-) -> Result<(Raster, u32, Option<Vec<u8>>), CodecError> {
-    let d = codec::decode_colour(src, probe, need, gray, rows, limits, keep_icc)?;
-    Ok((orient(d.raster, orientation), d.band.top, d.icc))
-}
-
 /// A region of the oriented source (`ow` pixels wide) in the pixels of `img`, a decoded (and
 /// perhaps shrunk) band of it starting at row `top`.
 pub(super) fn in_decoded(

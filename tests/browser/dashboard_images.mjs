@@ -30,7 +30,7 @@ try {
   await page.waitForFunction(() => document.querySelector("#img-total").textContent === "2", null, { timeout: 10000 });
   // Transforms between two ticks: the rate and the percentiles show.
   for (const w of [80, 90]) await (await fetch(site + `/insecure/rs:fit:${w}:${w}/plain/photo.jpg`)).arrayBuffer();
-  await page.waitForFunction(() => document.querySelector("#img-total").textContent === "4" && document.querySelector("#img-rate").textContent !== "0", null, { timeout: 10000 });
+  await page.waitForFunction(() => document.querySelector("#img-total").textContent === "4" && Number(document.querySelector("#img-rate").textContent) > 0, null, { timeout: 10000 });
   for (const id of ["img-rate", "img-total", "img-lat", "img-queue", "img-rejected", "img-src"]) {
     out[id] = await page.textContent("#" + id);
   }
