@@ -1,7 +1,7 @@
 //! Decoding and encoding, one function per format: JPEG through libjpeg-turbo (DCT-scaled,
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode), PNG and GIF through the pure-Rust `png` and `gif`
-//! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding through
-//! rav1e (`ravif`). Every decoder is guarded by the header probe (pixel and frame limits) and has
+//! crates, WebP through libwebp, AVIF decoding in [`super::avif`] (rav1d) and encoding in
+//! [`super::avif_encode`] (rav1e). Every decoder is guarded by the header probe (pixel and frame limits) and has
 //! its own memory limit where it offers one; a bad image is an error, never a panic. Decoded
 //! pixels are sRGB: an embedded ICC profile is converted ([`super::colour`]) unless the caller
 //! keeps it, CMYK JPEGs are converted to RGB, 16-bit PNGs are rounded to 8 bits after their
@@ -452,22 +452,7 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
 }
 
 fn encode_avif(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
-    use rgb::FromSlice;
-    let enc = ravif::Encoder::new()
-        .with_quality(f32::from(quality))
-        .with_alpha_quality(f32::from(quality))
-        .with_speed(speed.clamp(1, 10))
-        .with_num_threads(Some(1));
-    let (w, h) = (img.width as usize, img.height as usize);
-    let res = if img.has_alpha() {
-        let px = img.to_rgba();
-        enc.encode_rgba(imgref::Img::new(px.as_rgba(), w, h))
-    } else {
-        let px = img.to_rgb();
-        enc.encode_rgb(imgref::Img::new(px.as_rgb(), w, h))
-    };
-    res.map(|e| e.avif_file)
-        .map_err(|e| CodecError::Encode("AVIF", e.to_string()))
+    super::avif_encode::encode(img, quality, speed)
 }
 
 #[cfg(test)]

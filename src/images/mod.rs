@@ -22,7 +22,7 @@
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
 //! [`codec`] (decoders and encoders per format), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
+//! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
 //! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
@@ -35,6 +35,7 @@
 //! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`.
 
 pub mod avif;
+pub mod avif_encode;
 pub mod codec;
 pub mod colour;
 pub mod filters;
