@@ -66,7 +66,7 @@ pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecErro
             1 => img.data.clone(),
             _ => img.data.chunks_exact(4).map(|p| p[0]).collect(),
         };
-        av1(w, h, q, &settings, ChromaSampling::Cs400, Some(SRGB), |f| {
+        av1(w, h, q, settings, ChromaSampling::Cs400, Some(SRGB), |f| {
             f.planes[0].copy_from_raw_u8(&luma, w as usize, 1);
         })?
     } else {
@@ -94,7 +94,7 @@ pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecErro
             yuv::YuvConversionMode::Balanced,
         )
         .map_err(failed)?;
-        av1(w, h, q, &settings, ChromaSampling::Cs420, Some(SRGB), |f| {
+        av1(w, h, q, settings, ChromaSampling::Cs420, Some(SRGB), |f| {
             f.planes[0].copy_from_raw_u8(yuv.y_plane.borrow(), yuv.y_stride as usize, 1);
             f.planes[1].copy_from_raw_u8(yuv.u_plane.borrow(), yuv.u_stride as usize, 1);
             f.planes[2].copy_from_raw_u8(yuv.v_plane.borrow(), yuv.v_stride as usize, 1);
@@ -102,7 +102,7 @@ pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecErro
     };
     let alpha = if img.channels == 4 && img.data.chunks_exact(4).any(|p| p[3] != 255) {
         let a: Vec<u8> = img.data.chunks_exact(4).map(|p| p[3]).collect();
-        Some(av1(w, h, q, &settings, ChromaSampling::Cs400, None, |f| {
+        Some(av1(w, h, q, settings, ChromaSampling::Cs400, None, |f| {
             f.planes[0].copy_from_raw_u8(&a, w as usize, 1);
         })?)
     } else {
@@ -133,7 +133,7 @@ fn av1(
     width: u32,
     height: u32,
     quantizer: u8,
-    speed_settings: &SpeedSettings,
+    speed_settings: SpeedSettings,
     chroma_sampling: ChromaSampling,
     color_description: Option<ColorDescription>,
     fill: impl FnOnce(&mut Frame<u8>),
@@ -151,7 +151,7 @@ fn av1(
         min_quantizer: quantizer,
         // One tile, one thread: the pool runs one transform per worker.
         tiles: 1,
-        speed_settings: speed_settings.clone(),
+        speed_settings,
         ..EncoderConfig::default()
     };
     let mut ctx: Context<u8> = Config::new()
