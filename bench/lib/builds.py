@@ -36,12 +36,14 @@ def build_larder(args):
     else:
         if not shutil.which("cargo"):
             return "cargo not found"
-        log(f"bench: cargo build --profile profiling (CARGO_TARGET_DIR={target})")
+        log(f"bench: cargo build --profile profiling --features asm (CARGO_TARGET_DIR={target})")
         env = dict(os.environ, CARGO_TARGET_DIR=str(target))
         t0 = time.time()
-        # with examples/hyper_floor.rs, piper's "hyper" anchor (same dependencies)
-        r = subprocess.run(["cargo", "build", "--profile", "profiling", "--bin", "larder",
-                            "--example", "hyper_floor"], cwd=REPO, env=env,
+        # with examples/hyper_floor.rs, piper's "hyper" anchor (same dependencies); `asm`:
+        # rav1e's and rav1d's assembly, as the shipped builds have it (nasm: bench/run installs
+        # it, as tests/provision does)
+        r = subprocess.run(["cargo", "build", "--profile", "profiling", "--features", "asm",
+                            "--bin", "larder", "--example", "hyper_floor"], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=3600)
         if r.returncode != 0:

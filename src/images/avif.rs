@@ -708,6 +708,36 @@ mod tests {
     }
 
     #[test]
+    fn odd_sizes_and_gray_round_trip_through_the_encoder() {
+        // 4:2:0 chroma of an odd width and height covers the last column and row.
+        let src = gradient(33, 17, false);
+        let bytes = codec::encode(&src, ImageFormat::Avif, 90).unwrap();
+        let p = sniff::probe(&bytes).unwrap();
+        let img = decode(&bytes, &p, &LIMITS).unwrap();
+        assert_eq!((img.width, img.height, img.channels), (33, 17, 3));
+        for (x, y) in [(4usize, 4usize), (32, 16), (16, 8)] {
+            let at = (y * 33 + x) * 3;
+            let (got, want) = (&img.data[at..at + 3], &src.data[at..at + 3]);
+            assert!(close(got, want, 16), "({x}, {y}): {got:?} vs {want:?}");
+        }
+        // Gray is coded as monochrome (no chroma planes) and decodes as gray.
+        let gray = src.to_gray();
+        let bytes = codec::encode(&gray, ImageFormat::Avif, 90).unwrap();
+        let p = sniff::probe(&bytes).unwrap();
+        let img = decode(&bytes, &p, &LIMITS).unwrap();
+        assert_eq!((img.width, img.height, img.channels), (33, 17, 1));
+        assert!(close(&img.data, &gray.data, 12));
+        // Gray with alpha (RGBA of equal channels) keeps its alpha.
+        let rgba = gradient(33, 17, true).to_gray();
+        let bytes = codec::encode(&rgba, ImageFormat::Avif, 90).unwrap();
+        let p = sniff::probe(&bytes).unwrap();
+        let img = decode(&bytes, &p, &LIMITS).unwrap();
+        assert_eq!(img.channels, 4);
+        assert!(img.data[(8 * 33 + 30) * 4 + 3] < 8);
+        assert!(img.data[(8 * 33 + 2) * 4 + 3] > 247);
+    }
+
+    #[test]
     fn a_frame_larger_than_the_limit_is_refused_before_decoding() {
         let bytes = codec::encode(&gradient(64, 64, false), ImageFormat::Avif, 50).unwrap();
         let p = sniff::probe(&bytes).unwrap();
@@ -728,10 +758,11 @@ mod tests {
         for cut in [bytes.len() - 1, bytes.len() / 2, bytes.len() * 3 / 4] {
             assert!(decode(&bytes[..cut], &p, &LIMITS).is_err(), "cut at {cut}");
         }
-        // The AV1 payload is at the end (mdat last): scramble it.
+        // The AV1 payload is the mdat box's (last): scramble all of it, OBU headers included
+        // (AV1 has no checksums: scrambled tile data alone may well decode to other pixels).
         let mut bad = bytes.clone();
-        let n = bad.len();
-        for (i, b) in bad[n - 40..].iter_mut().enumerate() {
+        let start = bad.windows(4).position(|w| w == b"mdat").unwrap() + 4;
+        for (i, b) in bad[start..].iter_mut().enumerate() {
             *b ^= 0x5A ^ i as u8;
         }
         assert!(decode(&bad, &p, &LIMITS).is_err());

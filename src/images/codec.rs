@@ -2,7 +2,7 @@
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode, progressive
 //! when the route asks), PNG and GIF through the pure-Rust `png` and `gif` crates, WebP through
 //! libwebp (an animation's first frame here; every frame in [`super::animation`]), AVIF
-//! decoding in [`super::avif`] (rav1d) and encoding through rav1e (`ravif`), JPEG XL in
+//! decoding in [`super::avif`] (rav1d) and encoding in [`super::avif_encode`] (rav1e), JPEG XL in
 //! [`super::jxl`] (jxl-oxide decoding, libjxl encoding loaded at run time), HEIC decoding in
 //! [`super::heif`] (libheif loaded at run time; no HEIC output). Every decoder is guarded by
 //! the header probe (pixel, frame and animation limits) and has its own memory limit where it
@@ -451,22 +451,7 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
 }
 
 fn encode_avif(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
-    use rgb::FromSlice;
-    let enc = ravif::Encoder::new()
-        .with_quality(f32::from(quality))
-        .with_alpha_quality(f32::from(quality))
-        .with_speed(speed.clamp(1, 10))
-        .with_num_threads(Some(1));
-    let (w, h) = (img.width as usize, img.height as usize);
-    let res = if img.has_alpha() {
-        let px = img.to_rgba();
-        enc.encode_rgba(imgref::Img::new(px.as_rgba(), w, h))
-    } else {
-        let px = img.to_rgb();
-        enc.encode_rgb(imgref::Img::new(px.as_rgb(), w, h))
-    };
-    res.map(|e| e.avif_file)
-        .map_err(|e| CodecError::Encode("AVIF", e.to_string()))
+    super::avif_encode::encode(img, quality, speed)
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@
 //!            decoder (scp:0) into the JPEG, PNG (eXIf, iCCP) or WebP (EXIF, ICCP) container
 //! ```
 //!
-//! AVIF and GIF results carry none of it: ravif's encoder takes no metadata. Whatever cannot
+//! AVIF and GIF results carry none of it: the AVIF writer adds no metadata items yet, GIF has
+//! no EXIF. Whatever cannot
 //! be read or written (a malformed EXIF block, an unknown field type) is left out, never an
 //! error: the result is still the image asked for.
 

@@ -23,7 +23,7 @@
 //! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF and WebP: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
+//! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
 //! decoding through libheif), [`dynlib`] (the shared libraries those two load at run time),
 //! [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
@@ -40,6 +40,7 @@
 
 pub mod animation;
 pub mod avif;
+pub mod avif_encode;
 pub mod codec;
 pub mod colour;
 pub mod dynlib;
