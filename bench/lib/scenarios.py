@@ -76,23 +76,18 @@ def T(src, mode, w, h, fmt, q):
     return dict(src=src, mode=mode, w=w, h=h, fmt=fmt, q=q)
 
 
-def imgproxy_path(t):
-    """imgproxy's URL (no signature: `insecure`), the source read from bench/data (`local://`)."""
-    return (f"/insecure/rs:{t['mode']}:{t['w']}:{t['h']}/q:{t['q']}/plain/local:///{t['src']}"
+def imgproxy_path(t, prefix="/"):
+    """imgproxy's URL (no signature: `insecure`), the source read from bench/data (`local://`):
+    imgproxy's IMGPROXY_LOCAL_FILESYSTEM_ROOT, larder's route `root`
+    (bench/conf/larder-images.toml)."""
+    return (f"{prefix}insecure/rs:{t['mode']}:{t['w']}:{t['h']}/q:{t['q']}/plain/"
+            f"local:///{t['src']}"
             f"@{'jpg' if t['fmt'] == 'jpeg' else t['fmt']}")
 
 
-def larder_zimg_path(t, prefix="/"):
-    """larder's zimg API: the uploaded source by its md5 (@@MD5:file@@, filled in per run); fill
-    is p=1 (cover, then the centre), fit p=4."""
-    size = "".join(f"&{k}={t[k]}" for k in ("w", "h") if t[k])
-    mode = {"fill": 1, "fit": 4}[t["mode"]]
-    return f"{prefix}@@MD5:{t['src']}@@?p={mode}{size}&f={t['fmt']}&q={t['q']}"
-
-
-# The one place a system's image URL is chosen. larder speaks zimg's API today; when it reads
-# imgproxy's URL grammar too, its entry becomes imgproxy_path (with its route's source).
-IMAGE_URL = {"larder-img": larder_zimg_path, "imgproxy": imgproxy_path}
+# The one place a system's image URL is chosen: both parse imgproxy's URL (larder's route reads
+# the sources from bench/data, its `root`), so both do the same work for a request.
+IMAGE_URL = {"larder-img": imgproxy_path, "imgproxy": imgproxy_path}
 
 
 def image_cell(cid, label, t, conns, goals, systems=("larder-img", "imgproxy")):
@@ -252,7 +247,7 @@ def scenario_cells(name):
             "imgproxy-cached-webp", "640x856 -> 100x100 fill WEBP q80, result cached "
             "(x-cache: HIT)", dict(t), 100, goals=[ceiling_goal("cached WebP variant")],
             systems=("larder-img", "ceiling")), cached=True,
-            paths={"larder-img": larder_zimg_path(t, "/cached/"), "ceiling": "/"}))
+            paths={"larder-img": imgproxy_path(t, "/cached/"), "ceiling": "/"}))
         return cells
     if name == "tls":
         page = {s: "/page.html" for s in ("larder-tls", "nginx-tls")}

@@ -381,6 +381,10 @@ fn encode_jpeg(
         c.set_quality(i32::from(quality)).map_err(err)?;
         c.set_subsamp(subsamp).map_err(err)?;
         c.set_progressive(progressive).map_err(err)?;
+        // Huffman tables made for the image (libvips's `optimize_coding`, which imgproxy
+        // sets): 640x856 -> 100x100 fill q80 is 3,136 bytes instead of 3,440 (imgproxy's
+        // 3,269), the same pixels, ~20 µs more a request.
+        c.set_optimize(true).map_err(err)?;
         let out = c
             .compress_to_owned(turbojpeg::Image {
                 pixels,
@@ -443,7 +447,12 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
     let mut cfg =
         webp::WebPConfig::new().map_err(|()| CodecError::Encode("WebP", "config".into()))?;
     cfg.quality = f32::from(quality);
-    cfg.method = 2; // fast; 4 is libwebp's default
+    // libwebp's fastest method (imgproxy uses libvips's default, 4): 1000x872 -> 500 wide q80
+    // encodes in 5.1 ms instead of method 2's 8.1 (4: 18.5). The loop filter at its strongest
+    // costs no bytes and lifts SSIM against a float reference (0.9206 -> 0.9214 there; 34,016
+    // bytes; imgproxy 0.9254, 32,432 bytes): within scenario imgproxy's quality bound.
+    cfg.method = 0;
+    cfg.filter_strength = 100;
     let mem = enc
         .encode_advanced(&cfg)
         .map_err(|e| CodecError::Encode("WebP", format!("{e:?}")))?;
@@ -496,6 +505,44 @@ mod tests {
             }
         );
         assert_eq!((r.width, r.height), (160, 189 - 25));
+    }
+
+    /// JPEG output carries Huffman tables made for the image (as imgproxy's): smaller than
+    /// libjpeg's standard tables, the same pixels once decoded.
+    #[test]
+    fn jpeg_output_has_optimized_huffman_tables() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-640x856.jpg");
+        let src = std::fs::read(path).expect("bench/data photo in the repository");
+        let img = turbojpeg::decompress(&src, turbojpeg::PixelFormat::RGB).unwrap();
+        let raster = Raster {
+            width: img.width as u32,
+            height: img.height as u32,
+            channels: 3,
+            data: img.pixels.clone(),
+        };
+        let ours = encode(&raster, ImageFormat::Jpeg, 80).unwrap();
+        let mut c = turbojpeg::Compressor::new().unwrap();
+        c.set_quality(80).unwrap();
+        c.set_subsamp(turbojpeg::Subsamp::Sub2x2).unwrap();
+        let standard = c
+            .compress_to_vec(turbojpeg::Image {
+                pixels: raster.data.as_slice(),
+                width: img.width,
+                pitch: img.width * 3,
+                height: img.height,
+                format: turbojpeg::PixelFormat::RGB,
+            })
+            .unwrap();
+        // Smaller (2.5% at this size; 9% for a 100x100 thumbnail); with the standard tables
+        // the two would be the same bytes.
+        assert!(
+            ours.len() < standard.len(),
+            "{} bytes against the standard tables' {}",
+            ours.len(),
+            standard.len()
+        );
+        let decode = |b: &[u8]| turbojpeg::decompress(b, turbojpeg::PixelFormat::RGB).unwrap();
+        assert_eq!(decode(&ours).pixels, decode(&standard).pixels);
     }
 
     #[test]
