@@ -44,6 +44,8 @@ fn main() {
         max_upscale: 1.0,
         avif_speed: 10,
         max_avif_pixels: 2_073_600,
+        max_animation_pixels: 50_000_000,
+        jpeg_progressive: false,
     };
     let out = (500, 436);
     let (img, _) = codec::decode(&src, &probe, out, false, (0.0, 1.0), &limits).expect("decode");
@@ -59,6 +61,7 @@ fn main() {
         avif_speed: speed,
         bg: codec::WHITE,
         icc: None,
+        progressive: false,
     };
     let start = thread_cpu_ms();
     let mut avif = Vec::new();
