@@ -289,7 +289,7 @@ async fn root_sources_cannot_escape_and_their_id_follows_the_file() {
     std::fs::write(top.path().join("secret.jpg"), b"outside").unwrap();
     std::os::unix::fs::symlink(top.path().join("secret.jpg"), root.join("link.jpg")).unwrap();
     std::os::unix::fs::symlink(root.join("sub/a.jpg"), root.join("inner.jpg")).unwrap();
-    let (s, _) = sources("", |c| {
+    let (s, clock) = sources("", |c| {
         c.origin = None;
         c.root = Some(root.clone());
     })
@@ -317,8 +317,13 @@ async fn root_sources_cannot_escape_and_their_id_follows_the_file() {
         assert!(matches!(e, SourceError::NotFound), "{p}: {e}");
     }
     std::fs::write(root.join("sub/a.jpg"), b"inside, changed").unwrap();
+    // Kept for ROOT_VALID (nginx's open_file_cache_valid), then looked at again.
+    let kept = s.load(&rel("sub/a.jpg")).await.unwrap();
+    assert_eq!(kept.id, a.id, "within ROOT_VALID, not read again");
+    clock.advance(larder::images::source::ROOT_VALID);
     let b = s.load(&rel("sub/a.jpg")).await.unwrap();
     assert_ne!(a.id, b.id, "a changed file makes new result keys");
+    assert_eq!(&b.data[..], b"inside, changed");
 }
 
 /// An image route with only `origin` takes no uploads, and says why.
