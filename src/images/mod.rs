@@ -527,18 +527,6 @@ impl Images {
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);
-        // Planned from the header: over the limits is refused here, before queueing or caching.
-        let prepared = if skip {
-            None
-        } else {
-            Some(pipeline::prepare(
-                &probe,
-                &options,
-                target,
-                quality,
-                &inner.limits,
-            )?)
-        };
         let opts_key = if skip {
             "skp".to_string()
         } else {
@@ -558,6 +546,22 @@ impl Images {
         let served = ImageServed {
             grammar: grammar.name(),
             presets: options.presets.join(",").into_boxed_str(),
+        };
+        // A cached result is served without planning it again.
+        if let Some(r) = hit(inner, req, &key) {
+            return Ok(noted(r, served));
+        }
+        // Planned from the header: over the limits is refused here, before queueing or caching.
+        let prepared = if skip {
+            None
+        } else {
+            Some(pipeline::prepare(
+                &probe,
+                &options,
+                target,
+                quality,
+                &inner.limits,
+            )?)
         };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
@@ -610,6 +614,23 @@ fn noted(mut r: Response<Body>, served: ImageServed) -> Response<Body> {
     r
 }
 
+/// The result cached under `key`, delivered as a hit (None: not cached, or results are not
+/// kept on this route).
+fn hit(inner: &Arc<Inner>, req: &Request<RequestBody>, key: &CacheKey) -> Option<Response<Body>> {
+    if !inner.cfg.cache_results {
+        return None;
+    }
+    let entry = inner.cache.get(key)?;
+    Some(deliver::from_entry(
+        &entry,
+        req.method(),
+        req.headers(),
+        CacheStatus::Hit,
+        &inner.status_header,
+        inner.cache.clock().now(),
+    ))
+}
+
 /// Serves the entry under `key`: from the cache, or made by `make` (once for all concurrent
 /// requests of the key: the first makes it in a task of its own, which completes and feeds the
 /// others even if its client goes away; another node may have made it already, the shared
@@ -638,8 +659,8 @@ where
         let entry = make().await?;
         return Ok(deliver(&entry, CacheStatus::Bypass));
     }
-    if let Some(entry) = inner.cache.get(&key) {
-        return Ok(deliver(&entry, CacheStatus::Hit));
+    if let Some(r) = hit(inner, req, &key) {
+        return Ok(r);
     }
     match inner.cache.join(&FillKey::from(key.clone())) {
         Join::Leader(guard) => {
