@@ -209,6 +209,49 @@ fn regression_a_config_that_is_not_a_file_or_too_large_is_refused() {
     assert!(msg.contains("larger than 16 MiB"), "{msg}");
 }
 
+/// An image route's `watermark` that did not exist was only a warning at start (every request
+/// asking for the watermark then got 400), and its `root` was not checked at all (every
+/// `local://` source 404): `check` and loading refuse both, naming the key and its line.
+#[test]
+fn regression_an_image_root_or_watermark_that_does_not_exist_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mark.png");
+    std::fs::write(&file, "x").unwrap();
+    let d = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+    let l = "[[listener]]\naddr = \"127.0.0.1:18080\"\n[[listener.route]]\nrespond = {}\n";
+    let nope = dir.path().join("nope");
+    for (images, key, why) in [
+        (format!("root = {}", d(&nope)), "root", "does not exist"),
+        (format!("root = {}", d(&file)), "root", "is not a directory"),
+        (
+            format!("root = {}, watermark = {}", d(dir.path()), d(&nope)),
+            "watermark",
+            "does not exist",
+        ),
+        (
+            format!("root = {}, watermark = {}", d(dir.path()), d(dir.path())),
+            "watermark",
+            "is not a file",
+        ),
+    ] {
+        let text = format!("{l}[[listener.route]]\npath = \"/i\"\nimages = {{ {images} }}\n");
+        let (ok, msg) = check(&text);
+        assert!(!ok, "accepted:\n{text}");
+        assert!(
+            msg.contains(&format!("line 7, key `listener.route.images.{key}`"))
+                && msg.contains(why),
+            "{text}\n=> {msg}"
+        );
+    }
+    let text = format!(
+        "{l}[[listener.route]]\npath = \"/i\"\nimages = {{ root = {}, watermark = {} }}\n",
+        d(dir.path()),
+        d(&file)
+    );
+    let (ok, msg) = check(&text);
+    assert!(ok, "{text}\n=> {msg}");
+}
+
 /// A static `root` that does not exist was accepted (and every request answered 404): `check`
 /// and loading refuse it, naming the key and its line.
 #[test]

@@ -531,3 +531,64 @@ async fn metadata_kept_as_sm_kcr_and_scp_say() {
     }
     l.larder.shutdown().await;
 }
+
+/// The route's configured watermark image through both grammars: a 20×20 black PNG put on
+/// quad.png where `wm` (imgproxy) and thumbor's `watermark` filter place it, at the opacity
+/// asked; a grammar's request for it on a route without one is refused (400).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_configured_watermark_is_placed_at_the_position_and_opacity_asked() {
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("mark.png");
+    let black = encode_png(
+        20,
+        20,
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        &[0; 20 * 20 * 3],
+    );
+    std::fs::write(&mark, black).unwrap();
+    let l = start(&format!("watermark = \"{}\"", mark.display())).await;
+    let png = |opts: &str| format!("/insecure/{opts}/plain/quad.png@png");
+    // Without a watermark the bottom-right corner is white.
+    let r = get(l.addr, &png("rs:fill:200:200")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(near(at(&r.body, 195, 195), WHITE));
+    // South-east, opaque: black there, the other corners untouched.
+    let r = get(l.addr, &png("rs:fill:200:200/wm:1:soea:0:0")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        near(at(&r.body, 195, 195), [0, 0, 0]),
+        "{:?}",
+        at(&r.body, 195, 195)
+    );
+    assert!(near(at(&r.body, 175, 175), WHITE));
+    assert!(near(at(&r.body, 5, 5), RED));
+    // Half opacity: half way between white and black.
+    let r = get(l.addr, &png("rs:fill:200:200/wm:0.5:soea:0:0")).await;
+    let [v, ..] = at(&r.body, 195, 195);
+    assert!((110..=145).contains(&v), "{v}");
+    // Offsets move it away from the anchored edges; scale 0.5 makes it 100 wide.
+    let r = get(l.addr, &png("rs:fill:200:200/wm:1:nowe:10:10")).await;
+    assert!(near(at(&r.body, 15, 15), [0, 0, 0]));
+    assert!(near(at(&r.body, 5, 5), RED));
+    let r = get(l.addr, &png("rs:fill:200:200/wm:1:nowe:0:0:0.5")).await;
+    assert!(near(at(&r.body, 90, 90), [0, 0, 0]));
+    assert!(near(at(&r.body, 110, 110), WHITE));
+    // thumbor's filter: centred, opaque (alpha 0), on the same route.
+    let r = get(
+        l.addr,
+        "/unsafe/200x200/filters:watermark(mark.png,center,center,0):format(png)/quad.png",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(near(at(&r.body, 105, 105), [0, 0, 0]));
+    assert!(near(at(&r.body, 95, 95), [0, 0, 0]));
+    assert!(near(at(&r.body, 120, 120), WHITE));
+    l.larder.shutdown().await;
+
+    let l = start("").await;
+    let r = get(l.addr, &png("rs:fill:200:200/wm:1:soea:0:0")).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("watermark"), "{}", r.text());
+    l.larder.shutdown().await;
+}

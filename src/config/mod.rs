@@ -259,8 +259,8 @@ impl Config {
     }
 
     /// Reads and parses a configuration file (a regular file of at most [`MAX_CONFIG_BYTES`]),
-    /// and checks what the file names on this machine: each static route's `root` is a
-    /// directory.
+    /// and checks what the file names on this machine: the roots and watermark routes read,
+    /// the files rules read, the user and group to run as.
     pub fn load(path: &Path) -> Result<Config, Error> {
         let text = read_bounded(path).map_err(|source| Error::Read {
             path: path.to_path_buf(),
@@ -299,39 +299,58 @@ impl Config {
         Ok(())
     }
 
-    /// Each static route's `root` is a directory here: one that does not exist (a typo, a
-    /// missing mount) would answer 404 to every request.
+    /// The files and directories routes read exist here: a static route's `root` and an image
+    /// route's `root` (directories: one that does not exist, a typo or a missing mount, would
+    /// answer 404 to every request) and an image route's `watermark` (a file: without it every
+    /// request asking for the watermark would be refused).
     fn check_directories(&self) -> Result<(), Error> {
         for (i, l) in self.listeners.iter().enumerate() {
             for (j, r) in l.routes.iter().enumerate() {
-                let HandlerConfig::Static(StaticConfig {
-                    root: Some(root), ..
-                }) = &r.handler
-                else {
-                    continue;
-                };
-                let why = match std::fs::metadata(root) {
-                    Ok(m) if m.is_dir() => continue,
-                    Ok(_) => "is not a directory".to_string(),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        "does not exist".to_string()
+                let wanted: Vec<(&str, &str, &Path, bool, &str)> = match &r.handler {
+                    HandlerConfig::Static(StaticConfig {
+                        root: Some(root), ..
+                    }) => vec![(
+                        "static",
+                        "root",
+                        root,
+                        true,
+                        "every request would be answered 404",
+                    )],
+                    HandlerConfig::Images(im) => {
+                        let root = im.root.iter().map(|p| {
+                            let why = "every `local://` source would be answered 404";
+                            ("images", "root", p.as_path(), true, why)
+                        });
+                        let mark = im.watermark.iter().map(|p| {
+                            let why = "every request for the watermark would be refused";
+                            ("images", "watermark", p.as_path(), false, why)
+                        });
+                        root.chain(mark).collect()
                     }
-                    Err(e) => format!("cannot be read: {e}"),
+                    _ => Vec::new(),
                 };
-                let relative = if root.is_relative() {
-                    let cwd = std::env::current_dir().unwrap_or_default();
-                    format!(" (relative to the working directory, {})", cwd.display())
-                } else {
-                    String::new()
-                };
-                let at = [Key("listener"), Index(i), Key("route"), Index(j)];
-                return Err(self.source.error(
-                    &[&[&at[..], &[Key("static"), Key("root")]].concat(), &at],
-                    format!(
-                        "{}{relative} {why}: every request would be answered 404",
-                        root.display()
-                    ),
-                ));
+                for (handler, key, path, dir, consequence) in wanted {
+                    let why = match std::fs::metadata(path) {
+                        Ok(m) if m.is_dir() == dir => continue,
+                        Ok(_) if dir => "is not a directory".to_string(),
+                        Ok(_) => "is not a file".to_string(),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            "does not exist".to_string()
+                        }
+                        Err(e) => format!("cannot be read: {e}"),
+                    };
+                    let relative = if path.is_relative() {
+                        let cwd = std::env::current_dir().unwrap_or_default();
+                        format!(" (relative to the working directory, {})", cwd.display())
+                    } else {
+                        String::new()
+                    };
+                    let at = [Key("listener"), Index(i), Key("route"), Index(j)];
+                    return Err(self.source.error(
+                        &[&[&at[..], &[Key(handler), Key(key)]].concat(), &at],
+                        format!("{}{relative} {why}: {consequence}", path.display()),
+                    ));
+                }
             }
         }
         Ok(())
