@@ -592,3 +592,47 @@ async fn the_configured_watermark_is_placed_at_the_position_and_opacity_asked() 
     assert!(r.text().contains("watermark"), "{}", r.text());
     l.larder.shutdown().await;
 }
+
+/// imgproxy's `trim`, `bl`, `pix` and `sh` through the grammar and the pipeline (the filters
+/// themselves have unit tests in src/images/filters.rs): trim cuts a flat border to the
+/// subject, blur mixes across an edge, pixelate averages a block, sharpen changes the result.
+#[tokio::test(flavor = "multi_thread")]
+async fn trim_blur_pixelate_and_sharpen_act() {
+    let l = start("").await;
+    let mut px = vec![255u8; 100 * 100 * 3];
+    for y in 40..60 {
+        for x in 30..70 {
+            let i = (y * 100 + x) * 3;
+            px[i..i + 3].copy_from_slice(&RED);
+        }
+    }
+    let framed = encode_png(100, 100, png::ColorType::Rgb, png::BitDepth::Eight, &px);
+    std::fs::write(l._root.path().join("framed.png"), framed).unwrap();
+    let png = |opts: &str, src: &str| format!("/insecure/{opts}/plain/{src}@png");
+    let r = get(l.addr, &png("t:10", "framed.png")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (40, 20));
+    assert!(near(at(&r.body, 20, 10), RED));
+    // Blur: the pixel beside the red/green edge is no longer pure red.
+    let sharp = get(l.addr, &png("rs:fill:200:200", "quad.png")).await;
+    assert!(near(at(&sharp.body, 98, 50), RED));
+    let r = get(l.addr, &png("rs:fill:200:200/bl:5", "quad.png")).await;
+    let c = at(&r.body, 98, 50);
+    assert!(c[1] > 40 && c[0] < 230, "{c:?}");
+    // Pixelate the whole image as one block: the mean of red, green, blue and white.
+    let r = get(l.addr, &png("rs:fill:200:200/pix:200", "quad.png")).await;
+    for (x, y) in [(5, 5), (195, 5), (5, 195), (195, 195)] {
+        let c = at(&r.body, x, y);
+        assert!(
+            c.iter().all(|v| (110..=145).contains(v)),
+            "{c:?} at {x},{y}"
+        );
+    }
+    // Sharpen: a different image from the same request without it.
+    let plain = get(l.addr, &png("rs:fit:200:200", "photo.jpg")).await;
+    let r = get(l.addr, &png("rs:fit:200:200/sh:2", "photo.jpg")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), dims(&plain.body));
+    assert_ne!(rgb(&r.body).2, rgb(&plain.body).2);
+    l.larder.shutdown().await;
+}
