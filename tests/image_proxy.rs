@@ -636,3 +636,84 @@ async fn trim_blur_pixelate_and_sharpen_act() {
     assert_ne!(rgb(&r.body).2, rgb(&plain.body).2);
     l.larder.shutdown().await;
 }
+
+/// imgproxy's `Content-Disposition`: the source's name with the result's extension, `inline`;
+/// `fn` names it (percent-encoded or base64url, non-ASCII as RFC 6266's `filename*`), `att`
+/// makes it an attachment; thumbor's grammar sends none. `raw` returns the source's bytes
+/// whatever the format asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn filename_attachment_and_raw() {
+    let l = start("").await;
+    let cd = |r: &Got| r.header("content-disposition").map(str::to_string);
+    let r = get(l.addr, "/insecure/rs:fill:100:100/plain/photo.jpg@webp").await;
+    assert_eq!(cd(&r).as_deref(), Some("inline; filename=\"photo.webp\""));
+    let r = get(l.addr, "/insecure/w:50/plain/photo.jpg").await;
+    assert_eq!(cd(&r).as_deref(), Some("inline; filename=\"photo.jpg\""));
+    let r = get(l.addr, "/insecure/fn:my%20pic/att:1/plain/photo.jpg@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        cd(&r).as_deref(),
+        Some("attachment; filename=\"my pic.png\"")
+    );
+    let cafe = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("café \"1\"");
+    let r = get(
+        l.addr,
+        &format!("/insecure/fn:{cafe}:1/plain/photo.jpg@png"),
+    )
+    .await;
+    assert_eq!(
+        cd(&r).as_deref(),
+        Some("inline; filename=\"caf_ _1_.png\"; filename*=UTF-8''caf%C3%A9%20%221%22.png")
+    );
+    for bad in ["fn:a%2Fb", "fn:%00x", "fn:!!!:1"] {
+        let r = get(l.addr, &format!("/insecure/{bad}/plain/photo.jpg")).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+    let r = get(l.addr, "/unsafe/100x100/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(cd(&r), None);
+    // raw: the original, whatever was asked.
+    let r = get(l.addr, "/insecure/raw:1/rs:fill:10:10/plain/photo.jpg@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/jpeg"));
+    assert_eq!(&r.body[..], &photo()[..]);
+    l.larder.shutdown().await;
+}
+
+/// imgproxy's security options (`msr`, `msfs`, `maf`, `mafr`, `mrd`) redefine the route's
+/// limits only where `allow_security_options` says so: 403 otherwise, before any work; a
+/// preset (the operator's) may hold them either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn security_options_only_where_allowed() {
+    let presets = "[listener.route.images.imgproxy.presets]\ntiny = \"msr:0.1\"";
+    let l = start(presets).await;
+    for opt in ["msr:1", "max_src_file_size:10", "maf:1", "mafr:1", "mrd:10"] {
+        let r = get(l.addr, &format!("/insecure/{opt}/plain/photo.jpg")).await;
+        assert_eq!(r.status, 403, "{opt}: {}", r.text());
+        assert!(r.text().contains("security"), "{}", r.text());
+    }
+    // 640x856 is 0.55 megapixels: the preset's 0.1 refuses it.
+    let r = get(l.addr, "/insecure/pr:tiny/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.larder.shutdown().await;
+
+    let l = start(&format!(
+        "[listener.route.images.imgproxy]\nallow_security_options = true\n{presets}"
+    ))
+    .await;
+    let r = get(l.addr, "/insecure/msr:0.1/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let r = get(l.addr, "/insecure/msr:1/w:50/plain/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, "/insecure/msfs:1000/w:50/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let r = get(l.addr, "/insecure/mrd:50/rs:fit:100:100/plain/photo.jpg").await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = get(l.addr, "/insecure/mrd:200/rs:fit:100:100/plain/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        get(l.addr, "/insecure/msr:0/plain/photo.jpg").await.status,
+        400
+    );
+    l.larder.shutdown().await;
+}

@@ -280,8 +280,90 @@ pub struct Options {
     pub cache_buster: String,
     /// Unix time after which the URL is refused (imgproxy's `exp`); 0: never.
     pub expires: u64,
+    /// The file name the result is offered as (imgproxy's `fn`; None: the source's, with the
+    /// result's extension), in `Content-Disposition`.
+    pub filename: Option<String>,
+    /// `Content-Disposition: attachment` (a "save as" download) rather than `inline`
+    /// (imgproxy's `att`).
+    pub attachment: bool,
+    /// The source's bytes whatever their format and the format asked (imgproxy's `raw`).
+    pub raw: bool,
+    /// Limits a request redefines (imgproxy's security options), refused with 403 unless the
+    /// route allows them (`imgproxy.allow_security_options`).
+    pub security: SecurityOptions,
     /// The presets applied, in order (for the access log).
     pub presets: Vec<String>,
+}
+
+/// imgproxy's security options: a request's own limits in place of the route's (None: the
+/// route's).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SecurityOptions {
+    /// Most pixels of the source, in megapixels (`msr`, IMGPROXY_MAX_SRC_RESOLUTION).
+    pub max_src_resolution: Option<f64>,
+    /// Largest source in bytes (`msfs`); the route's `max_source_size` still bounds the fetch.
+    pub max_src_file_size: Option<u64>,
+    /// Most frames of an animation (`maf`).
+    pub max_animation_frames: Option<u32>,
+    /// Most pixels of one frame of an animation, in megapixels (`mafr`).
+    pub max_animation_frame_resolution: Option<f64>,
+    /// Largest width or height of the result (`mrd`).
+    pub max_result_dimension: Option<u32>,
+}
+
+impl SecurityOptions {
+    /// Whether any is given.
+    pub fn any(&self) -> bool {
+        *self != SecurityOptions::default()
+    }
+}
+
+/// Largest file name `fn` takes, in bytes.
+const MAX_FILENAME: usize = 255;
+
+/// `fn`'s `%filename:%encoded`: percent-encoded, or base64url when `encoded`; a name of at most
+/// [`MAX_FILENAME`] bytes without control characters or path separators.
+fn filename(name: &str, args: &[&str]) -> Result<Option<String>, OptionError> {
+    max_args(name, args, 2)?;
+    let Some(v) = arg(args, 0) else {
+        return Ok(None);
+    };
+    let encoded = arg(args, 1).map_or(Ok(false), |e| boolean(name, e))?;
+    let decoded = if encoded {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(v.trim_end_matches('='))
+            .map_err(|_| bad(name, "not URL-safe base64"))?;
+        String::from_utf8(bytes).map_err(|_| bad(name, "not UTF-8"))?
+    } else {
+        percent_encoding::percent_decode_str(v)
+            .decode_utf8()
+            .map_err(|_| bad(name, "not UTF-8 once percent-decoded"))?
+            .into_owned()
+    };
+    if decoded.len() > MAX_FILENAME {
+        return Err(bad(name, format!("longer than {MAX_FILENAME} bytes")));
+    }
+    if decoded.is_empty()
+        || decoded
+            .chars()
+            .any(|c| c.is_control() || c == '/' || c == '\\')
+    {
+        return Err(bad(
+            name,
+            "a file name without control characters, `/` or `\\`",
+        ));
+    }
+    Ok(Some(decoded))
+}
+
+/// Megapixels of `msr`/`mafr`: above 0, at most 10,000.
+fn megapixels(name: &str, v: &str) -> Result<f64, OptionError> {
+    let f = float(name, v, 10_000.0)?;
+    if f == 0.0 {
+        return Err(bad(name, "must be above 0"));
+    }
+    Ok(f)
 }
 
 /// An option that failed to parse: 400 naming it.
@@ -646,6 +728,29 @@ impl Options {
                         .map_err(|_| bad(n, format!("`{v}` is not a Unix time")))
                 })?
             }
+            "filename" | "fn" => self.filename = filename(name, args)?,
+            "return_attachment" | "att" => self.attachment = one(name, args, boolean)?,
+            "raw" => self.raw = one(name, args, boolean)?,
+            "max_src_resolution" | "msr" => {
+                self.security.max_src_resolution = Some(one(name, args, megapixels)?)
+            }
+            "max_src_file_size" | "msfs" => {
+                self.security.max_src_file_size = Some(one(name, args, |n, v| {
+                    v.parse::<u64>()
+                        .ok()
+                        .filter(|b| *b > 0)
+                        .ok_or_else(|| bad(n, format!("`{v}` is not a size in bytes above 0")))
+                })?)
+            }
+            "max_animation_frames" | "maf" => {
+                self.security.max_animation_frames = Some(one(name, args, int)?).filter(|n| *n > 0)
+            }
+            "max_animation_frame_resolution" | "mafr" => {
+                self.security.max_animation_frame_resolution = Some(one(name, args, megapixels)?)
+            }
+            "max_result_dimension" | "mrd" => {
+                self.security.max_result_dimension = Some(one(name, args, int)?).filter(|n| *n > 0)
+            }
             "preset" | "pr" => {
                 return Err(bad(name, "presets cannot be used here"));
             }
@@ -791,6 +896,18 @@ impl Options {
         }
         if !self.cache_buster.is_empty() {
             put(format_args!("cb:{}", self.cache_buster));
+        }
+        if let Some(f) = &self.filename {
+            put(format_args!("fn:{f:?}"));
+        }
+        if self.attachment {
+            put(format_args!("att"));
+        }
+        if self.raw {
+            put(format_args!("raw"));
+        }
+        if self.security.any() {
+            put(format_args!("sec:{:?}", self.security));
         }
         s
     }

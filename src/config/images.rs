@@ -165,6 +165,10 @@ pub struct ImgproxyConfig {
     /// `default` applies to every request.
     #[serde(default)]
     pub presets: std::collections::BTreeMap<String, OptionList>,
+    /// URLs may redefine the route's limits with imgproxy's security options (`msr`, `msfs`,
+    /// `maf`, `mafr`, `mrd`; IMGPROXY_ALLOW_SECURITY_OPTIONS); false refuses them with 403.
+    #[serde(default)]
+    pub allow_security_options: bool,
 }
 
 impl Default for ImgproxyConfig {
@@ -173,6 +177,7 @@ impl Default for ImgproxyConfig {
             keys: Vec::new(),
             signature_size: Self::default_signature_size(),
             presets: Default::default(),
+            allow_security_options: false,
         }
     }
 }

@@ -35,7 +35,7 @@ pub struct Parsed {
 /// Why a grammar refused a path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrammarError {
-    /// Missing or wrong signature, or an expired URL: 403.
+    /// Missing or wrong signature, an expired URL, or limits redefined where not allowed: 403.
     #[error("forbidden: {0}")]
     Signature(&'static str),
     /// A malformed option or source: 400 saying which.

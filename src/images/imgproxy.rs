@@ -65,6 +65,20 @@ fn signed(sig: &str, path: &str, cfg: &ImgproxyConfig) -> bool {
     bool::from(ok)
 }
 
+/// imgproxy's options that redefine limits (IMGPROXY_ALLOW_SECURITY_OPTIONS).
+const SECURITY_OPTIONS: [&str; 10] = [
+    "max_src_resolution",
+    "msr",
+    "max_src_file_size",
+    "msfs",
+    "max_animation_frames",
+    "maf",
+    "max_animation_frame_resolution",
+    "mafr",
+    "max_result_dimension",
+    "mrd",
+];
+
 fn bad(reason: impl Into<String>) -> GrammarError {
     GrammarError::Bad(reason.into())
 }
@@ -93,6 +107,13 @@ pub fn parse(path: &str, cfg: &ImgproxyConfig, now: SystemTime) -> Result<Parsed
         let mut parts = seg.split(':');
         let name = parts.next().unwrap_or("");
         let args: Vec<&str> = parts.collect();
+        // A URL may redefine the route's limits only where the route allows it (a preset, the
+        // operator's own, may).
+        if SECURITY_OPTIONS.contains(&name) && !cfg.allow_security_options {
+            return Err(GrammarError::Signature(
+                "security processing options are not allowed",
+            ));
+        }
         options
             .apply_with(name, &args, &cfg.presets)
             .map_err(|e| bad(e.to_string()))?;

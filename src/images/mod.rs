@@ -78,6 +78,7 @@ use crate::body::Body;
 use crate::cache::policy::Freshness;
 use crate::cache::{Cache, CacheKey, Entry, FillKey, FillOutcome, Found, Join, Purge, Reach};
 use crate::compress::Encoding;
+use crate::config::image_options::SecurityOptions;
 use crate::config::ImagesConfig;
 use crate::deliver::{self, CacheStatus};
 use crate::fleet::Fleet;
@@ -520,6 +521,14 @@ impl Images {
         inner.stats.source(&original);
         let original = original?;
         let probe = sniff::probe(&original.data)?;
+        let limits = request_limits(&inner.limits, &options.security, &probe, &original)?;
+        let disposition = (grammar == Grammar::Imgproxy).then(|| Disposition {
+            name: options
+                .filename
+                .clone()
+                .unwrap_or_else(|| source.stem().to_string()),
+            attachment: options.attachment,
+        });
         let target = Target::choose(
             options.format.unwrap_or(inner.cfg.default_format),
             req.headers(),
@@ -556,11 +565,7 @@ impl Images {
             None
         } else {
             Some(pipeline::prepare(
-                &probe,
-                &options,
-                target,
-                quality,
-                &inner.limits,
+                &probe, &options, target, quality, &limits,
             )?)
         };
         let fill = Arc::clone(inner);
@@ -574,7 +579,6 @@ impl Images {
                         memory: prepared.memory,
                         cost: prepared.cost,
                     };
-                    let limits = fill.limits;
                     let mark = fill.mark.clone();
                     let format = prepared.format;
                     let memory = prepared.memory;
@@ -599,12 +603,91 @@ impl Images {
             };
             let now = fill.cache.clock().now();
             let etag = format!("\"{}\"", Md5Hex::of(tag.as_bytes()).as_str());
-            let mut entry = result_entry(&etag, body, format, negotiated, PROXIED, now);
+            let offered = disposition.map(|d| d.header(format));
+            let mut entry = result_entry(&etag, body, format, negotiated, PROXIED, now, offered);
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
         .await;
         Ok(noted(made?, served))
+    }
+}
+
+/// The route's limits as a request's security options (imgproxy's `msr`, `msfs`, `maf`,
+/// `mafr`, `mrd`; allowed by the grammar) redefine them; a source over `msfs` or, animated,
+/// over `mafr` is refused here (422).
+fn request_limits(
+    route: &Limits,
+    s: &SecurityOptions,
+    probe: &Probe,
+    original: &Original,
+) -> Result<Limits, ImageError> {
+    let mut limits = *route;
+    if !s.any() {
+        return Ok(limits);
+    }
+    let megapixels = |mp: f64| (mp * 1e6).round() as u64;
+    if let Some(max) = s
+        .max_src_file_size
+        .filter(|m| original.data.len() as u64 > *m)
+    {
+        return Err(ImageError::Source(SourceError::TooLarge(max)));
+    }
+    let pixels = u64::from(probe.width) * u64::from(probe.height);
+    if let Some(limit) = s.max_animation_frame_resolution.map(megapixels) {
+        if probe.frames > 1 && pixels > limit {
+            return Err(CodecError::TooManyPixels { pixels, limit }.into());
+        }
+    }
+    if let Some(mp) = s.max_src_resolution {
+        limits.max_pixels = megapixels(mp);
+    }
+    if let Some(n) = s.max_animation_frames {
+        limits.max_frames = n;
+    }
+    if let Some(n) = s.max_result_dimension {
+        limits.max_dim = n;
+    }
+    Ok(limits)
+}
+
+/// How a proxied result is offered for saving (imgproxy's `Content-Disposition`): the file
+/// name (`fn`, else the source's) with the result's extension, `inline` or `attachment`
+/// (`att`).
+struct Disposition {
+    name: String,
+    attachment: bool,
+}
+
+impl Disposition {
+    /// The header (RFC 6266): a quoted ASCII `filename`, and `filename*` in UTF-8 when the
+    /// name is not plain ASCII.
+    fn header(&self, format: sniff::ImageFormat) -> HeaderValue {
+        let full = format!("{}.{}", self.name, format.extension());
+        let kind = if self.attachment {
+            "attachment"
+        } else {
+            "inline"
+        };
+        let ascii: String = full
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' => '_',
+                c if c.is_ascii() && !c.is_ascii_control() => c,
+                _ => '_',
+            })
+            .collect();
+        let mut v = format!("{kind}; filename=\"{ascii}\"");
+        if ascii != full {
+            const ATTR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+                .remove(b'-')
+                .remove(b'.')
+                .remove(b'_')
+                .remove(b'~');
+            let encoded = percent_encoding::utf8_percent_encode(&full, ATTR);
+            v.push_str(&format!("; filename*=UTF-8''{encoded}"));
+        }
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("inline"))
     }
 }
 
@@ -784,14 +867,15 @@ impl Inner {
         let now = self.cache.clock().now();
         let tag = Md5Hex::of(key.as_bytes());
         let etag = format!("\"{}-{}\"", md5.as_str(), &tag.as_str()[..16]);
-        let mut entry = result_entry(&etag, body, format, negotiated, IMMUTABLE, now);
+        let mut entry = result_entry(&etag, body, format, negotiated, IMMUTABLE, now, None);
         entry.reserve_stamp(&self.status_header);
         Ok(Arc::new(entry))
     }
 }
 
 /// The cached response of one transform: real Content-Type, the strong ETag `etag` (naming the
-/// original and the parameters), `cache_control`, a year of freshness in the cache.
+/// original and the parameters), `cache_control`, a year of freshness in the cache, and the
+/// `Content-Disposition` given.
 fn result_entry(
     etag: &str,
     body: Bytes,
@@ -799,8 +883,12 @@ fn result_entry(
     negotiated: bool,
     cache_control: &'static str,
     now: std::time::SystemTime,
+    disposition: Option<HeaderValue>,
 ) -> Entry {
     let mut h = HeaderMap::new();
+    if let Some(v) = disposition {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.mime()),

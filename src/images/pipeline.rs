@@ -360,7 +360,7 @@ fn choice(f: ImageFormat) -> FormatChoice {
 
 /// Whether `o` asks for `source`-format originals untouched (`skp`).
 pub fn skipped(o: &Options, source: ImageFormat) -> bool {
-    o.skip_processing.contains(&choice(source))
+    o.raw || o.skip_processing.contains(&choice(source))
 }
 
 /// Plans `o` for a source probed as `probe` with the output `target` (from `f`, the route's

@@ -30,6 +30,14 @@ impl ImageFormat {
         }
     }
 
+    /// The file name extension (imgproxy's: `jpg` for JPEG).
+    pub fn extension(self) -> &'static str {
+        match self {
+            ImageFormat::Jpeg => "jpg",
+            f => f.name(),
+        }
+    }
+
     /// The Content-Type.
     pub fn mime(self) -> &'static str {
         match self {

@@ -51,6 +51,24 @@ pub enum SourceRef {
     Local(String),
 }
 
+impl SourceRef {
+    /// The file name the source's path ends in, without its extension (`photo` for
+    /// `https://cdn/a/photo.jpg?x=1`); `image` when it has none.
+    pub fn stem(&self) -> &str {
+        let s = match self {
+            SourceRef::Relative(s) | SourceRef::Absolute(s) | SourceRef::Local(s) => s,
+        };
+        let path = s.split(['?', '#']).next().unwrap_or(s);
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+        if stem.is_empty() {
+            "image"
+        } else {
+            stem
+        }
+    }
+}
+
 /// A loaded original.
 #[derive(Debug, Clone)]
 pub struct Original {
