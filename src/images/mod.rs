@@ -329,16 +329,18 @@ impl Images {
             .trim_start_matches('/')
             .to_string();
         let method = req.method().clone();
+        // What the log says of a transform, set as soon as known: a refused one says it too.
+        let mut served = None;
         let result = match (&method, rest.as_str()) {
             (&Method::POST, "upload") => self.upload(req, peer).await,
             (&Method::GET | &Method::HEAD, "info") => self.info(&req).await,
             (_, "upload" | "info") => Err(ImageError::Method),
             (&Method::GET | &Method::HEAD, path) if path.contains('/') => {
-                self.proxy(&req, path).await
+                self.proxy(&req, path, &mut served).await
             }
             (_, path) if path.contains('/') => Err(ImageError::Method),
             (&Method::GET | &Method::HEAD, name) => match Md5Hex::parse(name) {
-                Some(md5) => self.get(&req, md5).await,
+                Some(md5) => self.get(&req, md5, &mut served).await,
                 None => Err(ImageError::NotFound),
             },
             (&Method::DELETE, name) => match Md5Hex::parse(name) {
@@ -347,10 +349,14 @@ impl Images {
             },
             _ => Err(ImageError::Method),
         };
-        result.unwrap_or_else(|e| {
+        let r = result.unwrap_or_else(|e| {
             tracing::debug!(path = %req_path(&rest), error = %e, "image request refused");
             e.response()
-        })
+        });
+        match served {
+            Some(served) => noted(r, served),
+            None => r,
+        }
     }
 
     fn authorized(&self, headers: &HeaderMap) -> Result<(), ImageError> {
@@ -456,17 +462,19 @@ impl Images {
         self.inner.load(md5).await
     }
 
+    /// A transform of an uploaded original (zimg's API); `served` says so for the log.
     async fn get(
         &self,
         req: &Request<RequestBody>,
         md5: Md5Hex,
+        served: &mut Option<ImageServed>,
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
-        let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
-        let mut served = ImageServed {
+        let served = served.insert(ImageServed {
             grammar: Grammar::Zimg.name(),
             presets: Box::from(""),
-        };
+        });
+        let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
         if let Some(name) = params.t.take() {
             let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
                 name: "t",
@@ -487,28 +495,38 @@ impl Images {
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
         let fill = Arc::clone(inner);
-        let made = cached(inner, req, key, move || fill.make(md5, resolved)).await;
-        Ok(noted(made?, served))
+        cached(inner, req, key, move || fill.make(md5, resolved)).await
     }
 
     /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
     /// [`grammar_of`]): parsed (403, 400 before any work), its original loaded (404), planned
     /// from the header (400/422), cached under the original's id, the normalized options and
-    /// the output format.
+    /// the output format. `served` names the grammar for the log from the start, the presets
+    /// once parsed.
     async fn proxy(
         &self,
         req: &Request<RequestBody>,
         path: &str,
+        served: &mut Option<ImageServed>,
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
         let now = inner.cache.clock().now();
+        let shape = grammar_of(path);
+        let served = served.insert(ImageServed {
+            grammar: shape.name(),
+            presets: Box::from(""),
+        });
         let Parsed {
             grammar,
             options,
             source,
-        } = match grammar_of(path) {
+        } = match shape {
             Grammar::Thumbor => thumbor::parse(path, &inner.cfg.thumbor)?,
             _ => imgproxy::parse(path, &inner.cfg.imgproxy, now)?,
+        };
+        *served = ImageServed {
+            grammar: grammar.name(),
+            presets: options.presets.join(",").into_boxed_str(),
         };
         if options.watermark.is_some() && inner.mark.is_none() {
             return Err(ImageError::Param(ParamError {
@@ -543,13 +561,9 @@ impl Images {
                 target.key()
             ),
         );
-        let served = ImageServed {
-            grammar: grammar.name(),
-            presets: options.presets.join(",").into_boxed_str(),
-        };
         // A cached result is served without planning it again.
         if let Some(r) = hit(inner, req, &key) {
-            return Ok(noted(r, served));
+            return Ok(r);
         }
         // Planned from the header: over the limits is refused here, before queueing or caching.
         let prepared = if skip {
@@ -565,7 +579,7 @@ impl Images {
         };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
-        let made = cached(inner, req, key, move || async move {
+        cached(inner, req, key, move || async move {
             let Original { data, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
@@ -603,8 +617,7 @@ impl Images {
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
-        .await;
-        Ok(noted(made?, served))
+        .await
     }
 }
 
