@@ -486,17 +486,22 @@ pub fn run(
     let (img, top) = (transform::orient(raster, p.orientation), band.top);
     let (img, l) = layout(img, top, probe, o, p, limits)?;
     let img = render(img, top, &l, o, p, mark)?;
+    let kept = metadata::keep(src, probe.format, o, icc);
     let out = |quality| codec::Output {
         quality,
         avif_speed: limits.avif_speed,
         bg: codec::WHITE,
         icc: None,
         progressive: limits.jpeg_progressive,
+        // AVIF's container is written by its encoder; the others' by `embed`.
+        exif: kept
+            .exif
+            .as_deref()
+            .filter(|_| p.format == ImageFormat::Avif),
     };
     let out = encode(p.format, p.quality, o.max_bytes, |q| {
         codec::encode_with(&img, p.format, &out(q))
     })?;
-    let kept = metadata::keep(src, probe.format, o, icc);
     Ok(metadata::embed(out, p.format, &kept))
 }
 
