@@ -75,6 +75,10 @@ pub struct ImagesConfig {
     /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`, `jxl`.
     #[serde(default = "ImagesConfig::default_format")]
     pub default_format: FormatChoice,
+    /// `auto` answers JPEG XL to a client whose Accept lists image/jxl, before AVIF and WebP
+    /// (imgproxy's `IMGPROXY_AUTO_JXL`); never when libjxl cannot be loaded.
+    #[serde(default)]
+    pub auto_jxl: bool,
     /// Encoding quality (1-100) when a request has no `q`.
     #[serde(default = "ImagesConfig::default_quality")]
     pub default_quality: Bounded<1, 100>,
@@ -321,6 +325,7 @@ impl ImagesConfig {
             avif_speed: Self::default_avif_speed(),
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
+            auto_jxl: false,
             default_quality: Self::default_quality(),
             jpeg_progressive: false,
             cache_results: true,

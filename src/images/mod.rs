@@ -223,6 +223,8 @@ struct Inner {
     mark: Option<Arc<Raster>>,
     /// What the route counts into the server's metrics.
     stats: stats::Stats,
+    /// `auto` may answer JPEG XL: the route's `auto_jxl`, and libjxl loads.
+    auto_jxl: bool,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -270,9 +272,17 @@ impl Images {
                 None
             }
         });
+        let auto_jxl = cfg.auto_jxl && jxl::can_encode();
+        if cfg.auto_jxl && !auto_jxl {
+            tracing::warn!(
+                prefix,
+                "auto_jxl: libjxl does not load, JPEG XL is never negotiated"
+            );
+        }
         Images {
             inner: Arc::new(Inner {
                 mark,
+                auto_jxl,
                 stats: stats::Stats::default(),
                 pool: Pool::new(
                     cfg.workers.as_usize(),
@@ -541,7 +551,9 @@ impl Images {
         let target = Target::choose(
             options.format.unwrap_or(inner.cfg.default_format),
             req.headers(),
-        );
+        )
+        // imgproxy's AUTO_JXL: never for an animation (its first frame only).
+        .or_jxl(req.headers(), inner.auto_jxl && probe.frames <= 1);
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);
