@@ -605,21 +605,28 @@ impl Images {
                     let format = prepared.format;
                     let memory = prepared.memory;
                     let source_len = data.len();
+                    let timed = fill.stats.timed();
                     let (ran, nanos) = (fill.stats)
                         .run(&fill.pool, job, move || {
-                            pipeline::run(
+                            let mut timing = transform::Timing::default();
+                            let out = pipeline::run(
                                 &data,
                                 &probe,
                                 &options,
                                 &prepared,
                                 mark.as_deref(),
                                 &limits,
-                            )
+                                timed.then_some(&mut timing),
+                            );
+                            (out, timing)
                         })
                         .await?;
                     crate::memory::memory_freed(memory);
-                    let out = ran?;
+                    let out = ran.0?;
                     (fill.stats).transformed(grammar, format, nanos, source_len, out.len());
+                    if timed {
+                        fill.stats.stages(&ran.1);
+                    }
                     (Bytes::from(out), format)
                 }
             };
@@ -796,6 +803,7 @@ impl Inner {
             let (out, timing) = ran?;
             let format = prepared.format;
             (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
+            self.stats.stages(&timing);
             tracing::debug!(
                 md5 = md5.as_str(),
                 params = key.as_str(),
