@@ -286,3 +286,43 @@ async fn auto_jxl_answers_jpeg_xl_to_clients_that_list_it() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("image/webp"));
 }
+
+/// A 16×12 APNG of two frames, red then `FLAT`, with a green default image that is no frame.
+fn two_frame_apng() -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, 16, 12);
+        e.set_color(png::ColorType::Rgb);
+        e.set_animated(2, 0).unwrap();
+        e.set_sep_def_img(true).unwrap();
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(&[0, 255, 0].repeat(16 * 12)).unwrap();
+        for colour in [[255, 0, 0], FLAT] {
+            w.set_frame_delay(1, 5).unwrap();
+            w.write_image_data(&colour.repeat(16 * 12)).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    out
+}
+
+/// An animated PNG keeps its frames into GIF and WebP (composited, resized alike), and gives
+/// its default image to a still output, as imgproxy (which reads no APNG frames) does.
+#[tokio::test(flavor = "multi_thread")]
+async fn apng_frames_are_kept_into_gif_and_webp() {
+    let l = start("").await;
+    std::fs::write(l._root.path().join("anim.png"), two_frame_apng()).unwrap();
+    for (ext, mime) in [("webp", "image/webp"), ("gif", "image/gif")] {
+        let r = get(
+            l.addr,
+            &format!("/insecure/rs:fit:8:8/plain/anim.png@{ext}"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some(mime));
+        let p = sniff::probe(&r.body).unwrap();
+        assert_eq!((p.width, p.height, p.frames), (8, 6, 2), "{ext}");
+    }
+    let r = get(l.addr, "/insecure/rs:fit:8:8/plain/anim.png@png").await;
+    assert_flat(&r, "image/png", (8, 6), [0, 255, 0], 0);
+}

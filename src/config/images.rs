@@ -31,7 +31,7 @@ pub struct ImagesConfig {
     /// Largest output width or height; a request for more is refused with 400.
     #[serde(default = "ImagesConfig::default_max_output")]
     pub max_output_dimension: Bounded<1, 65_535>,
-    /// Most frames an animated GIF or WebP may have (upload and transform).
+    /// Most frames an animated GIF, WebP or PNG (APNG) may have (upload and transform).
     #[serde(default = "ImagesConfig::default_max_frames")]
     pub max_frames: Bounded<1, 100_000>,
     /// Most pixels of all an animation's frames together (width × height × frames, from the
