@@ -62,6 +62,7 @@ fn main() {
         bg: codec::WHITE,
         icc: None,
         progressive: false,
+        exif: None,
     };
     let start = thread_cpu_ms();
     let mut avif = Vec::new();

@@ -635,6 +635,16 @@ const IMAGE_BUCKET_NANOS: [u64; 11] = {
     out
 };
 const TRANSFORM_KINDS: usize = GRAMMARS.len() * IMAGE_FORMATS.len();
+/// The stages of a transform ([`ImageCounters::stage`]'s `stage` label): decoding (with the
+/// orientation turn), resizing with the filters and canvas steps, encoding (with metadata).
+pub const IMAGE_STAGES: [&str; 3] = ["decode", "resize", "encode"];
+
+/// The [`IMAGE_BUCKETS`] index of `nanos` (the last: longer than all).
+fn image_bucket(nanos: u64) -> usize {
+    (IMAGE_BUCKET_NANOS.iter())
+        .position(|le| nanos <= *le)
+        .unwrap_or(IMAGE_BUCKETS.len())
+}
 
 /// What the image routes count (docs/metrics.md, "Images"): transforms by grammar and output
 /// format, their time, the transform pool's queue and refusals, originals had by outcome, and
@@ -649,6 +659,9 @@ pub struct ImageCounters {
     /// Transform time: one count per bucket of [`IMAGE_BUCKETS`] (not cumulative), then +Inf.
     buckets: [AtomicU64; IMAGE_BUCKETS.len() + 1],
     nanos: AtomicU64,
+    /// The same per stage of [`IMAGE_STAGES`].
+    stage_buckets: [[AtomicU64; IMAGE_BUCKETS.len() + 1]; IMAGE_STAGES.len()],
+    stage_nanos: [AtomicU64; IMAGE_STAGES.len()],
     /// Jobs waiting for a worker and memory now.
     queued: AtomicU64,
     /// Time jobs spent queued, in nanoseconds.
@@ -669,6 +682,8 @@ impl Default for ImageCounters {
             transforms: std::array::from_fn(|_| AtomicU64::new(0)),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             nanos: AtomicU64::new(0),
+            stage_buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            stage_nanos: std::array::from_fn(|_| AtomicU64::new(0)),
             queued: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -707,16 +722,19 @@ impl ImageCounters {
         let kind = grammar.min(GRAMMARS.len() - 1) * IMAGE_FORMATS.len()
             + format.min(IMAGE_FORMATS.len() - 1);
         self.transforms[kind].fetch_add(1, Ordering::Relaxed);
-        let b = IMAGE_BUCKET_NANOS
-            .iter()
-            .position(|le| nanos <= *le)
-            .unwrap_or(IMAGE_BUCKETS.len());
-        self.buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.buckets[image_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
         self.nanos.fetch_add(nanos, Ordering::Relaxed);
         self.source_bytes.fetch_add(source, Ordering::Relaxed);
         self.output_bytes.fetch_add(output, Ordering::Relaxed);
         self.saved
             .fetch_add(source.saturating_sub(output), Ordering::Relaxed);
+    }
+
+    /// One transform's `stage` (an index into [`IMAGE_STAGES`]) took `nanos`.
+    pub fn stage(&self, stage: usize, nanos: u64) {
+        let s = stage.min(IMAGE_STAGES.len() - 1);
+        self.stage_buckets[s][image_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+        self.stage_nanos[s].fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// A job joins the pool's queue; [`ImageCounters::dequeued`] takes it off.
@@ -780,25 +798,46 @@ impl ImageCounters {
             }
         }
         // Per bucket, not cumulative: the encoder adds them up.
-        let counts: Vec<u64> = self.buckets.iter().map(load).collect();
-        let total = counts.iter().sum();
-        let buckets: Vec<(f64, u64)> = (IMAGE_BUCKETS.iter().copied())
-            .chain([f64::MAX])
-            .zip(counts)
-            .collect();
-        encoder
-            .encode_descriptor(
+        let histogram = |mut e: prometheus_client::encoding::MetricEncoder<'_>,
+                         counts: &[AtomicU64],
+                         nanos: &AtomicU64| {
+            let counts: Vec<u64> = counts.iter().map(load).collect();
+            let total = counts.iter().sum();
+            let buckets: Vec<(f64, u64)> = (IMAGE_BUCKETS.iter().copied())
+                .chain([f64::MAX])
+                .zip(counts)
+                .collect();
+            e.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                load(nanos) as f64 / 1e9,
+                total,
+                &buckets,
+                None,
+            )
+        };
+        histogram(
+            encoder.encode_descriptor(
                 "larder_image_transform_duration_seconds",
                 "Time of an image transform on the pool (decode, resize, encode).",
                 None,
                 MetricType::Histogram,
-            )?
-            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                load(&self.nanos) as f64 / 1e9,
-                total,
-                &buckets,
-                None,
+            )?,
+            &self.buckets,
+            &self.nanos,
+        )?;
+        let mut stages = encoder.encode_descriptor(
+            "larder_image_stage_duration_seconds",
+            "Time of each stage of an image transform: decode (with the orientation turn), \
+             resize (crop and scale, filters, canvas, watermark), encode (with metadata).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (i, stage) in IMAGE_STAGES.iter().enumerate() {
+            histogram(
+                stages.encode_family(&[("stage", *stage)])?,
+                &self.stage_buckets[i],
+                &self.stage_nanos[i],
             )?;
+        }
         Value(load(&self.queued), false).encode(encoder.encode_descriptor(
             "larder_image_queue_depth",
             "Image transforms waiting for a worker and memory now.",

@@ -360,8 +360,8 @@ async fn sigusr1_reopens_the_file() {
 }
 
 /// An image request's line says which URL grammar served it and the presets applied (zimg's
-/// `t=`, imgproxy's `pr:` and `default`, none for thumbor here); other routes' lines say
-/// neither.
+/// `t=`, imgproxy's `pr:` and `default`, none for thumbor here), a refused one too (the presets
+/// once its URL parsed: before, a 400 or 404 said neither); other routes' lines say neither.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_requests_name_their_grammar_and_presets() {
     let dir = tempfile::tempdir().unwrap();
@@ -412,17 +412,22 @@ addr = "127.0.0.1:0"
         assert_eq!(up.status, 200, "{}", up.text());
         let md5: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
         let md5 = md5["md5"].as_str().unwrap().to_string();
-        for path in [
-            format!("/{md5}?t=small"),
-            "/insecure/pr:thumb/plain/photo.jpg".to_string(),
-            "/unsafe/30x30/photo.jpg".to_string(),
-            "/ping".to_string(),
+        for (path, status) in [
+            (format!("/{md5}?t=small"), 200),
+            ("/insecure/pr:thumb/plain/photo.jpg".to_string(), 200),
+            ("/unsafe/30x30/photo.jpg".to_string(), 200),
+            ("/ping".to_string(), 200),
+            // Refused ones name theirs too: presets once the URL parsed.
+            (format!("/{md5}?t=small&w=x"), 400),
+            ("/insecure/pr:thumb/plain/missing.jpg".to_string(), 404),
+            ("/insecure/nope:1/plain/photo.jpg".to_string(), 400),
+            ("/unsafe/30x30/missing.jpg".to_string(), 404),
         ] {
             let r = get(&c, &larder.url(&path), &[]).await;
-            assert_eq!(r.status, 200, "{path}: {}", r.text());
+            assert_eq!(r.status, status, "{path}: {}", r.text());
         }
-        let got = lines(log, 5).await;
-        assert_eq!(got.len(), 5, "{got:?}");
+        let got = lines(log, 9).await;
+        assert_eq!(got.len(), 9, "{got:?}");
         if format == "json" {
             let v: Vec<serde_json::Value> = got
                 .iter()
@@ -440,6 +445,15 @@ addr = "127.0.0.1:0"
             );
             assert_eq!(said(3), ("thumbor".into(), Null), "{}", got[3]);
             assert_eq!(said(4), (Null, Null), "{}", got[4]);
+            assert_eq!(said(5), ("zimg".into(), Null), "{}", got[5]);
+            assert_eq!(
+                said(6),
+                ("imgproxy".into(), "default,thumb".into()),
+                "{}",
+                got[6]
+            );
+            assert_eq!(said(7), ("imgproxy".into(), Null), "{}", got[7]);
+            assert_eq!(said(8), ("thumbor".into(), Null), "{}", got[8]);
         } else {
             assert_eq!(
                 got[1..],
@@ -448,6 +462,10 @@ addr = "127.0.0.1:0"
                     "/insecure/pr:thumb/plain/photo.jpg imgproxy default,thumb".to_string(),
                     "/unsafe/30x30/photo.jpg thumbor -".to_string(),
                     "/ping - -".to_string(),
+                    format!("/{md5}?t=small&w=x zimg -"),
+                    "/insecure/pr:thumb/plain/missing.jpg imgproxy default,thumb".to_string(),
+                    "/insecure/nope:1/plain/photo.jpg imgproxy -".to_string(),
+                    "/unsafe/30x30/missing.jpg thumbor -".to_string(),
                 ]
             );
         }

@@ -237,3 +237,92 @@ async fn pixel_limits_refuse_new_formats_from_their_header() {
         assert!(body.contains("19200 pixels"), "{source}: {body}");
     }
 }
+
+/// A 16×16 GIF of two frames (red, then `FLAT`).
+fn two_frame_gif() -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let palette = [255, 0, 0, FLAT[0], FLAT[1], FLAT[2]];
+        let mut e = gif::Encoder::new(&mut out, 16, 16, &palette).unwrap();
+        for index in [0u8, 1] {
+            let mut f = gif::Frame::from_indexed_pixels(16, 16, vec![index; 256], None);
+            f.delay = 10;
+            e.write_frame(&f).unwrap();
+        }
+    }
+    out
+}
+
+/// imgproxy's AUTO_JXL (`auto_jxl`): `auto` answers JPEG XL to `Accept: image/jxl` before
+/// AVIF and WebP, with `Vary: Accept`; without the setting the same request gets WebP, and an
+/// animated source never gets JPEG XL (its first frame only): it keeps what it had.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_jxl_answers_jpeg_xl_to_clients_that_list_it() {
+    need(larder::images::jxl::can_encode(), "libjxl", "libjxl0.7");
+    let fetch = |addr: SocketAddr, path: &'static str| async move {
+        let url = format!("http://{addr}{path}");
+        let accept = [("accept", "image/jxl,image/webp,*/*")];
+        common::send(&common::client(), "GET", &url, &accept, b"").await
+    };
+    let path = "/insecure/rs:fill:60:40/plain/halves.png";
+    let off = start("default_format = \"auto\"").await;
+    let r = fetch(off.addr, path).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/webp"));
+
+    let on = start("default_format = \"auto\"\nauto_jxl = true").await;
+    std::fs::write(on._root.path().join("anim.gif"), two_frame_gif()).unwrap();
+    let r = fetch(on.addr, path).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/jxl"));
+    assert_eq!(r.header("vary"), Some("Accept"));
+    let (w, h, px) = jxl_pixels(&r.body);
+    assert_eq!((w, h), (60, 40));
+    assert!(near(at(&px, w, 55, 20), FLAT, 8));
+    // Another Accept, another answer (not the JPEG XL result cached under the same URL).
+    let plain = get(on.addr, path).await;
+    assert_eq!(plain.header("content-type"), Some("image/png"));
+    let r = fetch(on.addr, "/insecure/rs:fit:8:8/plain/anim.gif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/webp"));
+}
+
+/// A 16×12 APNG of two frames, red then `FLAT`, with a green default image that is no frame.
+fn two_frame_apng() -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, 16, 12);
+        e.set_color(png::ColorType::Rgb);
+        e.set_animated(2, 0).unwrap();
+        e.set_sep_def_img(true).unwrap();
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(&[0, 255, 0].repeat(16 * 12)).unwrap();
+        for colour in [[255, 0, 0], FLAT] {
+            w.set_frame_delay(1, 5).unwrap();
+            w.write_image_data(&colour.repeat(16 * 12)).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    out
+}
+
+/// An animated PNG keeps its frames into GIF and WebP (composited, resized alike), and gives
+/// its default image to a still output, as imgproxy (which reads no APNG frames) does.
+#[tokio::test(flavor = "multi_thread")]
+async fn apng_frames_are_kept_into_gif_and_webp() {
+    let l = start("").await;
+    std::fs::write(l._root.path().join("anim.png"), two_frame_apng()).unwrap();
+    for (ext, mime) in [("webp", "image/webp"), ("gif", "image/gif")] {
+        let r = get(
+            l.addr,
+            &format!("/insecure/rs:fit:8:8/plain/anim.png@{ext}"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some(mime));
+        let p = sniff::probe(&r.body).unwrap();
+        assert_eq!((p.width, p.height, p.frames), (8, 6, 2), "{ext}");
+    }
+    let r = get(l.addr, "/insecure/rs:fit:8:8/plain/anim.png@png").await;
+    assert_flat(&r, "image/png", (8, 6), [0, 255, 0], 0);
+}

@@ -471,15 +471,16 @@ fn exif_of(data: &[u8]) -> Option<(Option<String>, Option<String>, Option<u32>)>
 
 /// imgproxy's metadata options on real originals: by default a result keeps the EXIF
 /// copyright (and nothing else), `kcr:0` nothing, `sm:0` every field with the orientation
-/// reset (the pixels are turned: 856×640 becomes 100×75); thumbor's `strip_exif()` strips the
-/// copyright too; `scp:0` keeps a Display P3 profile where the default converts to sRGB.
+/// reset (the pixels are turned: 856×640 becomes 100×75), in JPEG, PNG, WebP and AVIF (its Exif
+/// item), none in GIF; thumbor's `strip_exif()` strips the copyright too; `scp:0` keeps a
+/// Display P3 profile where the default converts to sRGB, but for AVIF, which carries none.
 #[tokio::test(flavor = "multi_thread")]
 async fn metadata_kept_as_sm_kcr_and_scp_say() {
     let l = start("").await;
     std::fs::write(l._root.path().join("exif.jpg"), with_exif(photo())).unwrap();
     let copyright = Some("\"(c) Larder Photo\"".to_string());
     let private = Some("\"a private note\"".to_string());
-    for ext in ["jpg", "png", "webp"] {
+    for ext in ["jpg", "png", "webp", "avif"] {
         let path = |opts: &str| format!("/insecure/{opts}rs:fit:100:100/plain/exif.jpg@{ext}");
         let r = get(l.addr, &path("")).await;
         assert_eq!(r.status, 200, "{}", r.text());
@@ -501,6 +502,11 @@ async fn metadata_kept_as_sm_kcr_and_scp_say() {
             "{ext}"
         );
     }
+    // GIF carries none, as imgproxy's (libvips' GIF writer keeps no metadata).
+    let r = get(l.addr, "/insecure/sm:0/rs:fit:100:100/plain/exif.jpg@gif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (100, 75));
+    assert_eq!(exif_of(&r.body), None);
     let r = get(l.addr, "/unsafe/100x100/filters:strip_exif()/exif.jpg").await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(exif_of(&r.body), None);
@@ -529,6 +535,20 @@ async fn metadata_kept_as_sm_kcr_and_scp_say() {
         .await;
         assert_eq!(profile(&r.body).as_deref(), Some(&p3[..]), "{ext}");
     }
+    // AVIF's writer has no profile to carry: scp:0 converts to sRGB as the default does (the
+    // same image), never P3 pixels labelled sRGB.
+    let addr = l.addr;
+    let avif = |opts: &'static str| async move {
+        get(
+            addr,
+            &format!("/insecure/{opts}rs:fit:50:50/plain/p3.jpg@avif"),
+        )
+        .await
+    };
+    let (kept, converted) = (avif("scp:0/").await, avif("").await);
+    assert_eq!(kept.status, 200, "{}", kept.text());
+    assert_eq!(converted.status, 200, "{}", converted.text());
+    assert_eq!(kept.body, converted.body);
     l.larder.shutdown().await;
 }
 

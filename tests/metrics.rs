@@ -543,7 +543,7 @@ addr = "127.0.0.1:0"
 }
 
 /// An image route's figures: transforms by grammar and output format (a cached result is not
-/// one), their time, the pool's queue, originals by outcome, bytes saved; Prometheus's parser
+/// one), their time and their stages' (decode, resize, encode), the pool's queue, originals by outcome, bytes saved; Prometheus's parser
 /// reads them and docs/metrics.md lists each. A server without image routes exposes none.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_routes_count_transforms_sources_and_the_queue() {
@@ -588,6 +588,19 @@ addr = "127.0.0.1:0"
             1,
         ),
         ("larder_image_transform_duration_seconds_count", 2),
+        // Each transform's stages, timed on the pool.
+        (
+            "larder_image_stage_duration_seconds_count{stage=\"decode\"}",
+            2,
+        ),
+        (
+            "larder_image_stage_duration_seconds_count{stage=\"resize\"}",
+            2,
+        ),
+        (
+            "larder_image_stage_duration_seconds_count{stage=\"encode\"}",
+            2,
+        ),
         ("larder_image_queue_depth", 0),
         // The cached result's request loaded its original too (the key names the original).
         ("larder_image_sources_total{outcome=\"local\"}", 3),
@@ -628,7 +641,7 @@ addr = "127.0.0.1:0"
             "{exposed} is not in docs/metrics.md"
         );
     }
-    assert_eq!(images, 9, "{text}");
+    assert_eq!(images, 10, "{text}");
 
     // Without an image route: no image families.
     let plain = Larder::start(&format!(

@@ -31,7 +31,7 @@ pub struct ImagesConfig {
     /// Largest output width or height; a request for more is refused with 400.
     #[serde(default = "ImagesConfig::default_max_output")]
     pub max_output_dimension: Bounded<1, 65_535>,
-    /// Most frames an animated GIF or WebP may have (upload and transform).
+    /// Most frames an animated GIF, WebP or PNG (APNG) may have (upload and transform).
     #[serde(default = "ImagesConfig::default_max_frames")]
     pub max_frames: Bounded<1, 100_000>,
     /// Most pixels of all an animation's frames together (width × height × frames, from the
@@ -75,6 +75,10 @@ pub struct ImagesConfig {
     /// or WebP from Accept, or a fixed `jpeg`, `png`, `webp`, `avif`, `gif`, `jxl`.
     #[serde(default = "ImagesConfig::default_format")]
     pub default_format: FormatChoice,
+    /// `auto` answers JPEG XL to a client whose Accept lists image/jxl, before AVIF and WebP
+    /// (imgproxy's `IMGPROXY_AUTO_JXL`); never when libjxl cannot be loaded.
+    #[serde(default)]
+    pub auto_jxl: bool,
     /// Encoding quality (1-100) when a request has no `q`.
     #[serde(default = "ImagesConfig::default_quality")]
     pub default_quality: Bounded<1, 100>,
@@ -326,6 +330,7 @@ impl ImagesConfig {
             avif_speed: Self::default_avif_speed(),
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
+            auto_jxl: false,
             default_quality: Self::default_quality(),
             jpeg_progressive: false,
             cache_results: true,

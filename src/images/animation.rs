@@ -1,11 +1,13 @@
-//! Animated GIF and WebP: every frame decoded onto a full canvas (GIF's disposal and
-//! transparency composited here, WebP's blending and disposal by libwebp's animation decoder),
+//! Animated GIF, WebP and PNG (APNG): every frame decoded onto a full canvas (GIF's disposal
+//! and transparency and APNG's blending and disposal composited here, from the `gif` and
+//! `png` crates' frames; WebP's by libwebp's animation decoder),
 //! each canvas handed to the caller as it is made (the pipeline applies one geometry to every
 //! frame: a frame is never transformed on its own), and the results encoded again as an
 //! animated GIF or WebP keeping each frame's delay and the loop count.
 //!
 //! Used when the source has more than one frame and the output can animate (GIF, WebP,
-//! [`animates`]); other outputs take the first frame ([`super::codec`]), as imgproxy does. The
+//! [`animates`]; larder writes no APNG); other outputs take the first frame
+//! ([`super::codec`]; an APNG's default image), as imgproxy does. The
 //! frame and pixel limits (`max_frames`, `max_animation_pixels`) are checked from the header
 //! before anything is decoded ([`super::codec::check_limits`]) and again while decoding (a
 //! header may lie); [`memory`] is what the pool reserves for all frames.
@@ -32,7 +34,10 @@ pub struct Animation {
 /// Whether a source probed as `probe` keeps its animation in `out`.
 pub fn animates(probe: &Probe, out: ImageFormat) -> bool {
     probe.frames > 1
-        && matches!(probe.format, ImageFormat::Gif | ImageFormat::Webp)
+        && matches!(
+            probe.format,
+            ImageFormat::Gif | ImageFormat::Webp | ImageFormat::Png
+        )
         && matches!(out, ImageFormat::Gif | ImageFormat::Webp)
 }
 
@@ -70,7 +75,8 @@ pub fn map_frames<E: From<CodecError>>(
     let plays = match probe.format {
         ImageFormat::Gif => gif_frames(src, probe, limits, &mut add)?,
         ImageFormat::Webp => webp_frames(src, limits, &mut add)?,
-        _ => return Err(CodecError::Unsupported("animated non-GIF, non-WebP").into()),
+        ImageFormat::Png => png_frames(src, limits, &mut add)?,
+        _ => return Err(CodecError::Unsupported("animated non-GIF, non-WebP, non-PNG").into()),
     };
     if frames.is_empty() {
         return Err(CodecError::Decode("animation", "no frame".into()).into());
@@ -179,6 +185,127 @@ fn gif_frames<E: From<CodecError>>(
         gif::Repeat::Infinite => None,
         gif::Repeat::Finite(n) => Some(u32::from(n) + 1),
     })
+}
+
+/// The frames of an animated PNG (APNG), composited as its `fcTL` chunks say: each frame's
+/// region replacing the canvas's pixels (`blend_op` source) or blended over them (over), then
+/// disposed of (kept, cleared to transparent, or restored to before it). The default image
+/// (`IDAT`) is skipped when it is not a frame of the animation. Samples of 16 bits are cut to
+/// 8 and no profile is applied (as GIF and WebP frames).
+fn png_frames<E: From<CodecError>>(
+    src: &[u8],
+    limits: &Limits,
+    add: &mut impl FnMut(Raster, u32) -> Result<(), E>,
+) -> Result<Option<u32>, E> {
+    let err = |e: png::DecodingError| CodecError::Decode("PNG", e.to_string());
+    let mut dec = png::Decoder::new_with_limits(
+        Cursor::new(src),
+        png::Limits {
+            bytes: (limits.max_pixels as usize).saturating_mul(8),
+        },
+    );
+    dec.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = dec.read_info().map_err(err)?;
+    let (w, h) = (reader.info().width, reader.info().height);
+    let pixels = u64::from(w) * u64::from(h);
+    if pixels > limits.max_pixels {
+        return Err(CodecError::TooManyPixels {
+            pixels,
+            limit: limits.max_pixels,
+        }
+        .into());
+    }
+    let Some(actl) = reader.info().animation_control else {
+        return Err(CodecError::Decode("PNG", "no animation".into()).into());
+    };
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| CodecError::Decode("PNG", "image too large".into()))?;
+    let mut buf = vec![0u8; size];
+    if reader.info().frame_control.is_none() {
+        // The default image, for decoders without APNG: not a frame.
+        reader.next_frame(&mut buf).map_err(err)?;
+    }
+    let (wu, hu) = (w as usize, h as usize);
+    let mut canvas = vec![0u8; wu * hu * 4];
+    let mut saved = Vec::new();
+    for n in 0..actl.num_frames {
+        let out = reader.next_frame(&mut buf).map_err(err)?;
+        let Some(fc) = reader.info().frame_control else {
+            return Err(CodecError::Decode("PNG", "a frame without fcTL".into()).into());
+        };
+        let samples = out.color_type.samples();
+        let (x0, y0) = (fc.x_offset as usize, fc.y_offset as usize);
+        let (fw, fh) = (out.width as usize, out.height as usize);
+        // The APNG spec: a first frame disposed to "previous" is disposed to the background.
+        let dispose = match fc.dispose_op {
+            png::DisposeOp::Previous if n == 0 => png::DisposeOp::Background,
+            d => d,
+        };
+        if dispose == png::DisposeOp::Previous {
+            saved.clone_from(&canvas);
+        }
+        let over = fc.blend_op == png::BlendOp::Over;
+        for y in 0..fh.min(hu.saturating_sub(y0)) {
+            let row = &buf[y * out.line_size..][..fw * samples];
+            for x in 0..fw.min(wu.saturating_sub(x0)) {
+                let p = &row[x * samples..][..samples];
+                let px = match samples {
+                    1 => [p[0], p[0], p[0], 255],
+                    2 => [p[0], p[0], p[0], p[1]],
+                    3 => [p[0], p[1], p[2], 255],
+                    _ => [p[0], p[1], p[2], p[3]],
+                };
+                let t = ((y0 + y) * wu + x0 + x) * 4;
+                let d = &mut canvas[t..t + 4];
+                if over {
+                    blend_over(d, px);
+                } else {
+                    d.copy_from_slice(&px);
+                }
+            }
+        }
+        let den = if fc.delay_den == 0 { 100 } else { fc.delay_den };
+        let delay_ms = (u32::from(fc.delay_num) * 1000) / u32::from(den);
+        match dispose {
+            png::DisposeOp::Background => {
+                let shown = canvas.clone();
+                let (xa, xb) = (x0.min(wu), (x0 + fw).min(wu));
+                for y in y0..(y0 + fh).min(hu) {
+                    canvas[(y * wu + xa) * 4..(y * wu + xb) * 4].fill(0);
+                }
+                add(raster(w, h, shown), delay_ms)?;
+            }
+            png::DisposeOp::Previous => {
+                let shown = std::mem::replace(&mut canvas, saved.clone());
+                add(raster(w, h, shown), delay_ms)?;
+            }
+            png::DisposeOp::None => add(raster(w, h, canvas.clone()), delay_ms)?,
+        }
+    }
+    Ok(match actl.num_plays {
+        0 => None,
+        n => Some(n),
+    })
+}
+
+/// `src` (straight RGBA) drawn over the pixel `d` (straight RGBA): PNG's alpha compositing.
+fn blend_over(d: &mut [u8], src: [u8; 4]) {
+    let sa = u32::from(src[3]);
+    if sa == 255 || d[3] == 0 {
+        d.copy_from_slice(&src);
+        return;
+    }
+    if sa == 0 {
+        return;
+    }
+    // Out alpha and colours, in 255ths: a = sa + da(1 - sa).
+    let da = u32::from(d[3]) * (255 - sa) / 255;
+    let a = sa + da;
+    for i in 0..3 {
+        d[i] = ((u32::from(src[i]) * sa + u32::from(d[i]) * da + a / 2) / a) as u8;
+    }
+    d[3] = a as u8;
 }
 
 fn raster(width: u32, height: u32, data: Vec<u8>) -> Raster {
@@ -504,6 +631,78 @@ mod tests {
         assert_eq!(px(2, 0, 0), [0, 0, 0, 0]);
         assert_eq!(px(2, 2, 2), [200, 0, 0, 255]);
         assert_eq!(px(2, 3, 3), [0, 0, 200, 255]);
+    }
+
+    /// An APNG of 4×4: a red default image that is not a frame, then a half-transparent
+    /// green frame replacing the canvas (disposed to the background), a blue corner blended
+    /// over what that left, and a 2×2 white patch at (2, 2) disposed to the previous canvas.
+    fn apng() -> Vec<u8> {
+        let mut out = Vec::new();
+        {
+            let mut e = png::Encoder::new(&mut out, 4, 4);
+            e.set_color(png::ColorType::Rgba);
+            e.set_animated(3, 2).unwrap();
+            e.set_sep_def_img(true).unwrap();
+            let mut w = e.write_header().unwrap();
+            w.write_image_data(&[255, 0, 0, 255].repeat(16)).unwrap();
+            w.set_frame_delay(1, 10).unwrap();
+            w.set_dispose_op(png::DisposeOp::None).unwrap();
+            w.write_image_data(&[0, 200, 0, 128].repeat(16)).unwrap();
+            w.set_frame_dimension(1, 1).unwrap();
+            w.set_frame_position(0, 0).unwrap();
+            w.set_blend_op(png::BlendOp::Over).unwrap();
+            w.set_frame_delay(0, 0).unwrap();
+            w.set_dispose_op(png::DisposeOp::Previous).unwrap();
+            w.write_image_data(&[0, 0, 255, 255]).unwrap();
+            w.set_frame_dimension(2, 2).unwrap();
+            w.set_frame_position(2, 2).unwrap();
+            w.set_frame_delay(3, 100).unwrap();
+            w.set_blend_op(png::BlendOp::Source).unwrap();
+            w.set_dispose_op(png::DisposeOp::Background).unwrap();
+            w.write_image_data(&[255; 16]).unwrap();
+            w.finish().unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn apng_frames_are_blended_and_disposed() {
+        let bytes = apng();
+        let p = sniff::probe(&bytes).unwrap();
+        assert_eq!((p.format, p.frames), (ImageFormat::Png, 3));
+        assert!(animates(&p, ImageFormat::Webp) && !animates(&p, ImageFormat::Png));
+        let a = decode_all(&bytes);
+        assert_eq!(a.plays, Some(2));
+        let delays: Vec<u32> = a.frames.iter().map(|f| f.delay_ms).collect();
+        assert_eq!(delays, [100, 0, 30]);
+        let px = |f: usize, x: usize, y: usize| {
+            let i = (y * 4 + x) * 4;
+            a.frames[f].image.data[i..i + 4].to_vec()
+        };
+        // Not the default image's red: the first frame replaced nothing but an empty canvas.
+        assert_eq!(px(0, 3, 3), [0, 200, 0, 128]);
+        // Opaque blue over it at (0, 0); the rest as it was.
+        assert_eq!(px(1, 0, 0), [0, 0, 255, 255]);
+        assert_eq!(px(1, 1, 1), [0, 200, 0, 128]);
+        // Frame 2 was disposed to the previous canvas: frame 3 is drawn on frame 1's.
+        assert_eq!(px(2, 0, 0), [0, 200, 0, 128]);
+        assert_eq!(px(2, 3, 3), [255, 255, 255, 255]);
+        // A still PNG is one frame.
+        let still = crate::images::codec::encode(&a.frames[0].image, ImageFormat::Png, 75).unwrap();
+        assert_eq!(sniff::probe(&still).unwrap().frames, 1);
+    }
+
+    #[test]
+    fn over_blends_straight_alpha() {
+        let mut d = [0, 0, 255, 255];
+        blend_over(&mut d, [255, 0, 0, 128]);
+        assert_eq!(d, [128, 0, 127, 255]);
+        let mut d = [0, 0, 0, 0];
+        blend_over(&mut d, [10, 20, 30, 40]);
+        assert_eq!(d, [10, 20, 30, 40]);
+        let mut d = [9, 9, 9, 200];
+        blend_over(&mut d, [1, 2, 3, 0]);
+        assert_eq!(d, [9, 9, 9, 200]);
     }
 
     #[test]

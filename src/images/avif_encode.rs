@@ -2,7 +2,9 @@
 //! (the `yuv` crate, SIMD), gray becomes monochrome 4:0:0, and alpha, where some pixel is not
 //! opaque, a second monochrome item; each is encoded by rav1e (one tile, on the calling thread)
 //! at a quantizer read from the 1-100 quality ([`quantizer`]) and speed settings from the
-//! configured preset ([`speed_settings`]), and `avif-serialize` writes the container.
+//! configured preset ([`speed_settings`]), and `avif-serialize` writes the container (with
+//! the EXIF kept, an Exif item; it writes no ICC profile, so a kept profile never reaches
+//! AVIF: [`super::metadata`]).
 //!
 //! Why not ravif, which did this before: it encodes 10-bit 4:4:4 only, three times the samples
 //! of 4:2:0 and most of them spent on chroma, which the eye (and SSIM on luma) barely sees;
@@ -55,8 +57,14 @@ pub fn speed_settings(speed: u8) -> SpeedSettings {
     s
 }
 
-/// Encodes `img` at a quality of 1-100 and rav1e speed preset 1-10.
-pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
+/// Encodes `img` at a quality of 1-100 and rav1e speed preset 1-10; `exif` (a TIFF block) goes
+/// into the container as its Exif item.
+pub fn encode(
+    img: &Raster,
+    quality: u8,
+    speed: u8,
+    exif: Option<&[u8]>,
+) -> Result<Vec<u8>, CodecError> {
     let (w, h) = (img.width, img.height);
     let q = quantizer(quality);
     let settings = speed_settings(speed);
@@ -113,6 +121,9 @@ pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecErro
         .set_full_color_range(true)
         .set_chroma_subsampling((true, true))
         .set_monochrome(gray);
+    if let Some(exif) = exif {
+        a.set_exif(exif.to_vec());
+    }
     Ok(a.to_vec(&color, alpha.as_deref(), w, h, 8))
 }
 

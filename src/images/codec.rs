@@ -302,6 +302,7 @@ pub fn encode_at(
             bg: WHITE,
             icc: None,
             progressive: false,
+            exif: None,
         },
     )
 }
@@ -319,6 +320,9 @@ pub struct Output<'a> {
     pub icc: Option<&'a [u8]>,
     /// JPEG is progressive (SOF2, several scans).
     pub progressive: bool,
+    /// A TIFF (EXIF) block written by the encoder into its container: AVIF's Exif item. The
+    /// other formats get theirs from [`super::metadata::embed`].
+    pub exif: Option<&'a [u8]>,
 }
 
 /// Encodes as `out` says.
@@ -332,7 +336,9 @@ pub fn encode_with(
         ImageFormat::Png => return encode_png(img, out.icc),
         ImageFormat::Gif => encode_gif(img)?,
         ImageFormat::Webp => encode_webp(img, out.quality)?,
-        ImageFormat::Avif => encode_avif(img, out.quality, out.avif_speed)?,
+        ImageFormat::Avif => {
+            super::avif_encode::encode(img, out.quality, out.avif_speed, out.exif)?
+        }
         ImageFormat::Jxl => super::jxl::encode(img, out.quality)?,
         ImageFormat::Heic => return Err(CodecError::Unsupported("HEIC output")),
     };
@@ -457,10 +463,6 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
         .encode_advanced(&cfg)
         .map_err(|e| CodecError::Encode("WebP", format!("{e:?}")))?;
     Ok(mem.to_vec())
-}
-
-fn encode_avif(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
-    super::avif_encode::encode(img, quality, speed)
 }
 
 #[cfg(test)]

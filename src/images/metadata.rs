@@ -10,13 +10,17 @@
 //!             ─▶ a new TIFF block (kamadak-exif's writer: no hand-made bytes)
 //!          ─▶ JPEG to JPEG with sm:0: its XMP and IPTC (APP1 XMP, APP13) segments too
 //! result  ─▶ img-parts puts the EXIF block, the segments and the ICC profile kept by the
-//!            decoder (scp:0) into the JPEG, PNG (eXIf, iCCP) or WebP (EXIF, ICCP) container
+//!            decoder (scp:0) into the JPEG, PNG (eXIf, iCCP) or WebP (EXIF, ICCP) container;
+//!            AVIF: the EXIF block goes to its encoder (`codec::Output::exif`), which writes
+//!            it as the container's Exif item
 //! ```
 //!
-//! AVIF and GIF results carry none of it: the AVIF writer adds no metadata items yet, GIF has
-//! no EXIF. Whatever cannot
-//! be read or written (a malformed EXIF block, an unknown field type) is left out, never an
-//! error: the result is still the image asked for.
+//! AVIF results carry the EXIF only, as imgproxy's (libheif) do, but no ICC profile and no
+//! XMP: avif-serialize writes neither, so with `scp:0` an AVIF result is converted to sRGB as
+//! without it (the pipeline keeps no profile for AVIF). GIF results carry none of it, as
+//! imgproxy's (libvips' GIF writer keeps no metadata). Whatever cannot be read or written (a
+//! malformed EXIF block, an unknown field type) is left out, never an error: the result is
+//! still the image asked for.
 
 use bytes::Bytes;
 use img_parts::jpeg::{markers, Jpeg, JpegSegment};
@@ -277,12 +281,35 @@ mod tests {
         let has_xmp = |b: &[u8]| b.windows(XMP.len()).any(|w| w == XMP);
         assert!(has_xmp(&result("sm:0", ImageFormat::Jpeg)));
         assert!(!has_xmp(&result("", ImageFormat::Jpeg)));
-        // AVIF carries none: unchanged.
+        // AVIF's encoder writes it (an Exif item), not `embed`: unchanged there.
         let kept = keep(&src, ImageFormat::Jpeg, &opts("sm:0"), None);
         assert_eq!(
             embed(vec![1, 2, 3], ImageFormat::Avif, &kept),
             vec![1, 2, 3]
         );
+        let img = super::super::raster::Raster {
+            data: vec![60; 4 * 4 * 3],
+            width: 4,
+            height: 4,
+            channels: 3,
+        };
+        let out = super::super::codec::Output {
+            quality: 80,
+            avif_speed: 10,
+            bg: super::super::codec::WHITE,
+            icc: None,
+            progressive: false,
+            exif: kept.exif.as_deref(),
+        };
+        let avif = super::super::codec::encode_with(&img, ImageFormat::Avif, &out).unwrap();
+        let all = read(&avif).expect("an Exif item");
+        assert_eq!(
+            text(&all, Tag::ImageDescription).as_deref(),
+            Some("\"a custom note\"")
+        );
+        let turned = all.get_field(Tag::Orientation, In::PRIMARY).unwrap();
+        assert_eq!(turned.value.get_uint(0), Some(1));
+        assert_eq!(super::super::sniff::probe(&avif).unwrap().width, 4);
         // A source without EXIF keeps nothing.
         let bare = keep(b"not an image", ImageFormat::Jpeg, &opts("sm:0"), None);
         assert!(bare.is_empty());

@@ -20,7 +20,7 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF and WebP: every
+//! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF, WebP and PNG: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
@@ -224,6 +224,8 @@ struct Inner {
     mark: Option<Arc<Raster>>,
     /// What the route counts into the server's metrics.
     stats: stats::Stats,
+    /// `auto` may answer JPEG XL: the route's `auto_jxl`, and libjxl loads.
+    auto_jxl: bool,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -271,9 +273,17 @@ impl Images {
                 None
             }
         });
+        let auto_jxl = cfg.auto_jxl && jxl::can_encode();
+        if cfg.auto_jxl && !auto_jxl {
+            tracing::warn!(
+                prefix,
+                "auto_jxl: libjxl does not load, JPEG XL is never negotiated"
+            );
+        }
         Images {
             inner: Arc::new(Inner {
                 mark,
+                auto_jxl,
                 stats: stats::Stats::default(),
                 pool: Pool::new(
                     cfg.workers.as_usize(),
@@ -330,16 +340,18 @@ impl Images {
             .trim_start_matches('/')
             .to_string();
         let method = req.method().clone();
+        // What the log says of a transform, set as soon as known: a refused one says it too.
+        let mut served = None;
         let result = match (&method, rest.as_str()) {
             (&Method::POST, "upload") => self.upload(req, peer).await,
             (&Method::GET | &Method::HEAD, "info") => self.info(&req).await,
             (_, "upload" | "info") => Err(ImageError::Method),
             (&Method::GET | &Method::HEAD, path) if path.contains('/') => {
-                self.proxy(&req, path).await
+                self.proxy(&req, path, &mut served).await
             }
             (_, path) if path.contains('/') => Err(ImageError::Method),
             (&Method::GET | &Method::HEAD, name) => match Md5Hex::parse(name) {
-                Some(md5) => self.get(&req, md5).await,
+                Some(md5) => self.get(&req, md5, &mut served).await,
                 None => Err(ImageError::NotFound),
             },
             (&Method::DELETE, name) => match Md5Hex::parse(name) {
@@ -348,10 +360,14 @@ impl Images {
             },
             _ => Err(ImageError::Method),
         };
-        result.unwrap_or_else(|e| {
+        let r = result.unwrap_or_else(|e| {
             tracing::debug!(path = %req_path(&rest), error = %e, "image request refused");
             e.response()
-        })
+        });
+        match served {
+            Some(served) => noted(r, served),
+            None => r,
+        }
     }
 
     fn authorized(&self, headers: &HeaderMap) -> Result<(), ImageError> {
@@ -457,17 +473,19 @@ impl Images {
         self.inner.load(md5).await
     }
 
+    /// A transform of an uploaded original (zimg's API); `served` says so for the log.
     async fn get(
         &self,
         req: &Request<RequestBody>,
         md5: Md5Hex,
+        served: &mut Option<ImageServed>,
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
-        let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
-        let mut served = ImageServed {
+        let served = served.insert(ImageServed {
             grammar: Grammar::Zimg.name(),
             presets: Box::from(""),
-        };
+        });
+        let mut params = Params::parse(req.uri().query().unwrap_or(""))?;
         if let Some(name) = params.t.take() {
             let preset = inner.cfg.presets.get(&name).ok_or_else(|| ParamError {
                 name: "t",
@@ -488,28 +506,38 @@ impl Images {
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
         let fill = Arc::clone(inner);
-        let made = cached(inner, req, key, move || fill.make(md5, resolved)).await;
-        Ok(noted(made?, served))
+        cached(inner, req, key, move || fill.make(md5, resolved)).await
     }
 
     /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
     /// [`grammar_of`]): parsed (403, 400 before any work), its original loaded (404), planned
     /// from the header (400/422), cached under the original's id, the normalized options and
-    /// the output format.
+    /// the output format. `served` names the grammar for the log from the start, the presets
+    /// once parsed.
     async fn proxy(
         &self,
         req: &Request<RequestBody>,
         path: &str,
+        served: &mut Option<ImageServed>,
     ) -> Result<Response<Body>, ImageError> {
         let inner = &self.inner;
         let now = inner.cache.clock().now();
+        let shape = grammar_of(path);
+        let served = served.insert(ImageServed {
+            grammar: shape.name(),
+            presets: Box::from(""),
+        });
         let Parsed {
             grammar,
             options,
             source,
-        } = match grammar_of(path) {
+        } = match shape {
             Grammar::Thumbor => thumbor::parse(path, &inner.cfg.thumbor)?,
             _ => imgproxy::parse(path, &inner.cfg.imgproxy, now)?,
+        };
+        *served = ImageServed {
+            grammar: grammar.name(),
+            presets: options.presets.join(",").into_boxed_str(),
         };
         if options.watermark.is_some() && inner.mark.is_none() {
             return Err(ImageError::Param(ParamError {
@@ -532,7 +560,9 @@ impl Images {
         let target = Target::choose(
             options.format.unwrap_or(inner.cfg.default_format),
             req.headers(),
-        );
+        )
+        // imgproxy's AUTO_JXL: never for an animation (its first frame only).
+        .or_jxl(req.headers(), inner.auto_jxl && probe.frames <= 1);
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);
@@ -552,13 +582,9 @@ impl Images {
                 target.key()
             ),
         );
-        let served = ImageServed {
-            grammar: grammar.name(),
-            presets: options.presets.join(",").into_boxed_str(),
-        };
         // A cached result is served without planning it again.
         if let Some(r) = hit(inner, req, &key) {
-            return Ok(noted(r, served));
+            return Ok(r);
         }
         // Planned from the header: over the limits is refused here, before queueing or caching.
         let prepared = if skip {
@@ -570,7 +596,7 @@ impl Images {
         };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
-        let made = cached(inner, req, key, move || async move {
+        cached(inner, req, key, move || async move {
             let Original { data, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
@@ -583,21 +609,28 @@ impl Images {
                     let format = prepared.format;
                     let memory = prepared.memory;
                     let source_len = data.len();
+                    let timed = fill.stats.timed();
                     let (ran, nanos) = (fill.stats)
                         .run(&fill.pool, job, move || {
-                            pipeline::run(
+                            let mut timing = transform::Timing::default();
+                            let out = pipeline::run(
                                 &data,
                                 &probe,
                                 &options,
                                 &prepared,
                                 mark.as_deref(),
                                 &limits,
-                            )
+                                timed.then_some(&mut timing),
+                            );
+                            (out, timing)
                         })
                         .await?;
                     crate::memory::memory_freed(memory);
-                    let out = ran?;
+                    let out = ran.0?;
                     (fill.stats).transformed(grammar, format, nanos, source_len, out.len());
+                    if timed {
+                        fill.stats.stages(&ran.1);
+                    }
                     (Bytes::from(out), format)
                 }
             };
@@ -608,8 +641,7 @@ impl Images {
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
-        .await;
-        Ok(noted(made?, served))
+        .await
     }
 }
 
@@ -854,6 +886,7 @@ impl Inner {
             let (out, timing) = ran?;
             let format = prepared.format;
             (self.stats).transformed(Grammar::Zimg, format, nanos, source_len, out.len());
+            self.stats.stages(&timing);
             tracing::debug!(
                 md5 = md5.as_str(),
                 params = key.as_str(),

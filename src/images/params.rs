@@ -18,7 +18,8 @@ pub enum Target {
     /// The source's format.
     Keep,
     Fixed(ImageFormat),
-    /// Negotiated from Accept: AVIF or WebP if listed, else (`None`) the source's format.
+    /// Negotiated from Accept: JPEG XL (where the route allows it, [`Target::or_jxl`]), AVIF
+    /// or WebP if listed, else (`None`) the source's format.
     Auto(Option<ImageFormat>),
 }
 
@@ -34,6 +35,17 @@ impl Target {
             FormatChoice::Avif => Target::Fixed(ImageFormat::Avif),
             FormatChoice::Gif => Target::Fixed(ImageFormat::Gif),
             FormatChoice::Jxl => Target::Fixed(ImageFormat::Jxl),
+        }
+    }
+
+    /// JPEG XL instead when negotiated (`auto`), `allowed` (the route's `auto_jxl`, libjxl
+    /// loaded) and listed in Accept: imgproxy's `AUTO_JXL`, which it prefers to AVIF and WebP.
+    pub fn or_jxl(self, req: &HeaderMap, allowed: bool) -> Target {
+        match self {
+            Target::Auto(_) if allowed && accepts(req, "image/jxl") => {
+                Target::Auto(Some(ImageFormat::Jxl))
+            }
+            t => t,
         }
     }
 
@@ -65,6 +77,7 @@ impl Target {
             Target::Fixed(f) => f.name(),
             Target::Auto(Some(ImageFormat::Avif)) => "auto-avif",
             Target::Auto(Some(ImageFormat::Webp)) => "auto-webp",
+            Target::Auto(Some(ImageFormat::Jxl)) => "auto-jxl",
             Target::Auto(_) => "auto",
         }
     }
@@ -186,32 +199,34 @@ impl Resolved {
     }
 }
 
-/// AVIF if Accept lists image/avif, else WebP if it lists image/webp (`q=0` is a refusal).
+/// AVIF if Accept lists image/avif, else WebP if it lists image/webp.
 fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
-    let accepts = |mime: &str| {
-        req.get_all(header::ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .any(|item| {
-                let mut parts = item.split(';');
-                let m = parts.next().unwrap_or("").trim();
-                let refused = parts.any(|p| {
-                    let p = p.trim();
-                    p.strip_prefix("q=")
-                        .and_then(|q| q.trim().parse::<f32>().ok())
-                        .is_some_and(|q| q <= 0.0)
-                });
-                m.eq_ignore_ascii_case(mime) && !refused
-            })
-    };
-    if accepts("image/avif") {
+    if accepts(req, "image/avif") {
         Some(ImageFormat::Avif)
-    } else if accepts("image/webp") {
+    } else if accepts(req, "image/webp") {
         Some(ImageFormat::Webp)
     } else {
         None
     }
+}
+
+/// Whether the request's Accept lists `mime` (`q=0` is a refusal).
+fn accepts(req: &HeaderMap, mime: &str) -> bool {
+    req.get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .any(|item| {
+            let mut parts = item.split(';');
+            let m = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                let p = p.trim();
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            m.eq_ignore_ascii_case(mime) && !refused
+        })
 }
 
 #[cfg(test)]
@@ -250,5 +265,32 @@ mod tests {
         );
         assert_eq!(r(&h).format, ImageFormat::Avif);
         assert!(r(&h).negotiated());
+    }
+
+    /// imgproxy's AUTO_JXL: JPEG XL before AVIF and WebP, only where the route allows it and
+    /// only for `auto`; its own cache key.
+    #[test]
+    fn jxl_is_negotiated_only_where_allowed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("image/jxl,image/avif,image/webp"),
+        );
+        let auto = Target::choose(FormatChoice::Auto, &h);
+        assert_eq!(auto, Target::Auto(Some(ImageFormat::Avif)));
+        let jxl = auto.or_jxl(&h, true);
+        assert_eq!(jxl, Target::Auto(Some(ImageFormat::Jxl)));
+        assert_eq!(jxl.output(ImageFormat::Png), ImageFormat::Jxl);
+        assert_eq!(jxl.key(), "auto-jxl");
+        assert_ne!(jxl.key(), Target::Auto(None).key());
+        assert_eq!(auto.or_jxl(&h, false), auto, "the route does not allow it");
+        let fixed = Target::choose(FormatChoice::Webp, &h);
+        assert_eq!(fixed.or_jxl(&h, true), fixed, "only `auto` negotiates");
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("image/jxl;q=0,image/webp"),
+        );
+        let refused = Target::choose(FormatChoice::Auto, &h).or_jxl(&h, true);
+        assert_eq!(refused, Target::Auto(Some(ImageFormat::Webp)));
     }
 }

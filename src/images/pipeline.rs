@@ -17,6 +17,8 @@
 //! WebP) runs every frame through the same steps with the first frame's layout
 //! ([`super::animation`]); other outputs take its first frame.
 
+use std::time::{Duration, Instant};
+
 use super::animation;
 use super::codec;
 use super::filters;
@@ -446,9 +448,25 @@ pub fn prepare(
 /// Most encodes tried to fit `mb` (quality falls each time, as imgproxy's).
 const MAX_BYTES_TRIES: u32 = 8;
 
+/// The time of a stage, when timed: reads the clock only with `Some` (metrics on).
+fn lap(t: &mut Option<Instant>, into: Option<&mut Duration>) {
+    if let (Some(start), Some(d)) = (t.as_mut(), into) {
+        let now = Instant::now();
+        *d += now - *start;
+        *start = now;
+    }
+}
+
 /// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image. An
 /// animation kept by the output runs frame by frame ([`animation`]), every frame with the
 /// first frame's layout (trim box, smart positions).
+///
+/// With `timing` (the route's metrics are on), the time of its stages is added there: decode
+/// (and the orientation turn), resize (layout, crop and scale, filters, canvas, watermark) and
+/// encode (with `mb`'s retries and the metadata); an animation's frames are decoded and resized
+/// in turns: resize is the time in its frames' steps, decode the rest. Without, no clock is
+/// read.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     src: &[u8],
     probe: &Probe,
@@ -456,22 +474,35 @@ pub fn run(
     p: &Prepared,
     mark: Option<&Raster>,
     limits: &Limits,
+    mut timing: Option<&mut transform::Timing>,
 ) -> Result<Vec<u8>, TransformError> {
+    let mut t = timing.is_some().then(Instant::now);
     if animation::animates(probe, p.format) {
         let mut first: Option<Layout> = None;
+        let mut steps = Duration::ZERO;
         let anim = animation::map_frames(src, probe, limits, |frame| {
+            let mut start = t.map(|_| Instant::now());
             let frame = transform::orient(frame, p.orientation);
-            match &first {
+            let out = match &first {
                 Some(l) => render(l.trimmed(frame), 0, l, o, p, mark),
                 None => {
                     let (frame, l) = layout(frame, 0, probe, o, p, limits)?;
                     render(frame, 0, first.insert(l), o, p, mark)
                 }
-            }
+            };
+            lap(&mut start, Some(&mut steps));
+            out
         })?;
-        return encode(p.format, p.quality, o.max_bytes, |q| {
+        if let Some(tm) = timing.as_deref_mut() {
+            lap(&mut t, Some(&mut tm.decode));
+            tm.decode = tm.decode.saturating_sub(steps);
+            tm.resize += steps;
+        }
+        let out = encode(p.format, p.quality, o.max_bytes, |q| {
             animation::encode(&anim, p.format, q)
         });
+        lap(&mut t, timing.map(|tm| &mut tm.encode));
+        return out;
     }
     // A kept profile (scp:0) must be one the output carries and fit its pixels.
     let keep_icc = metadata::keeps_icc(o)
@@ -484,20 +515,29 @@ pub fn run(
     let codec::Decoded { raster, band, icc } =
         codec::decode_colour(src, probe, p.need, p.gray, p.rows, limits, keep_icc)?;
     let (img, top) = (transform::orient(raster, p.orientation), band.top);
+    lap(&mut t, timing.as_deref_mut().map(|tm| &mut tm.decode));
     let (img, l) = layout(img, top, probe, o, p, limits)?;
     let img = render(img, top, &l, o, p, mark)?;
+    lap(&mut t, timing.as_deref_mut().map(|tm| &mut tm.resize));
+    let kept = metadata::keep(src, probe.format, o, icc);
     let out = |quality| codec::Output {
         quality,
         avif_speed: limits.avif_speed,
         bg: codec::WHITE,
         icc: None,
         progressive: limits.jpeg_progressive,
+        // AVIF's container is written by its encoder; the others' by `embed`.
+        exif: kept
+            .exif
+            .as_deref()
+            .filter(|_| p.format == ImageFormat::Avif),
     };
     let out = encode(p.format, p.quality, o.max_bytes, |q| {
         codec::encode_with(&img, p.format, &out(q))
     })?;
-    let kept = metadata::keep(src, probe.format, o, icc);
-    Ok(metadata::embed(out, p.format, &kept))
+    let out = metadata::embed(out, p.format, &kept);
+    lap(&mut t, timing.map(|tm| &mut tm.encode));
+    Ok(out)
 }
 
 /// Where the result comes from in a decoded image: the geometry once trimmed and smart
@@ -720,7 +760,7 @@ mod tests {
             ..Options::default()
         };
         let p = prepare(&probe, &o, Target::Keep, 75, &LIMITS).unwrap();
-        let out = run(&src, &probe, &o, &p, None, &LIMITS).unwrap();
+        let out = run(&src, &probe, &o, &p, None, &LIMITS, None).unwrap();
         let back = crate::images::sniff::probe(&out).unwrap();
         let (img, _) = codec::decode(&out, &back, (8, 8), false, (0.0, 1.0), &LIMITS).unwrap();
         assert!(
@@ -730,6 +770,54 @@ mod tests {
             "{:?}",
             &img.data[..4]
         );
+    }
+
+    /// Stages are timed when asked (the route's metrics are on), for a still image and for an
+    /// animation (frames decoded and resized in turns), and the result is the same image.
+    #[test]
+    fn stages_are_timed_only_when_asked() {
+        let still = codec::encode(
+            &Raster {
+                width: 32,
+                height: 32,
+                channels: 3,
+                data: [200, 30, 30].repeat(32 * 32),
+            },
+            ImageFormat::Png,
+            75,
+        )
+        .unwrap();
+        let mut anim = Vec::new();
+        {
+            let mut e = gif::Encoder::new(&mut anim, 16, 16, &[255, 0, 0, 0, 0, 255]).unwrap();
+            for index in [0u8, 1] {
+                let f = gif::Frame::from_indexed_pixels(16, 16, vec![index; 256], None);
+                e.write_frame(&f).unwrap();
+            }
+        }
+        let limits = Limits {
+            max_frames: 10,
+            ..LIMITS
+        };
+        for (src, target) in [
+            (still, Target::Fixed(ImageFormat::Webp)),
+            (anim, Target::Fixed(ImageFormat::Gif)),
+        ] {
+            let probe = crate::images::sniff::probe(&src).unwrap();
+            let o = opts("rs:fit:8:8/bl:1");
+            let p = prepare(&probe, &o, target, 75, &limits).unwrap();
+            let plain = run(&src, &probe, &o, &p, None, &limits, None).unwrap();
+            let mut t = transform::Timing::default();
+            let timed = run(&src, &probe, &o, &p, None, &limits, Some(&mut t)).unwrap();
+            assert_eq!(plain, timed, "{:?}", probe.format);
+            for (stage, d) in [
+                ("decode", t.decode),
+                ("resize", t.resize),
+                ("encode", t.encode),
+            ] {
+                assert!(d > Duration::ZERO, "{stage} of {:?}: {t:?}", probe.format);
+            }
+        }
     }
 
     #[test]

@@ -161,6 +161,7 @@ pub fn probe(b: &[u8]) -> Result<Probe, SniffError> {
             }
             p.width = be32(b, 16).ok_or(SniffError::Malformed("PNG"))?;
             p.height = be32(b, 20).ok_or(SniffError::Malformed("PNG"))?;
+            p.frames = png_frames(b);
         }
         ImageFormat::Gif => gif(b, &mut p)?,
         ImageFormat::Webp => webp(b, &mut p)?,
@@ -287,6 +288,20 @@ fn exif_orientation(t: &[u8]) -> Option<u8> {
         }
     }
     None
+}
+
+/// An APNG's frames, from its `acTL` chunk (before the image data; chunks walked by their
+/// lengths, nothing inflated): 1 for a still PNG. The default image is not counted.
+fn png_frames(b: &[u8]) -> u32 {
+    let mut at = 8;
+    while let (Some(len), Some(kind)) = (be32(b, at), b.get(at + 4..at + 8)) {
+        match kind {
+            b"acTL" => return be32(b, at + 8).unwrap_or(1).max(1),
+            b"IDAT" => break,
+            _ => at = at.saturating_add(12).saturating_add(len as usize),
+        }
+    }
+    1
 }
 
 /// Logical screen size, and frames counted by walking the blocks (no LZW decoding).

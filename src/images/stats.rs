@@ -1,6 +1,6 @@
 //! What an image route counts into its server's metrics ([`crate::metrics::ImageCounters`],
-//! docs/metrics.md, "Images"): transforms by grammar and output format with their time and
-//! bytes, the transform pool's queue and refusals, the proxy's originals by outcome. A route
+//! docs/metrics.md, "Images"): transforms by grammar and output format with their time (and
+//! its stages': decode, resize, encode) and bytes, the transform pool's queue and refusals, the proxy's originals by outcome. A route
 //! counts once a server that counts requests (one with an admin listener) observes its router;
 //! before that, and without one, each count is one look at an empty cell. Counts go with
 //! transforms and loads of originals, never with the delivery of a cached result.
@@ -13,6 +13,7 @@ use super::grammar::Grammar;
 use super::pool::{Job, Pool, PoolError};
 use super::sniff::ImageFormat;
 use super::source::{Original, SourceError};
+use super::transform::Timing;
 
 /// A route's link to the metrics it counts into.
 #[derive(Default)]
@@ -104,6 +105,21 @@ impl Stats {
         ran
     }
 
+    /// Whether the route counts now: a transform's stages are worth timing
+    /// ([`super::pipeline::run`]; without metrics, no clock is read for them).
+    pub fn timed(&self) -> bool {
+        self.metrics.get().is_some()
+    }
+
+    /// Counts the time of a transform's stages.
+    pub fn stages(&self, t: &Timing) {
+        if let Some(c) = self.counters() {
+            for (i, d) in [t.decode, t.resize, t.encode].into_iter().enumerate() {
+                c.stage(i, u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            }
+        }
+    }
+
     /// Counts a transform of `grammar` to `format` that ran `nanos`, from `source` bytes to
     /// `output` bytes.
     pub fn transformed(
@@ -149,6 +165,7 @@ mod tests {
     #[tokio::test]
     async fn a_route_counts_only_once_observed_and_the_queue_empties() {
         let stats = Stats::default();
+        assert!(!stats.timed(), "nothing counts: no stage is timed");
         let pool = Pool::new(1, 1, 1 << 20, std::time::Duration::from_secs(1));
         let job = Job { memory: 1, cost: 1 };
         assert_eq!(stats.run(&pool, job, || 7).await.unwrap().0, 7);
@@ -159,6 +176,12 @@ mod tests {
         stats.count_into(&m);
         stats.run(&pool, job, || ()).await.unwrap();
         stats.transformed(Grammar::Imgproxy, ImageFormat::Webp, 3_000_000, 1000, 400);
+        assert!(stats.timed());
+        stats.stages(&Timing {
+            decode: std::time::Duration::from_millis(2),
+            resize: std::time::Duration::from_micros(300),
+            encode: std::time::Duration::from_millis(40),
+        });
         let over = Job {
             memory: 2 << 20,
             cost: 1,
@@ -176,6 +199,10 @@ mod tests {
             "larder_image_queue_depth 0",
             "larder_image_rejections_total{reason=\"over_budget\"} 1",
             "larder_image_saved_bytes_total 600",
+            "larder_image_stage_duration_seconds_bucket{le=\"0.005\",stage=\"decode\"} 1",
+            "larder_image_stage_duration_seconds_bucket{le=\"0.025\",stage=\"encode\"} 0",
+            "larder_image_stage_duration_seconds_bucket{le=\"0.05\",stage=\"encode\"} 1",
+            "larder_image_stage_duration_seconds_sum{stage=\"resize\"} 0.0003",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

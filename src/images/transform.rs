@@ -509,6 +509,7 @@ pub fn run(
             bg: r.bg,
             icc: icc.as_deref(),
             progressive: limits.jpeg_progressive,
+            exif: None,
         },
     )?;
     t.encode = start.elapsed();
