@@ -69,7 +69,7 @@ pub fn map_frames<E: From<CodecError>>(
     };
     let plays = match probe.format {
         ImageFormat::Gif => gif_frames(src, probe, limits, &mut add)?,
-        ImageFormat::Webp => webp_frames(src, limits, &mut add)?,
+        ImageFormat::Webp => webp_frames(src, limits, false, &mut add)?,
         _ => return Err(CodecError::Unsupported("animated non-GIF, non-WebP").into()),
     };
     if frames.is_empty() {
@@ -200,11 +200,25 @@ impl Drop for WebpDecoder {
     }
 }
 
+/// The first frame of an animated WebP on its full RGBA canvas, decoded alone (what an output
+/// that cannot animate takes): the other frames are neither decoded nor held.
+pub(super) fn webp_first_frame(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
+    let mut first = None;
+    webp_frames::<CodecError>(src, limits, true, &mut |image, _| {
+        first = Some(image);
+        Ok(())
+    })?;
+    first.ok_or_else(|| CodecError::Decode("WebP", "no frame".into()))
+}
+
 /// The frames of an animated WebP as libwebp composes them (blending, disposal), one at a
-/// time; timestamps are each frame's end.
+/// time (only the first with `first_only`); timestamps are each frame's end. A frame that
+/// fails to decode ends it with an error: libwebp does not move past it, so it is never asked
+/// again (the `webp` crate's decoder did, forever).
 fn webp_frames<E: From<CodecError>>(
     src: &[u8],
     limits: &Limits,
+    first_only: bool,
     add: &mut impl FnMut(Raster, u32) -> Result<(), E>,
 ) -> Result<Option<u32>, E> {
     use libwebp_sys as w;
@@ -253,6 +267,9 @@ fn webp_frames<E: From<CodecError>>(
             let delay = u32::try_from(ts.saturating_sub(end)).unwrap_or(0);
             end = ts;
             add(raster(cw, ch, px), delay)?;
+            if first_only {
+                break;
+            }
         }
         Ok(match info.loop_count {
             0 => None,

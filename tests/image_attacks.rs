@@ -1,0 +1,132 @@
+//! Hostile inputs to the image proxy, each through a real larder: originals crafted to break a
+//! decoder (an animated WebP with a damaged frame), sources crafted to leave what the route
+//! allows (an `allow_sources` prefix left through a percent-encoded `/`, a NUL in a path under
+//! `root`). Each test is a regression test of a defect found by trying it: it failed before
+//! the fix it names.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{one_route, Got, Larder};
+use larder::images::animation::{self, Animation, Frame};
+use larder::images::codec::Raster;
+use larder::images::sniff::ImageFormat;
+
+/// larder with one image route reading originals from `root` (`extra`: more route keys).
+async fn start(root: &std::path::Path, extra: &str) -> Larder {
+    let keys = format!("root = \"{}\"\n{extra}", root.display());
+    Larder::start(&one_route("", "images", &keys)).await
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Got {
+    let url = format!("http://{addr}{path}");
+    common::send(&common::client(), "GET", &url, &[], b"").await
+}
+
+/// A 3-frame animated WebP, every frame different (libwebp keeps each one).
+fn animated_webp() -> Vec<u8> {
+    let frame = |i: u8| {
+        let data = (0..64u32 * 48)
+            .flat_map(|p| [(p % 64) as u8 * 4, i * 80, (p / 64) as u8 * 5, 255])
+            .collect();
+        Frame {
+            image: Raster {
+                width: 64,
+                height: 48,
+                channels: 4,
+                data,
+            },
+            delay_ms: 100,
+        }
+    };
+    let a = Animation {
+        frames: (0..3).map(frame).collect(),
+        plays: None,
+    };
+    animation::encode(&a, ImageFormat::Webp, 80).unwrap()
+}
+
+/// RIFF chunks of `b` (fourcc, payload), from `at`.
+fn chunks(b: &[u8], mut at: usize) -> Vec<([u8; 4], Vec<u8>)> {
+    let mut out = Vec::new();
+    while at + 8 <= b.len() {
+        let id: [u8; 4] = b[at..at + 4].try_into().unwrap();
+        let len = u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
+        out.push((id, b[at + 8..at + 8 + len].to_vec()));
+        at += 8 + len + (len & 1);
+    }
+    out
+}
+
+fn put_chunk(out: &mut Vec<u8>, id: &[u8; 4], payload: &[u8]) {
+    out.extend_from_slice(id);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    if payload.len() % 2 == 1 {
+        out.push(0);
+    }
+}
+
+/// `webp` (animated) with the image data of its second frame cut to half: every chunk size
+/// still right (the demuxer accepts the file), the frame's bitstream ends early (its decode
+/// fails).
+fn with_a_cut_frame(webp: &[u8]) -> Vec<u8> {
+    let mut body = b"WEBP".to_vec();
+    let mut frames = 0;
+    for (id, payload) in chunks(webp, 12) {
+        if &id != b"ANMF" {
+            put_chunk(&mut body, &id, &payload);
+            continue;
+        }
+        frames += 1;
+        if frames != 2 {
+            put_chunk(&mut body, &id, &payload);
+            continue;
+        }
+        // ANMF: 16 bytes of frame header, then the frame's chunks (ALPH, VP8 or VP8L).
+        let mut anmf = payload[..16].to_vec();
+        for (sub, data) in chunks(&payload, 16) {
+            let kept = match &sub {
+                b"VP8 " | b"VP8L" => &data[..data.len() / 2],
+                _ => &data[..],
+            };
+            put_chunk(&mut anmf, &sub, kept);
+        }
+        put_chunk(&mut body, b"ANMF", &anmf);
+    }
+    assert_eq!(frames, 3, "the encoder kept every frame");
+    let mut out = b"RIFF".to_vec();
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// An animated WebP whose second frame cannot be decoded, asked for as JPEG (an output that
+/// takes the first frame): its first frame is served. It spun forever on a pool worker before
+/// (the `webp` crate's animation decoder retried the failing frame without end, and held
+/// every frame decoded beyond what the pool reserved); now the first frame is decoded alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_animated_webp_with_a_damaged_frame_is_refused_not_spun_on() {
+    let root = tempfile::tempdir().unwrap();
+    let good = animated_webp();
+    std::fs::write(root.path().join("anim.webp"), &good).unwrap();
+    std::fs::write(root.path().join("cut.webp"), with_a_cut_frame(&good)).unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:32/plain/anim.webp@jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/jpeg"));
+    // A guard, not a speed: before the fix this never answered.
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        get(l.addr, "/insecure/w:32/plain/cut.webp@jpg"),
+    )
+    .await
+    .expect("an answer (the damaged frame was retried forever)");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Kept as an animation, the damaged frame is an error.
+    let r = get(l.addr, "/insecure/w:32/plain/cut.webp@webp").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
