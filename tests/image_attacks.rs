@@ -9,7 +9,8 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{one_route, Got, Larder};
+use base64::Engine as _;
+use common::{one_route, Got, Larder, Origin, Reply};
 use larder::images::animation::{self, Animation, Frame};
 use larder::images::codec::Raster;
 use larder::images::sniff::ImageFormat;
@@ -128,5 +129,60 @@ async fn an_animated_webp_with_a_damaged_frame_is_refused_not_spun_on() {
     // Kept as an animation, the damaged frame is an error.
     let r = get(l.addr, "/insecure/w:32/plain/cut.webp@webp").await;
     assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
+
+/// An `allow_sources` prefix (`/img/`) is not left through a percent-encoded `/` beside a dot
+/// segment: `/img/..%2Fsecret.jpg` is `/secret.jpg` to a server that decodes before it resolves
+/// dot segments (nginx does). It was fetched before (the dot-segment check split the path on
+/// `/` before decoding it); now refused with 403 and never asked of the origin.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allowed_prefix_is_not_left_through_an_encoded_slash() {
+    let origin = Origin::start(|_, _| Reply::ok("not an image")).await;
+    let base = origin.url();
+    let root = tempfile::tempdir().unwrap();
+    let l = start(root.path(), &format!("allow_sources = [\"{base}/img/\"]")).await;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    for path in [
+        "/img/..%2Fsecret.jpg",
+        "/img/..%2fsecret.jpg",
+        "/img/a/..%2F..%2Fsecret.jpg",
+        "/img/%2E%2E%2Fsecret.jpg",
+        "/img/..%5Csecret.jpg",
+        "/img/..\\secret.jpg",
+    ] {
+        let r = get(
+            l.addr,
+            &format!("/insecure/w:10/{}", b64(&format!("{base}{path}"))),
+        )
+        .await;
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
+    assert_eq!(origin.hits(), 0, "{:?}", origin.seen());
+    // Under the prefix, an encoded `/` inside a name is fetched as written.
+    let r = get(
+        l.addr,
+        &format!("/insecure/w:10/{}", b64(&format!("{base}/img/a%2Fb.jpg"))),
+    )
+    .await;
+    assert_eq!(r.status, 415, "{}", r.text());
+    assert_eq!(origin.seen()[0].path, "/img/a%2Fb.jpg");
+    l.shutdown().await;
+}
+
+/// A NUL in a thumbor path under `root` (percent-encoded: imgproxy's grammar refuses control
+/// characters itself), or a name longer than a file's can be, is a missing image, 404; both
+/// were 502 (the file system's error for the path was taken for a failing origin).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nul_in_a_root_path_is_not_found() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    let l = start(root.path(), "").await;
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
+    let long = format!("/unsafe/20x20/{}.jpg", "a".repeat(300));
+    for path in ["/unsafe/20x20/a.jpg%00", "/unsafe/20x20/a%00/b.jpg", &long] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
     l.shutdown().await;
 }
