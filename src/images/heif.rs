@@ -4,7 +4,8 @@
 //! image is decoded to interleaved 8-bit RGB(A) with its transformations ignored: the header
 //! probe reads `irot`/`imir` as an EXIF orientation (as for AVIF) and the pipeline applies it,
 //! so `ar:0` and the size checks see the same stored size libheif decodes. libheif is told the
-//! probed size as its limit, so a file whose image is larger than its header said is refused.
+//! probed size as its limit, so a file whose image is larger than its header said (a grid
+//! making more than its `ispe`) is refused before libheif allocates it.
 //! The FFI declarations below are libheif's C API (`libheif/heif.h`, 1.x) for the calls used.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -156,7 +157,10 @@ pub fn decode(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
         if o.ctx.is_null() {
             return Err(err("libheif could not allocate"));
         }
-        let side = c_int::try_from(p.width.max(p.height)).map_err(|_| err("too large"))?;
+        // One more than the probed side: libheif refuses a grid (the tiled images phones make)
+        // whose width or height is *at* its limit.
+        let side = p.width.max(p.height).saturating_add(1);
+        let side = c_int::try_from(side).map_err(|_| err("too large"))?;
         (api.max_size)(o.ctx, side);
         check((api.read)(
             o.ctx,
