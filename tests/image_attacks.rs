@@ -330,3 +330,39 @@ async fn heic_grids_are_decoded_and_one_larger_than_its_header_is_refused() {
     assert_eq!(r.status, 422, "{}", r.text());
     l.shutdown().await;
 }
+
+/// imgproxy's signature of `path` (from its `/`) with key "secret" and salt "hello".
+fn imgproxy_signed(path: &str) -> String {
+    let sig = larder::images::imgproxy::sign(b"secret", b"hello", path, 32);
+    format!("/{sig}{path}")
+}
+
+/// A key configured for one grammar is not walked around through the other: on a route whose
+/// imgproxy URLs must be signed, thumbor's `unsafe` URLs are refused (403), and the other way
+/// round. Before, the grammar without a key served unsigned URLs on a signed route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signed_route_takes_no_unsigned_url_in_either_grammar() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    // "secret" and "hello" in hex.
+    let keys = "imgproxy = { keys = [{ key = \"736563726574\", salt = \"68656c6c6f\" }] }";
+    let l = start(root.path(), keys).await;
+    let signed = imgproxy_signed("/w:20/plain/a.jpg");
+    assert_eq!(get(l.addr, &signed).await.status, 200);
+    assert_eq!(get(l.addr, "/insecure/w:20/plain/a.jpg").await.status, 403);
+    let r = get(l.addr, "/unsafe/20x20/a.jpg").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    l.shutdown().await;
+
+    let l = start(root.path(), "thumbor = { key = \"k\" }").await;
+    let r = get(l.addr, "/insecure/w:20/plain/a.jpg").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 403);
+    l.shutdown().await;
+
+    // Neither grammar keyed: both serve unsigned URLs, as before.
+    let l = start(root.path(), "").await;
+    assert_eq!(get(l.addr, "/insecure/w:20/plain/a.jpg").await.status, 200);
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
+    l.shutdown().await;
+}
