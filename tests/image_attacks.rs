@@ -366,3 +366,64 @@ async fn a_signed_route_takes_no_unsigned_url_in_either_grammar() {
     assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
     l.shutdown().await;
 }
+
+/// A PNG carrying `tiff` (an EXIF block) in its `eXIf` chunk.
+fn png_with_exif(tiff: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut out, 64, 48);
+        enc.set_color(png::ColorType::Rgb);
+        let mut w = enc.write_header().unwrap();
+        w.write_chunk(png::chunk::ChunkType(*b"eXIf"), tiff)
+            .unwrap();
+        w.write_image_data(&[90u8; 64 * 48 * 3]).unwrap();
+    }
+    out
+}
+
+/// An EXIF block with only a Copyright of `len` bytes.
+fn copyright_exif(len: usize) -> Vec<u8> {
+    let mut w = exif::experimental::Writer::new();
+    let field = exif::Field {
+        tag: exif::Tag::Copyright,
+        ifd_num: exif::In::PRIMARY,
+        value: exif::Value::Ascii(vec![vec![b'c'; len]]),
+    };
+    w.push_field(&field);
+    let mut out = std::io::Cursor::new(Vec::new());
+    w.write(&mut out, false).unwrap();
+    out.into_inner()
+}
+
+/// The EXIF kept (`kcr`, the default, keeps the Copyright) is at most what one JPEG segment
+/// holds: an original whose EXIF block is larger (only a crafted file's is) keeps none in its
+/// result. Before, a 4 MB Copyright was read, copied, written again and put into a 20×15
+/// thumbnail (PNG and WebP carry any size; JPEG dropped it), several copies of it held
+/// outside what the pool reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exif_block_larger_than_a_jpeg_segment_is_not_kept() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("small.png"),
+        png_with_exif(&copyright_exif(100)),
+    )
+    .unwrap();
+    let big = png_with_exif(&copyright_exif(4 << 20));
+    std::fs::write(root.path().join("big.png"), big).unwrap();
+    let l = start(root.path(), "").await;
+    let read = |b: &[u8]| {
+        exif::Reader::new()
+            .read_from_container(&mut std::io::Cursor::new(b))
+            .ok()
+    };
+    for ext in ["png", "webp"] {
+        let r = get(l.addr, &format!("/insecure/w:20/plain/small.png@{ext}")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(read(&r.body).is_some(), "{ext}: a small Copyright is kept");
+        let r = get(l.addr, &format!("/insecure/w:20/plain/big.png@{ext}")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.body.len() < 64 << 10, "{ext}: {} bytes", r.body.len());
+        assert!(read(&r.body).is_none(), "{ext}");
+    }
+    l.shutdown().await;
+}

@@ -15,8 +15,9 @@
 //!
 //! AVIF and GIF results carry none of it: the AVIF writer adds no metadata items yet, GIF has
 //! no EXIF. Whatever cannot
-//! be read or written (a malformed EXIF block, an unknown field type) is left out, never an
-//! error: the result is still the image asked for.
+//! be read or written (a malformed EXIF block, an unknown field type, an EXIF block larger than
+//! a JPEG segment: [`MAX_EXIF`]) is left out, never an error: the result is still the image
+//! asked for.
 
 use bytes::Bytes;
 use img_parts::jpeg::{markers, Jpeg, JpegSegment};
@@ -28,6 +29,12 @@ use super::sniff::ImageFormat;
 
 /// XMP's APP1 signature.
 const XMP: &[u8] = b"http://ns.adobe.com/xap/1.0/\0";
+
+/// The largest EXIF block kept: what one JPEG APP1 segment holds after `Exif\0\0` (so every
+/// camera's). A larger one (PNG and WebP allow any size; only a crafted file has one) is left
+/// out before its fields are copied: it was copied several times over, outside the memory
+/// the pool reserves, into a thumbnail many times smaller than it.
+pub const MAX_EXIF: usize = 65_533 - 6;
 
 /// What a result keeps of its original's metadata.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -79,6 +86,13 @@ fn exif(src: &[u8], all: bool) -> Option<Vec<u8>> {
     let read = exif::Reader::new()
         .read_from_container(&mut std::io::Cursor::new(src))
         .ok()?;
+    if read.buf().len() > MAX_EXIF {
+        tracing::debug!(
+            bytes = read.buf().len(),
+            "the original's EXIF is too large to keep"
+        );
+        return None;
+    }
     let dropped = [
         Tag::ImageWidth,
         Tag::ImageLength,
