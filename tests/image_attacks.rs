@@ -311,3 +311,30 @@ async fn an_exif_block_larger_than_a_jpeg_segment_is_not_kept() {
     }
     l.shutdown().await;
 }
+
+/// `pix` over a block larger than 4096×4096 white pixels: the block's sum passes a `u32`
+/// (4200² × 255). It overflowed (a panic, 500, in a debug build; wrong colours in a release
+/// one) on a route whose `max_output_dimension` allows such a result; now the block is white.
+#[tokio::test(flavor = "multi_thread")]
+async fn pixelating_a_block_of_more_than_sixteen_million_pixels_keeps_its_colour() {
+    let root = tempfile::tempdir().unwrap();
+    let side = 4200u32;
+    let white = common::encode_png(
+        side,
+        side,
+        png::ColorType::Grayscale,
+        png::BitDepth::Eight,
+        &vec![255; (side * side) as usize],
+    );
+    std::fs::write(root.path().join("white.png"), white).unwrap();
+    let l = start(root.path(), "max_output_dimension = 4200").await;
+    let r = get(l.addr, "/insecure/pix:4200/plain/white.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut d = png::Decoder::new(std::io::Cursor::new(&r.body[..]))
+        .read_info()
+        .unwrap();
+    let mut px = vec![0; d.output_buffer_size().unwrap()];
+    d.next_frame(&mut px).unwrap();
+    assert!(px.iter().all(|&v| v == 255), "{:?}", &px[..8]);
+    l.shutdown().await;
+}
