@@ -382,3 +382,42 @@ async fn sm0_keeps_one_xmp_and_one_iptc_segment() {
     assert_eq!(count(b"http://ns.adobe.com/xap/1.0/\0"), 1);
     l.shutdown().await;
 }
+
+/// An animated GIF repeating 65,535 times (NETSCAPE's largest count: 65,536 plays) made an
+/// animated WebP: WebP's loop count is 16 bits, so libwebp refused 65,536 and the request
+/// failed with 500; now the count is WebP's largest, 65,535.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gif_looping_65535_times_becomes_a_webp() {
+    let mut gif_bytes = Vec::new();
+    {
+        let mut enc = gif::Encoder::new(&mut gif_bytes, 8, 8, &[]).unwrap();
+        enc.set_repeat(gif::Repeat::Finite(u16::MAX)).unwrap();
+        for c in [[200u8, 0, 0, 255], [0, 0, 200, 255]] {
+            let mut px = c.repeat(64);
+            let mut f = gif::Frame::from_rgba(8, 8, &mut px);
+            f.delay = 10;
+            enc.write_frame(&f).unwrap();
+        }
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("loops.gif"), gif_bytes).unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:8/plain/loops.gif@webp").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = larder::images::sniff::probe(&r.body).unwrap();
+    assert_eq!((p.format, p.frames), (ImageFormat::Webp, 2));
+    let limits = larder::images::codec::Limits {
+        max_pixels: 64,
+        max_dim: 8,
+        max_frames: 2,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 64,
+        max_animation_pixels: 128,
+        jpeg_progressive: false,
+    };
+    let a = animation::map_frames::<larder::images::codec::CodecError>(&r.body, &p, &limits, Ok)
+        .unwrap();
+    assert_eq!(a.plays, Some(65_535));
+    l.shutdown().await;
+}

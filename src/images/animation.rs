@@ -336,6 +336,9 @@ fn encode_gif(a: &Animation) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// The largest loop count a WebP holds (16 bits; libwebp's `MAX_LOOP_COUNT` - 1).
+const MAX_WEBP_PLAYS: u32 = 65_535;
+
 /// libwebp's animation encoder, deleted when dropped.
 struct WebpEncoder(*mut libwebp_sys::WebPAnimEncoder);
 
@@ -365,7 +368,9 @@ fn encode_webp(a: &Animation, quality: u8) -> Result<Vec<u8>, CodecError> {
         if w::WebPAnimEncoderOptionsInitInternal(&mut opts, w::WebPGetMuxABIVersion()) == 0 {
             return Err(err("libwebp version mismatch".into()));
         }
-        opts.anim_params.loop_count = a.plays.map_or(0, |n| i32::try_from(n).unwrap_or(0));
+        // WebP's count is 16 bits (0: forever); a GIF's NETSCAPE count of 65,535 is 65,536
+        // plays, which libwebp refuses to assemble: its largest, 65,535, instead.
+        opts.anim_params.loop_count = a.plays.map_or(0, |n| n.min(MAX_WEBP_PLAYS) as i32);
         let enc = w::WebPAnimEncoderNewInternal(iw, ih, &opts, w::WebPGetMuxABIVersion());
         if enc.is_null() {
             return Err(err("encoder not created".into()));
