@@ -171,8 +171,8 @@ async fn an_allowed_prefix_is_not_left_through_an_encoded_slash() {
 }
 
 /// A NUL in a thumbor path under `root` (percent-encoded: imgproxy's grammar refuses control
-/// characters itself), or a name longer than a file's can be, is a missing image, 404; both
-/// were 502 (the file system's error for the path was taken for a failing origin).
+/// characters itself), or a name or a path longer than a file's can be, is a missing image,
+/// 404; they were 502 (the file system's error for the path was taken for a failing origin).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_nul_in_a_root_path_is_not_found() {
     let root = tempfile::tempdir().unwrap();
@@ -180,7 +180,16 @@ async fn a_nul_in_a_root_path_is_not_found() {
     let l = start(root.path(), "").await;
     assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
     let long = format!("/unsafe/20x20/{}.jpg", "a".repeat(300));
-    for path in ["/unsafe/20x20/a.jpg%00", "/unsafe/20x20/a%00/b.jpg", &long] {
+    let deep = format!(
+        "/unsafe/20x20/{}a.jpg",
+        format!("{}/", "d".repeat(200)).repeat(25)
+    );
+    for path in [
+        "/unsafe/20x20/a.jpg%00",
+        "/unsafe/20x20/a%00/b.jpg",
+        &long,
+        &deep,
+    ] {
         let r = get(l.addr, path).await;
         assert_eq!(r.status, 404, "{path}: {}", r.text());
     }

@@ -4,8 +4,12 @@
 //! image is decoded to interleaved 8-bit RGB(A) with its transformations ignored: the header
 //! probe reads `irot`/`imir` as an EXIF orientation (as for AVIF) and the pipeline applies it,
 //! so `ar:0` and the size checks see the same stored size libheif decodes. libheif is told the
-//! probed size as its limit, so a file whose image is larger than its header said (a grid
-//! making more than its `ispe`) is refused before libheif allocates it.
+//! probed longer side as its limit for each side, so a file whose image is wider or taller than
+//! its header said (a grid making more than its `ispe`) is refused before libheif allocates it.
+//! Not its area: libheif (1.15) decodes the coded picture at the size its HEVC stream says, up
+//! to that side squared, whatever a non-square `ispe` says (an `ispe` of 160×1 over a 160×120
+//! picture is decoded, then refused here for its size): the pool's reservation counts the
+//! `ispe`'s area only (an open defect: reading the HEVC stream's size before decoding fixes it).
 //! Grids are decoded tile by tile on the calling thread (libheif's own tile threads are turned
 //! off: the pool bounds the CPU transforms take).
 //! The FFI declarations below are libheif's C API (`libheif/heif.h`, 1.x) for the calls used.
