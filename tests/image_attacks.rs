@@ -430,3 +430,32 @@ async fn a_gif_looping_65535_times_becomes_a_webp() {
     assert_eq!(a.plays, Some(65_535));
     l.shutdown().await;
 }
+
+/// An animated WebP of one frame (one `ANMF` chunk, as some converters write a still) is an
+/// image like any other. It was 422: taken for a still, its decoder (libwebp's still decoder)
+/// refuses animations.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_animation_of_one_frame_is_decoded() {
+    let mut body = b"WEBP".to_vec();
+    let mut frames = 0;
+    for (id, payload) in chunks(&animated_webp(), 12) {
+        if &id == b"ANMF" {
+            frames += 1;
+            if frames > 1 {
+                continue;
+            }
+        }
+        put_chunk(&mut body, &id, &payload);
+    }
+    let mut one = b"RIFF".to_vec();
+    one.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    one.extend_from_slice(&body);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("one.webp"), one).unwrap();
+    let l = start(root.path(), "").await;
+    for ext in ["jpg", "png", "webp"] {
+        let r = get(l.addr, &format!("/insecure/w:32/plain/one.webp@{ext}")).await;
+        assert_eq!(r.status, 200, "{ext}: {}", r.text());
+    }
+    l.shutdown().await;
+}

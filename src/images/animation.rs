@@ -200,6 +200,17 @@ impl Drop for WebpDecoder {
     }
 }
 
+/// Whether `src` (a WebP) is an animation, by libwebp's reading of its header: one of a single
+/// frame too (its `ANMF` chunk is not a still's bitstream).
+pub(super) fn webp_is_animation(src: &[u8]) -> bool {
+    // SAFETY: libwebp reads at most `src.len()` bytes of `src` and fills the zeroed struct.
+    unsafe {
+        let mut f: libwebp_sys::WebPBitstreamFeatures = std::mem::zeroed();
+        let status = libwebp_sys::WebPGetFeatures(src.as_ptr(), src.len(), &mut f);
+        status == libwebp_sys::VP8StatusCode::VP8_STATUS_OK && f.has_animation != 0
+    }
+}
+
 /// The first frame of an animated WebP on its full RGBA canvas, decoded alone (what an output
 /// that cannot animate takes): the other frames are neither decoded nor held.
 pub(super) fn webp_first_frame(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {

@@ -254,7 +254,8 @@ fn decode_gif(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecErr
 }
 
 fn decode_webp(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecError> {
-    if p.frames > 1 {
+    // An animation of one frame too: libwebp's still decoder refuses animations.
+    if p.frames > 1 || super::animation::webp_is_animation(src) {
         return super::animation::webp_first_frame(src, limits);
     }
     let img = webp::Decoder::new(src)
