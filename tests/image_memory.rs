@@ -156,6 +156,12 @@ fn estimate_bounds_the_heap_a_transform_uses() {
     };
     let anim_gif = animation::encode(&anim, ImageFormat::Gif, 75).unwrap();
     let anim_webp = animation::encode(&anim, ImageFormat::Webp, 75).unwrap();
+    // Forty frames taken as a still: only the first is decoded (every frame was held).
+    let long = Animation {
+        frames: (0..40).map(|i| anim.frames[i % 5].clone()).collect(),
+        plays: None,
+    };
+    let anim_webp_long = animation::encode(&long, ImageFormat::Webp, 75).unwrap();
     // libjxl, loaded at run time (tests/provision installs it).
     let jxl = codec::encode(&gradient(300, 200, 4), ImageFormat::Jxl, 75).unwrap();
     let jxl_large = codec::encode(&gradient(1200, 900, 3), ImageFormat::Jxl, 75).unwrap();
@@ -179,6 +185,7 @@ fn estimate_bounds_the_heap_a_transform_uses() {
         ("gif anim to webp", anim_gif, "w=200&f=webp"),
         ("webp animated", anim_webp.clone(), "w=100&h=100&p=1"),
         ("webp anim to gif", anim_webp, "f=gif"),
+        ("webp anim to jpeg", anim_webp_long, "w=100&f=jpeg"),
         ("jxl", jxl.clone(), "f=png"),
         ("jxl to jxl", jxl, "w=100&f=jxl"),
         ("jxl large", jxl_large, "w=300&f=jpeg"),

@@ -74,7 +74,7 @@ pub fn map_frames<E: From<CodecError>>(
     };
     let plays = match probe.format {
         ImageFormat::Gif => gif_frames(src, probe, limits, &mut add)?,
-        ImageFormat::Webp => webp_frames(src, limits, &mut add)?,
+        ImageFormat::Webp => webp_frames(src, limits, false, &mut add)?,
         ImageFormat::Png => png_frames(src, limits, &mut add)?,
         _ => return Err(CodecError::Unsupported("animated non-GIF, non-WebP, non-PNG").into()),
     };
@@ -327,11 +327,36 @@ impl Drop for WebpDecoder {
     }
 }
 
+/// Whether `src` (a WebP) is an animation, by libwebp's reading of its header: one of a single
+/// frame too (its `ANMF` chunk is not a still's bitstream).
+pub(super) fn webp_is_animation(src: &[u8]) -> bool {
+    // SAFETY: libwebp reads at most `src.len()` bytes of `src` and fills the zeroed struct.
+    unsafe {
+        let mut f: libwebp_sys::WebPBitstreamFeatures = std::mem::zeroed();
+        let status = libwebp_sys::WebPGetFeatures(src.as_ptr(), src.len(), &mut f);
+        status == libwebp_sys::VP8StatusCode::VP8_STATUS_OK && f.has_animation != 0
+    }
+}
+
+/// The first frame of an animated WebP on its full RGBA canvas, decoded alone (what an output
+/// that cannot animate takes): the other frames are neither decoded nor held.
+pub(super) fn webp_first_frame(src: &[u8], limits: &Limits) -> Result<Raster, CodecError> {
+    let mut first = None;
+    webp_frames::<CodecError>(src, limits, true, &mut |image, _| {
+        first = Some(image);
+        Ok(())
+    })?;
+    first.ok_or_else(|| CodecError::Decode("WebP", "no frame".into()))
+}
+
 /// The frames of an animated WebP as libwebp composes them (blending, disposal), one at a
-/// time; timestamps are each frame's end.
+/// time (only the first with `first_only`); timestamps are each frame's end. A frame that
+/// fails to decode ends it with an error: libwebp does not move past it, so it is never asked
+/// again (the `webp` crate's decoder did, forever).
 fn webp_frames<E: From<CodecError>>(
     src: &[u8],
     limits: &Limits,
+    first_only: bool,
     add: &mut impl FnMut(Raster, u32) -> Result<(), E>,
 ) -> Result<Option<u32>, E> {
     use libwebp_sys as w;
@@ -380,6 +405,9 @@ fn webp_frames<E: From<CodecError>>(
             let delay = u32::try_from(ts.saturating_sub(end)).unwrap_or(0);
             end = ts;
             add(raster(cw, ch, px), delay)?;
+            if first_only {
+                break;
+            }
         }
         Ok(match info.loop_count {
             0 => None,
@@ -446,6 +474,9 @@ fn encode_gif(a: &Animation) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// The largest loop count a WebP holds (16 bits; libwebp's `MAX_LOOP_COUNT` - 1).
+const MAX_WEBP_PLAYS: u32 = 65_535;
+
 /// libwebp's animation encoder, deleted when dropped.
 struct WebpEncoder(*mut libwebp_sys::WebPAnimEncoder);
 
@@ -475,7 +506,9 @@ fn encode_webp(a: &Animation, quality: u8) -> Result<Vec<u8>, CodecError> {
         if w::WebPAnimEncoderOptionsInitInternal(&mut opts, w::WebPGetMuxABIVersion()) == 0 {
             return Err(err("libwebp version mismatch".into()));
         }
-        opts.anim_params.loop_count = a.plays.map_or(0, |n| i32::try_from(n).unwrap_or(0));
+        // WebP's count is 16 bits (0: forever); a GIF's NETSCAPE count of 65,535 is 65,536
+        // plays, which libwebp refuses to assemble: its largest, 65,535, instead.
+        opts.anim_params.loop_count = a.plays.map_or(0, |n| n.min(MAX_WEBP_PLAYS) as i32);
         let enc = w::WebPAnimEncoderNewInternal(iw, ih, &opts, w::WebPGetMuxABIVersion());
         if enc.is_null() {
             return Err(err("encoder not created".into()));

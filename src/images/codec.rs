@@ -109,7 +109,7 @@ pub fn decode_colour(
         ImageFormat::Jpeg => decode_jpeg(src, p, need, gray, rows, &embedded, &mut applied)?,
         ImageFormat::Png => decode_png(src, limits, convert, &mut applied).map(whole)?,
         ImageFormat::Gif => decode_gif(src, p, limits).map(whole)?,
-        ImageFormat::Webp => decode_webp(src, p).map(whole)?,
+        ImageFormat::Webp => decode_webp(src, p, limits).map(whole)?,
         ImageFormat::Avif => super::avif::decode(src, p, limits).map(whole)?,
         // Converted to sRGB by jxl-oxide itself (`embedded` finds no profile for JPEG XL).
         ImageFormat::Jxl => super::jxl::decode(src, p).map(whole)?,
@@ -253,21 +253,10 @@ fn decode_gif(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecErr
     })
 }
 
-fn decode_webp(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
-    if p.frames > 1 {
-        let anim = webp::AnimDecoder::new(src)
-            .decode()
-            .map_err(|e| CodecError::Decode("WebP", e))?;
-        let frame = anim
-            .get_frame(0)
-            .ok_or_else(|| CodecError::Decode("WebP", "no frame".into()))?;
-        let channels = if frame.get_layout().is_alpha() { 4 } else { 3 };
-        return Ok(Raster {
-            width: frame.width(),
-            height: frame.height(),
-            channels,
-            data: frame.get_image().to_vec(),
-        });
+fn decode_webp(src: &[u8], p: &Probe, limits: &Limits) -> Result<Raster, CodecError> {
+    // An animation of one frame too: libwebp's still decoder refuses animations.
+    if p.frames > 1 || super::animation::webp_is_animation(src) {
+        return super::animation::webp_first_frame(src, limits);
     }
     let img = webp::Decoder::new(src)
         .decode()

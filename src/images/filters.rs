@@ -225,7 +225,8 @@ pub fn sharpen(img: &Raster, sigma: f32) -> Raster {
     out
 }
 
-/// Blocks of `size`×`size` pixels, each its average.
+/// Blocks of `size`×`size` pixels, each its average (summed in `u64`: a block over 4096² pixels
+/// passes a `u32`).
 pub fn pixelate(img: &Raster, size: u32) -> Raster {
     if size <= 1 || img.width == 0 || img.height == 0 {
         return img.clone();
@@ -234,7 +235,7 @@ pub fn pixelate(img: &Raster, size: u32) -> Raster {
     let (w, h, s) = (img.width as usize, img.height as usize, size as usize);
     let stride = w * c;
     let blocks = w.div_ceil(s);
-    let mut sums = vec![0u32; blocks * c];
+    let mut sums = vec![0u64; blocks * c];
     let mut out = img.clone();
     for y0 in (0..h).step_by(s) {
         let y1 = (y0 + s).min(h);
@@ -243,7 +244,7 @@ pub fn pixelate(img: &Raster, size: u32) -> Raster {
             for (x, px) in row.chunks_exact(c).enumerate() {
                 let b = x / s * c;
                 for (sum, &v) in sums[b..b + c].iter_mut().zip(px) {
-                    *sum += u32::from(v);
+                    *sum += u64::from(v);
                 }
             }
         }
@@ -251,7 +252,7 @@ pub fn pixelate(img: &Raster, size: u32) -> Raster {
             for (x, px) in row.chunks_exact_mut(c).enumerate() {
                 let bx = x / s;
                 let n = ((bx * s + s).min(w) - bx * s) * (y1 - y0);
-                let n = n as u32;
+                let n = n as u64;
                 for (v, &sum) in px.iter_mut().zip(&sums[bx * c..bx * c + c]) {
                     *v = ((sum + n / 2) / n) as u8;
                 }

@@ -4,7 +4,14 @@
 //! image is decoded to interleaved 8-bit RGB(A) with its transformations ignored: the header
 //! probe reads `irot`/`imir` as an EXIF orientation (as for AVIF) and the pipeline applies it,
 //! so `ar:0` and the size checks see the same stored size libheif decodes. libheif is told the
-//! probed size as its limit, so a file whose image is larger than its header said is refused.
+//! probed longer side as its limit for each side, so a file whose image is wider or taller than
+//! its header said (a grid making more than its `ispe`) is refused before libheif allocates it.
+//! Not its area: libheif (1.15) decodes the coded picture at the size its HEVC stream says, up
+//! to that side squared, whatever a non-square `ispe` says (an `ispe` of 160×1 over a 160×120
+//! picture is decoded, then refused here for its size): the pool's reservation counts the
+//! `ispe`'s area only (an open defect: reading the HEVC stream's size before decoding fixes it).
+//! Grids are decoded tile by tile on the calling thread (libheif's own tile threads are turned
+//! off: the pool bounds the CPU transforms take).
 //! The FFI declarations below are libheif's C API (`libheif/heif.h`, 1.x) for the calls used.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -41,6 +48,7 @@ struct Api {
     ctx_free: unsafe extern "C" fn(Ctx),
     read: unsafe extern "C" fn(Ctx, *const c_void, usize, *const c_void) -> HeifError,
     max_size: unsafe extern "C" fn(Ctx, c_int),
+    max_threads: unsafe extern "C" fn(Ctx, c_int),
     primary: unsafe extern "C" fn(Ctx, *mut Handle) -> HeifError,
     handle_release: unsafe extern "C" fn(Handle),
     has_alpha: unsafe extern "C" fn(Handle) -> c_int,
@@ -68,6 +76,7 @@ fn api() -> Result<&'static Api, CodecError> {
                 ctx_free: s.get(b"heif_context_free\0")?,
                 read: s.get(b"heif_context_read_from_memory_without_copy\0")?,
                 max_size: s.get(b"heif_context_set_maximum_image_size_limit\0")?,
+                max_threads: s.get(b"heif_context_set_max_decoding_threads\0")?,
                 primary: s.get(b"heif_context_get_primary_image_handle\0")?,
                 handle_release: s.get(b"heif_image_handle_release\0")?,
                 has_alpha: s.get(b"heif_image_handle_has_alpha_channel\0")?,
@@ -156,8 +165,14 @@ pub fn decode(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
         if o.ctx.is_null() {
             return Err(err("libheif could not allocate"));
         }
-        let side = c_int::try_from(p.width.max(p.height)).map_err(|_| err("too large"))?;
+        // One more than the probed side: libheif refuses a grid (the tiled images phones make)
+        // whose width or height is *at* its limit.
+        let side = p.width.max(p.height).saturating_add(1);
+        let side = c_int::try_from(side).map_err(|_| err("too large"))?;
         (api.max_size)(o.ctx, side);
+        // A grid's tiles on this (the pool's) thread: libheif's default is up to four threads
+        // of its own a grid, a new one for each tile, beyond what `transform_workers` bounds.
+        (api.max_threads)(o.ctx, 0);
         check((api.read)(
             o.ctx,
             src.as_ptr().cast(),

@@ -8,7 +8,8 @@
 //!                    pixel sizes, Orientation written as 1 (the pixels are turned already)
 //!               sm:1 kcr:1 (the default) Copyright and Artist only; sm:1 kcr:0 none
 //!             ─▶ a new TIFF block (kamadak-exif's writer: no hand-made bytes)
-//!          ─▶ JPEG to JPEG with sm:0: its XMP and IPTC (APP1 XMP, APP13) segments too
+//!          ─▶ JPEG to JPEG with sm:0: its XMP and IPTC (APP1 XMP, APP13) segments too, the
+//!             first of each
 //! result  ─▶ img-parts puts the EXIF block, the segments and the ICC profile kept by the
 //!            decoder (scp:0) into the JPEG, PNG (eXIf, iCCP) or WebP (EXIF, ICCP) container;
 //!            AVIF: the EXIF block goes to its encoder (`codec::Output::exif`), which writes
@@ -19,7 +20,8 @@
 //! XMP: avif-serialize writes neither, so with `scp:0` an AVIF result is converted to sRGB as
 //! without it (the pipeline keeps no profile for AVIF). GIF results carry none of it, as
 //! imgproxy's (libvips' GIF writer keeps no metadata). Whatever cannot be read or written (a
-//! malformed EXIF block, an unknown field type) is left out, never an error: the result is
+//! malformed EXIF block, an unknown field type, an EXIF block larger than a JPEG
+//! segment: [`MAX_EXIF`]) is left out, never an error: the result is
 //! still the image asked for.
 
 use bytes::Bytes;
@@ -32,6 +34,12 @@ use super::sniff::ImageFormat;
 
 /// XMP's APP1 signature.
 const XMP: &[u8] = b"http://ns.adobe.com/xap/1.0/\0";
+
+/// The largest EXIF block kept: what one JPEG APP1 segment holds after `Exif\0\0` (so every
+/// camera's). A larger one (PNG and WebP allow any size; only a crafted file has one) is left
+/// out before its fields are copied: it was copied several times over, outside the memory
+/// the pool reserves, into a thumbnail many times smaller than it.
+pub const MAX_EXIF: usize = 65_533 - 6;
 
 /// What a result keeps of its original's metadata.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -83,6 +91,13 @@ fn exif(src: &[u8], all: bool) -> Option<Vec<u8>> {
     let read = exif::Reader::new()
         .read_from_container(&mut std::io::Cursor::new(src))
         .ok()?;
+    if read.buf().len() > MAX_EXIF {
+        tracing::debug!(
+            bytes = read.buf().len(),
+            "the original's EXIF is too large to keep"
+        );
+        return None;
+    }
     let dropped = [
         Tag::ImageWidth,
         Tag::ImageLength,
@@ -121,19 +136,22 @@ fn exif(src: &[u8], all: bool) -> Option<Vec<u8>> {
     }
 }
 
-/// The XMP and IPTC segments of the JPEG `src`.
+/// The XMP and IPTC segments of the JPEG `src`: the first of each, as libvips (imgproxy) keeps
+/// one XMP and one IPTC block (every one was kept: 200 of them made a 20-pixel thumbnail of
+/// 12 MB).
 fn jpeg_segments(src: &[u8]) -> Vec<(u8, Bytes)> {
     let Ok(jpeg) = Jpeg::from_bytes(Bytes::copy_from_slice(src)) else {
         return Vec::new();
     };
-    (jpeg.segments().iter())
-        .filter(|s| match s.marker() {
-            markers::APP1 => s.contents().starts_with(XMP),
-            markers::APP13 => true,
-            _ => false,
-        })
-        .map(|s| (s.marker(), s.contents().clone()))
-        .collect()
+    let segments = jpeg.segments();
+    let first = |marker: u8, is: fn(&Bytes) -> bool| {
+        (segments.iter())
+            .find(|s| s.marker() == marker && is(s.contents()))
+            .map(|s| (marker, s.contents().clone()))
+    };
+    let xmp = first(markers::APP1, |c| c.starts_with(XMP));
+    let iptc = first(markers::APP13, |_| true);
+    xmp.into_iter().chain(iptc).collect()
 }
 
 /// `out` (a result in `format`) with `kept` written into its container; `out` unchanged when

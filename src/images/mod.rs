@@ -532,8 +532,14 @@ impl Images {
             options,
             source,
         } = match shape {
-            Grammar::Thumbor => thumbor::parse(path, &inner.cfg.thumbor)?,
-            _ => imgproxy::parse(path, &inner.cfg.imgproxy, now)?,
+            Grammar::Thumbor => {
+                unsigned_refused(&inner.cfg, Grammar::Thumbor)?;
+                thumbor::parse(path, &inner.cfg.thumbor)?
+            }
+            _ => {
+                unsigned_refused(&inner.cfg, Grammar::Imgproxy)?;
+                imgproxy::parse(path, &inner.cfg.imgproxy, now)?
+            }
         };
         *served = ImageServed {
             grammar: grammar.name(),
@@ -820,6 +826,25 @@ fn grammar_of(path: &str) -> Grammar {
     } else {
         Grammar::Imgproxy
     }
+}
+
+/// Refuses `grammar`'s URLs (403) when it has no key of its own and the route's other grammar
+/// has one: a route that signs its URLs takes no unsigned ones, in either grammar (a key for
+/// imgproxy's is not walked around through thumbor's `unsafe`, nor the other way round).
+fn unsigned_refused(cfg: &ImagesConfig, grammar: Grammar) -> Result<(), GrammarError> {
+    let imgproxy = !cfg.imgproxy.keys.is_empty();
+    let thumbor = cfg.thumbor.key.as_deref().is_some_and(|k| !k.is_empty());
+    let (own, other) = match grammar {
+        Grammar::Thumbor => (thumbor, imgproxy),
+        _ => (imgproxy, thumbor),
+    };
+    if other && !own {
+        return Err(GrammarError::Signature(match grammar {
+            Grammar::Thumbor => "this route signs its URLs: thumbor's need `images.thumbor.key`",
+            _ => "this route signs its URLs: imgproxy's need `images.imgproxy.keys`",
+        }));
+    }
+    Ok(())
 }
 
 /// The route's watermark image, decoded whole.

@@ -554,18 +554,25 @@ fn relative_target(rel: &str) -> Result<String, SourceError> {
     Ok(out)
 }
 
-/// Whether a URL path has a `.` or `..` segment, written plainly or percent-encoded (a server
-/// would resolve it, leaving an allowed prefix).
+/// Whether a URL path has a `.` or `..` segment, written plainly or percent-encoded, its `/`
+/// too (a server would resolve it, leaving an allowed prefix: nginx decodes `..%2F` before it
+/// resolves dot segments), or after a `\` (a separator to some servers).
 fn has_dot_segment(path_and_query: &str) -> bool {
     let path = path_and_query.split('?').next().unwrap_or("");
-    path.split('/').any(|seg| {
-        let seg = percent_encoding::percent_decode_str(seg).decode_utf8_lossy();
-        seg == "." || seg == ".."
-    })
+    let path = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    path.split(['/', '\\']).any(|seg| seg == "." || seg == "..")
 }
 
-/// `rel` under `root`, or None when it would leave it (`..`, an absolute path, a prefix).
+/// The longest file name (Linux's NAME_MAX): a longer one is not a file, never an I/O error.
+const NAME_MAX: usize = 255;
+
+/// `rel` under `root`, or None when it would leave it (`..`, an absolute path, a prefix) or
+/// cannot name a file (a NUL, a name over [`NAME_MAX`] bytes: the file system's errors for
+/// those would be taken for a failing source).
 fn under(root: &Path, rel: &str) -> Option<PathBuf> {
+    if rel.contains('\0') || rel.split('/').any(|name| name.len() > NAME_MAX) {
+        return None;
+    }
     let rel = Path::new(rel.trim_start_matches('/'));
     let mut out = root.to_path_buf();
     for c in rel.components() {
@@ -639,6 +646,9 @@ mod tests {
         );
         assert_eq!(under(root, "../etc/passwd"), None);
         assert_eq!(under(root, "a/../../x"), None);
+        assert_eq!(under(root, "a\0.jpg"), None);
+        assert_eq!(under(root, &"a".repeat(256)), None);
+        assert!(under(root, &"a".repeat(255)).is_some());
     }
 
     #[test]
@@ -666,6 +676,10 @@ mod tests {
     fn dot_segments_are_seen_encoded_too() {
         assert!(has_dot_segment("/img/../secret"));
         assert!(has_dot_segment("/img/%2e%2E/secret"));
+        assert!(has_dot_segment("/img/..%2Fsecret"));
+        assert!(has_dot_segment("/img/%2E%2E%2fsecret"));
+        assert!(has_dot_segment("/img/..%5Csecret"));
+        assert!(!has_dot_segment("/img/a%2Fb.jpg"));
         assert!(!has_dot_segment("/img/a..b.jpg?x=/../"));
     }
 }

@@ -1,0 +1,461 @@
+//! Hostile inputs to the image proxy, each through a real larder: originals crafted to break a
+//! decoder (an animated WebP with a damaged frame), sources crafted to leave what the route
+//! allows (an `allow_sources` prefix left through a percent-encoded `/`, a NUL in a path under
+//! `root`). Each test is a regression test of a defect found by trying it: it failed before
+//! the fix it names.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{one_route, Got, Larder, Origin, Reply};
+use larder::images::animation::{self, Animation, Frame};
+use larder::images::codec::Raster;
+use larder::images::sniff::ImageFormat;
+
+/// larder with one image route reading originals from `root` (`extra`: more route keys).
+async fn start(root: &std::path::Path, extra: &str) -> Larder {
+    let keys = format!("root = \"{}\"\n{extra}", root.display());
+    Larder::start(&one_route("", "images", &keys)).await
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Got {
+    let url = format!("http://{addr}{path}");
+    common::send(&common::client(), "GET", &url, &[], b"").await
+}
+
+/// A 3-frame animated WebP, every frame different (libwebp keeps each one).
+fn animated_webp() -> Vec<u8> {
+    let frame = |i: u8| {
+        let data = (0..64u32 * 48)
+            .flat_map(|p| [(p % 64) as u8 * 4, i * 80, (p / 64) as u8 * 5, 255])
+            .collect();
+        Frame {
+            image: Raster {
+                width: 64,
+                height: 48,
+                channels: 4,
+                data,
+            },
+            delay_ms: 100,
+        }
+    };
+    let a = Animation {
+        frames: (0..3).map(frame).collect(),
+        plays: None,
+    };
+    animation::encode(&a, ImageFormat::Webp, 80).unwrap()
+}
+
+/// RIFF chunks of `b` (fourcc, payload), from `at`.
+fn chunks(b: &[u8], mut at: usize) -> Vec<([u8; 4], Vec<u8>)> {
+    let mut out = Vec::new();
+    while at + 8 <= b.len() {
+        let id: [u8; 4] = b[at..at + 4].try_into().unwrap();
+        let len = u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
+        out.push((id, b[at + 8..at + 8 + len].to_vec()));
+        at += 8 + len + (len & 1);
+    }
+    out
+}
+
+fn put_chunk(out: &mut Vec<u8>, id: &[u8; 4], payload: &[u8]) {
+    out.extend_from_slice(id);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    if payload.len() % 2 == 1 {
+        out.push(0);
+    }
+}
+
+/// `webp` (animated) with the image data of its second frame cut to half: every chunk size
+/// still right (the demuxer accepts the file), the frame's bitstream ends early (its decode
+/// fails).
+fn with_a_cut_frame(webp: &[u8]) -> Vec<u8> {
+    let mut body = b"WEBP".to_vec();
+    let mut frames = 0;
+    for (id, payload) in chunks(webp, 12) {
+        if &id != b"ANMF" {
+            put_chunk(&mut body, &id, &payload);
+            continue;
+        }
+        frames += 1;
+        if frames != 2 {
+            put_chunk(&mut body, &id, &payload);
+            continue;
+        }
+        // ANMF: 16 bytes of frame header, then the frame's chunks (ALPH, VP8 or VP8L).
+        let mut anmf = payload[..16].to_vec();
+        for (sub, data) in chunks(&payload, 16) {
+            let kept = match &sub {
+                b"VP8 " | b"VP8L" => &data[..data.len() / 2],
+                _ => &data[..],
+            };
+            put_chunk(&mut anmf, &sub, kept);
+        }
+        put_chunk(&mut body, b"ANMF", &anmf);
+    }
+    assert_eq!(frames, 3, "the encoder kept every frame");
+    let mut out = b"RIFF".to_vec();
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// An animated WebP whose second frame cannot be decoded, asked for as JPEG (an output that
+/// takes the first frame): its first frame is served. It spun forever on a pool worker before
+/// (the `webp` crate's animation decoder retried the failing frame without end, and held
+/// every frame decoded beyond what the pool reserved); now the first frame is decoded alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_animated_webp_with_a_damaged_frame_is_refused_not_spun_on() {
+    let root = tempfile::tempdir().unwrap();
+    let good = animated_webp();
+    std::fs::write(root.path().join("anim.webp"), &good).unwrap();
+    std::fs::write(root.path().join("cut.webp"), with_a_cut_frame(&good)).unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:32/plain/anim.webp@jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/jpeg"));
+    // A guard, not a speed: before the fix this never answered.
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        get(l.addr, "/insecure/w:32/plain/cut.webp@jpg"),
+    )
+    .await
+    .expect("an answer (the damaged frame was retried forever)");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Kept as an animation, the damaged frame is an error.
+    let r = get(l.addr, "/insecure/w:32/plain/cut.webp@webp").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
+
+/// An `allow_sources` prefix (`/img/`) is not left through a percent-encoded `/` beside a dot
+/// segment: `/img/..%2Fsecret.jpg` is `/secret.jpg` to a server that decodes before it resolves
+/// dot segments (nginx does). It was fetched before (the dot-segment check split the path on
+/// `/` before decoding it); now refused with 403 and never asked of the origin.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allowed_prefix_is_not_left_through_an_encoded_slash() {
+    let origin = Origin::start(|_, _| Reply::ok("not an image")).await;
+    let base = origin.url();
+    let root = tempfile::tempdir().unwrap();
+    let l = start(root.path(), &format!("allow_sources = [\"{base}/img/\"]")).await;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    for path in [
+        "/img/..%2Fsecret.jpg",
+        "/img/..%2fsecret.jpg",
+        "/img/a/..%2F..%2Fsecret.jpg",
+        "/img/%2E%2E%2Fsecret.jpg",
+        "/img/..%5Csecret.jpg",
+        "/img/..\\secret.jpg",
+    ] {
+        let r = get(
+            l.addr,
+            &format!("/insecure/w:10/{}", b64(&format!("{base}{path}"))),
+        )
+        .await;
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
+    assert_eq!(origin.hits(), 0, "{:?}", origin.seen());
+    // Under the prefix, an encoded `/` inside a name is fetched as written.
+    let r = get(
+        l.addr,
+        &format!("/insecure/w:10/{}", b64(&format!("{base}/img/a%2Fb.jpg"))),
+    )
+    .await;
+    assert_eq!(r.status, 415, "{}", r.text());
+    assert_eq!(origin.seen()[0].path, "/img/a%2Fb.jpg");
+    l.shutdown().await;
+}
+
+/// A NUL in a thumbor path under `root` (percent-encoded: imgproxy's grammar refuses control
+/// characters itself), or a name or a path longer than a file's can be, is a missing image,
+/// 404; they were 502 (the file system's error for the path was taken for a failing origin).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nul_in_a_root_path_is_not_found() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    let l = start(root.path(), "").await;
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
+    let long = format!("/unsafe/20x20/{}.jpg", "a".repeat(300));
+    let deep = format!(
+        "/unsafe/20x20/{}a.jpg",
+        format!("{}/", "d".repeat(200)).repeat(25)
+    );
+    for path in [
+        "/unsafe/20x20/a.jpg%00",
+        "/unsafe/20x20/a%00/b.jpg",
+        &long,
+        &deep,
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
+    l.shutdown().await;
+}
+
+/// HEIC grids (the tiled images phones make): an honest 2×2 grid is decoded (it was refused
+/// with 422: libheif refuses a grid whose side is *at* its size limit, and the limit given was
+/// the probed side); one whose `ispe` says 320×240 while its grid makes 16000×12000 (10,000
+/// tiles) is refused before libheif allocates it (the probe's size is what the limits and the
+/// pool's memory see).
+#[tokio::test(flavor = "multi_thread")]
+async fn heic_grids_are_decoded_and_one_larger_than_its_header_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("grid.heic"),
+        common::heic_grid(2, 2, (320, 240), (320, 240)),
+    )
+    .unwrap();
+    std::fs::write(
+        root.path().join("lie.heic"),
+        common::heic_grid(100, 100, (16000, 12000), (320, 240)),
+    )
+    .unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:32/plain/grid.heic@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = larder::images::sniff::probe(&r.body).unwrap();
+    assert_eq!((p.format, p.width, p.height), (ImageFormat::Png, 32, 24));
+    let r = get(l.addr, "/insecure/w:32/plain/lie.heic@png").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
+
+/// imgproxy's signature of `path` (from its `/`) with key "secret" and salt "hello".
+fn imgproxy_signed(path: &str) -> String {
+    let sig = larder::images::imgproxy::sign(b"secret", b"hello", path, 32);
+    format!("/{sig}{path}")
+}
+
+/// A key configured for one grammar is not walked around through the other: on a route whose
+/// imgproxy URLs must be signed, thumbor's `unsafe` URLs are refused (403), and the other way
+/// round. Before, the grammar without a key served unsigned URLs on a signed route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signed_route_takes_no_unsigned_url_in_either_grammar() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    // "secret" and "hello" in hex.
+    let keys = "imgproxy = { keys = [{ key = \"736563726574\", salt = \"68656c6c6f\" }] }";
+    let l = start(root.path(), keys).await;
+    let signed = imgproxy_signed("/w:20/plain/a.jpg");
+    assert_eq!(get(l.addr, &signed).await.status, 200);
+    assert_eq!(get(l.addr, "/insecure/w:20/plain/a.jpg").await.status, 403);
+    let r = get(l.addr, "/unsafe/20x20/a.jpg").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    l.shutdown().await;
+
+    let l = start(root.path(), "thumbor = { key = \"k\" }").await;
+    let r = get(l.addr, "/insecure/w:20/plain/a.jpg").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 403);
+    l.shutdown().await;
+
+    // Neither grammar keyed: both serve unsigned URLs, as before.
+    let l = start(root.path(), "").await;
+    assert_eq!(get(l.addr, "/insecure/w:20/plain/a.jpg").await.status, 200);
+    assert_eq!(get(l.addr, "/unsafe/20x20/a.jpg").await.status, 200);
+    l.shutdown().await;
+}
+
+/// A PNG carrying `tiff` (an EXIF block) in its `eXIf` chunk.
+fn png_with_exif(tiff: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut out, 64, 48);
+        enc.set_color(png::ColorType::Rgb);
+        let mut w = enc.write_header().unwrap();
+        w.write_chunk(png::chunk::ChunkType(*b"eXIf"), tiff)
+            .unwrap();
+        w.write_image_data(&[90u8; 64 * 48 * 3]).unwrap();
+    }
+    out
+}
+
+/// An EXIF block with only a Copyright of `len` bytes.
+fn copyright_exif(len: usize) -> Vec<u8> {
+    let mut w = exif::experimental::Writer::new();
+    let field = exif::Field {
+        tag: exif::Tag::Copyright,
+        ifd_num: exif::In::PRIMARY,
+        value: exif::Value::Ascii(vec![vec![b'c'; len]]),
+    };
+    w.push_field(&field);
+    let mut out = std::io::Cursor::new(Vec::new());
+    w.write(&mut out, false).unwrap();
+    out.into_inner()
+}
+
+/// The EXIF kept (`kcr`, the default, keeps the Copyright) is at most what one JPEG segment
+/// holds: an original whose EXIF block is larger (only a crafted file's is) keeps none in its
+/// result. Before, a 4 MB Copyright was read, copied, written again and put into a 20×15
+/// thumbnail (PNG and WebP carry any size; JPEG dropped it), several copies of it held
+/// outside what the pool reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exif_block_larger_than_a_jpeg_segment_is_not_kept() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("small.png"),
+        png_with_exif(&copyright_exif(100)),
+    )
+    .unwrap();
+    let big = png_with_exif(&copyright_exif(4 << 20));
+    std::fs::write(root.path().join("big.png"), big).unwrap();
+    let l = start(root.path(), "").await;
+    let read = |b: &[u8]| {
+        exif::Reader::new()
+            .read_from_container(&mut std::io::Cursor::new(b))
+            .ok()
+    };
+    for ext in ["png", "webp"] {
+        let r = get(l.addr, &format!("/insecure/w:20/plain/small.png@{ext}")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(read(&r.body).is_some(), "{ext}: a small Copyright is kept");
+        let r = get(l.addr, &format!("/insecure/w:20/plain/big.png@{ext}")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.body.len() < 64 << 10, "{ext}: {} bytes", r.body.len());
+        assert!(read(&r.body).is_none(), "{ext}");
+    }
+    l.shutdown().await;
+}
+
+/// `pix` over a block larger than 4096×4096 white pixels: the block's sum passes a `u32`
+/// (4200² × 255). It overflowed (a panic, 500, in a debug build; wrong colours in a release
+/// one) on a route whose `max_output_dimension` allows such a result; now the block is white.
+#[tokio::test(flavor = "multi_thread")]
+async fn pixelating_a_block_of_more_than_sixteen_million_pixels_keeps_its_colour() {
+    let root = tempfile::tempdir().unwrap();
+    let side = 4200u32;
+    let white = common::encode_png(
+        side,
+        side,
+        png::ColorType::Grayscale,
+        png::BitDepth::Eight,
+        &vec![255; (side * side) as usize],
+    );
+    std::fs::write(root.path().join("white.png"), white).unwrap();
+    let l = start(root.path(), "max_output_dimension = 4200").await;
+    let r = get(l.addr, "/insecure/pix:4200/plain/white.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut d = png::Decoder::new(std::io::Cursor::new(&r.body[..]))
+        .read_info()
+        .unwrap();
+    let mut px = vec![0; d.output_buffer_size().unwrap()];
+    d.next_frame(&mut px).unwrap();
+    assert!(px.iter().all(|&v| v == 255), "{:?}", &px[..8]);
+    l.shutdown().await;
+}
+
+/// `jpeg` with `n` APP13 (IPTC) segments of `len` bytes each and `n` XMP segments, after its
+/// SOI marker.
+fn with_segments(jpeg: &[u8], n: usize, len: usize) -> Vec<u8> {
+    let mut out = jpeg[..2].to_vec();
+    let mut segment = |marker: u8, body: &[u8]| {
+        out.extend_from_slice(&[0xFF, marker]);
+        out.extend_from_slice(&(body.len() as u16 + 2).to_be_bytes());
+        out.extend_from_slice(body);
+    };
+    for i in 0..n {
+        let mut iptc = b"Photoshop 3.0\0".to_vec();
+        iptc.resize(len, i as u8);
+        segment(0xED, &iptc);
+        let mut xmp = b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta/>".to_vec();
+        xmp.resize(len, b' ');
+        segment(0xE1, &xmp);
+    }
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+/// `sm:0` JPEG to JPEG keeps the original's XMP and IPTC as libvips (imgproxy) does: the first
+/// segment of each. Every one was kept: an original of 200 such segments (12 MB) made a 20-pixel
+/// thumbnail of 12 MB.
+#[tokio::test(flavor = "multi_thread")]
+async fn sm0_keeps_one_xmp_and_one_iptc_segment() {
+    let root = tempfile::tempdir().unwrap();
+    let jpeg = with_segments(&common::photo(), 100, 60_000);
+    std::fs::write(root.path().join("meta.jpg"), jpeg).unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:20/sm:0/plain/meta.jpg@jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.body.len() < 150_000, "{} bytes", r.body.len());
+    let count = |needle: &[u8]| {
+        r.body
+            .windows(needle.len())
+            .filter(|w| *w == needle)
+            .count()
+    };
+    assert_eq!(count(b"Photoshop 3.0\0"), 1);
+    assert_eq!(count(b"http://ns.adobe.com/xap/1.0/\0"), 1);
+    l.shutdown().await;
+}
+
+/// An animated GIF repeating 65,535 times (NETSCAPE's largest count: 65,536 plays) made an
+/// animated WebP: WebP's loop count is 16 bits, so libwebp refused 65,536 and the request
+/// failed with 500; now the count is WebP's largest, 65,535.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gif_looping_65535_times_becomes_a_webp() {
+    let mut gif_bytes = Vec::new();
+    {
+        let mut enc = gif::Encoder::new(&mut gif_bytes, 8, 8, &[]).unwrap();
+        enc.set_repeat(gif::Repeat::Finite(u16::MAX)).unwrap();
+        for c in [[200u8, 0, 0, 255], [0, 0, 200, 255]] {
+            let mut px = c.repeat(64);
+            let mut f = gif::Frame::from_rgba(8, 8, &mut px);
+            f.delay = 10;
+            enc.write_frame(&f).unwrap();
+        }
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("loops.gif"), gif_bytes).unwrap();
+    let l = start(root.path(), "").await;
+    let r = get(l.addr, "/insecure/w:8/plain/loops.gif@webp").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = larder::images::sniff::probe(&r.body).unwrap();
+    assert_eq!((p.format, p.frames), (ImageFormat::Webp, 2));
+    let limits = larder::images::codec::Limits {
+        max_pixels: 64,
+        max_dim: 8,
+        max_frames: 2,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        max_avif_pixels: 64,
+        max_animation_pixels: 128,
+        jpeg_progressive: false,
+    };
+    let a = animation::map_frames::<larder::images::codec::CodecError>(&r.body, &p, &limits, Ok)
+        .unwrap();
+    assert_eq!(a.plays, Some(65_535));
+    l.shutdown().await;
+}
+
+/// An animated WebP of one frame (one `ANMF` chunk, as some converters write a still) is an
+/// image like any other. It was 422: taken for a still, its decoder (libwebp's still decoder)
+/// refuses animations.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_animation_of_one_frame_is_decoded() {
+    let mut body = b"WEBP".to_vec();
+    let mut frames = 0;
+    for (id, payload) in chunks(&animated_webp(), 12) {
+        if &id == b"ANMF" {
+            frames += 1;
+            if frames > 1 {
+                continue;
+            }
+        }
+        put_chunk(&mut body, &id, &payload);
+    }
+    let mut one = b"RIFF".to_vec();
+    one.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    one.extend_from_slice(&body);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("one.webp"), one).unwrap();
+    let l = start(root.path(), "").await;
+    for ext in ["jpg", "png", "webp"] {
+        let r = get(l.addr, &format!("/insecure/w:32/plain/one.webp@{ext}")).await;
+        assert_eq!(r.status, 200, "{ext}: {}", r.text());
+    }
+    l.shutdown().await;
+}
