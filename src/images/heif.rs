@@ -8,8 +8,10 @@
 //! its header said (a grid making more than its `ispe`) is refused before libheif allocates it.
 //! Not its area: libheif (1.15) decodes the coded picture at the size its HEVC stream says, up
 //! to that side squared, whatever a non-square `ispe` says (an `ispe` of 160×1 over a 160×120
-//! picture is decoded, then refused here for its size): the pool's reservation counts the
-//! `ispe`'s area only (an open defect: reading the HEVC stream's size before decoding fixes it).
+//! picture is decoded, then refused here for its size): so the pool reserves the decode's
+//! memory for that side squared ([`decode_side`]; a transform over the route's `decode_memory`
+//! is refused before decoding), not for the `ispe`'s area. Reading the HEVC stream's coded
+//! size before decoding would reserve less for panoramas.
 //! Grids are decoded tile by tile on the calling thread (libheif's own tile threads are turned
 //! off: the pool bounds the CPU transforms take).
 //! The FFI declarations below are libheif's C API (`libheif/heif.h`, 1.x) for the calls used.
@@ -148,6 +150,13 @@ fn check(e: HeifError) -> Result<(), CodecError> {
 }
 
 /// Decodes the primary image, unoriented, as RGB or RGBA.
+/// The limit libheif is given on each side of what it decodes: one more than the probed longer
+/// side (libheif refuses a grid, the tiled images phones make, whose width or height is *at*
+/// its limit). What it may decode is this side squared, whatever the header's area.
+pub fn decode_side(p: &Probe) -> u64 {
+    u64::from(p.width.max(p.height)) + 1
+}
+
 pub fn decode(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
     let api = api()?;
     let err = |why: &str| CodecError::Decode("HEIC", why.into());
@@ -165,10 +174,7 @@ pub fn decode(src: &[u8], p: &Probe) -> Result<Raster, CodecError> {
         if o.ctx.is_null() {
             return Err(err("libheif could not allocate"));
         }
-        // One more than the probed side: libheif refuses a grid (the tiled images phones make)
-        // whose width or height is *at* its limit.
-        let side = p.width.max(p.height).saturating_add(1);
-        let side = c_int::try_from(side).map_err(|_| err("too large"))?;
+        let side = c_int::try_from(decode_side(p)).map_err(|_| err("too large"))?;
         (api.max_size)(o.ctx, side);
         // A grid's tiles on this (the pool's) thread: libheif's default is up to four threads
         // of its own a grid, a new one for each tile, beyond what `transform_workers` bounds.

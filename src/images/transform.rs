@@ -342,7 +342,15 @@ pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
         ImageFormat::Jxl | ImageFormat::Heic => (48, 4 * MIB, 30),
     };
     let oriented = u64::from(s.reoriented);
-    let decode = decoded * (decode_bytes + oriented * channels) + decode_fixed;
+    // libheif decodes the HEVC picture at the size its stream codes, which only the limit on
+    // each side it is given bounds (heif.rs), not the header's area: its buffers are counted
+    // at that side squared, so a header of 8000×1 over an 8000×8000 picture reserves what
+    // decoding it takes (a non-square photo reserves at most its longer side squared).
+    let coded = match probe.format {
+        ImageFormat::Heic => super::heif::decode_side(probe).pow(2),
+        _ => decoded,
+    };
+    let decode = coded * decode_bytes + decoded * oriented * channels + decode_fixed;
     // The raster (and for RGBA the resizer's alpha-premultiplied copy of it), the resizer's
     // intermediate image (one pass done) and the result.
     let premultiplied = if channels == 4 { 4 } else { 0 };
@@ -738,6 +746,37 @@ mod tests {
         let p = Params::parse(q).unwrap();
         Resolved::new(&p, FormatChoice::Keep, 75, &http::HeaderMap::new())
             .for_source(ImageFormat::Jpeg)
+    }
+
+    /// libheif may decode a picture as large as its side limit squared whatever the header's
+    /// area (heif.rs): a HEIC of 8000×1 reserves what an 8001×8001 picture takes to decode.
+    #[test]
+    fn a_heic_reserves_its_longer_side_squared_for_decoding() {
+        let probe = |w, h| Probe {
+            format: ImageFormat::Heic,
+            width: w,
+            height: h,
+            frames: 1,
+            orientation: 1,
+            cmyk: false,
+        };
+        let shape = |w, h| Shape {
+            need: (w, h),
+            out: (w.min(100), h.min(100)),
+            encoded: (w.min(100), h.min(100)),
+            gray: false,
+            format: ImageFormat::Jpeg,
+            reoriented: false,
+            extra: 0,
+            encodes: 1,
+        };
+        let (thin, _) = estimate(&probe(8000, 1), &shape(8000, 1), 10);
+        assert!(
+            thin >= 8001 * 8001 * super::super::heif::DECODE_BYTES_PER_PIXEL,
+            "{thin}"
+        );
+        let (square, _) = estimate(&probe(300, 300), &shape(300, 300), 10);
+        assert!(square < 301 * 301 * 20 + (16 << 20), "{square}");
     }
 
     #[test]
