@@ -360,8 +360,8 @@ async fn sigusr1_reopens_the_file() {
 }
 
 /// An image request's line says which URL grammar served it and the presets applied (zimg's
-/// `t=`, imgproxy's `pr:` and `default`, none for thumbor here); other routes' lines say
-/// neither.
+/// `t=`, imgproxy's `pr:` and `default`, none for thumbor here), a cached result asked again
+/// too (answered from the route's memory of requests); other routes' lines say neither.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_requests_name_their_grammar_and_presets() {
     let dir = tempfile::tempdir().unwrap();
@@ -417,12 +417,13 @@ addr = "127.0.0.1:0"
             "/insecure/pr:thumb/plain/photo.jpg".to_string(),
             "/unsafe/30x30/photo.jpg".to_string(),
             "/ping".to_string(),
+            "/insecure/pr:thumb/plain/photo.jpg".to_string(),
         ] {
             let r = get(&c, &larder.url(&path), &[]).await;
             assert_eq!(r.status, 200, "{path}: {}", r.text());
         }
-        let got = lines(log, 5).await;
-        assert_eq!(got.len(), 5, "{got:?}");
+        let got = lines(log, 6).await;
+        assert_eq!(got.len(), 6, "{got:?}");
         if format == "json" {
             let v: Vec<serde_json::Value> = got
                 .iter()
@@ -440,6 +441,7 @@ addr = "127.0.0.1:0"
             );
             assert_eq!(said(3), ("thumbor".into(), Null), "{}", got[3]);
             assert_eq!(said(4), (Null, Null), "{}", got[4]);
+            assert_eq!(said(5), said(2), "{}", got[5]);
         } else {
             assert_eq!(
                 got[1..],
@@ -448,6 +450,7 @@ addr = "127.0.0.1:0"
                     "/insecure/pr:thumb/plain/photo.jpg imgproxy default,thumb".to_string(),
                     "/unsafe/30x30/photo.jpg thumbor -".to_string(),
                     "/ping - -".to_string(),
+                    "/insecure/pr:thumb/plain/photo.jpg imgproxy default,thumb".to_string(),
                 ]
             );
         }

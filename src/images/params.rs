@@ -187,7 +187,7 @@ impl Resolved {
 }
 
 /// AVIF if Accept lists image/avif, else WebP if it lists image/webp (`q=0` is a refusal).
-fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
+pub fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
     let accepts = |mime: &str| {
         req.get_all(header::ACCEPT)
             .iter()
