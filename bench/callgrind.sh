@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh LARDER_BINARY [static|fixed|proxy|pass|nostore|rules|rulesbare ...]: instructions per request, counted
+# bench/callgrind.sh LARDER_BINARY [static|fixed|proxy|pass|nostore|rules|rulesbare|imgwebp|zimg ...]: instructions per request, counted
 # by callgrind (user space only), which a noisy shared machine does not blur (docs/design.md
 # "The per-request path").
 #
@@ -22,6 +22,13 @@
 #           `bench` (bench/run's rules scenario; use PAGE=page.html for its 8 KB page);
 # - rulesbare: its twin, the same hit and the same `Authorization` on the `proxy` route
 #           without rules (what the rules cost a hit: rules minus rulesbare).
+# - imgwebp: a cached image proxy result, bench/run's imgproxy-cached-webp cell: an image route
+#           (`root` = bench/data, `cache_results = true`, as bench/conf/larder-images.toml's
+#           /cached/ route) asked /insecure/rs:fill:100:100/q:80/plain/local:///photo-640x856.jpg@webp
+#           (a 100x100 WebP, about 3 KB): the warm-up's first request makes it, every measured
+#           request is a hit (compare with `proxy` at PAGE=page.html, 8 KB, and small.html);
+# - zimg:   the same route's zimg API hit, bench/run's zimg-cached cells: photo-640x856.jpg
+#           uploaded (POST /upload), then /<md5>?w=100&h=100&g=1&f=jpeg (about 3 KB).
 # PAGE=NAME picks another file of bench/data (default small.html; page.html is 8 KB).
 # ENCODING=gzip (or br, zstd) sends that Accept-Encoding with every request.
 # CONNS=N sets the connection count (default 10); ADMIN=1 adds an admin listener (metrics on).
@@ -84,7 +91,12 @@ for cell in "${cells[@]}"; do
               "$bin" --config "$tmp/origin.toml" >"$tmp/origin.log" 2>&1 &
               wait_port "$origin"
             fi ;;
-    *) echo "unknown cell $cell (static, fixed, proxy, pass, nostore, rules, rulesbare)" >&2; exit 2 ;;
+    imgwebp|zimg)
+            mkdir -p "$tmp/images"
+            route="images = { dir = \"$tmp/images\", root = \"$data\", workers = 1, cache_results = true }"
+            path="/insecure/rs:fill:100:100/q:80/plain/local:///photo-640x856.jpg@webp"
+            [ "$cell" = zimg ] && path="/$(md5sum <"$data/photo-640x856.jpg" | cut -d' ' -f1)?w=100&h=100&g=1&f=jpeg" ;;
+    *) echo "unknown cell $cell (static, fixed, proxy, pass, nostore, rules, rulesbare, imgwebp, zimg)" >&2; exit 2 ;;
   esac
   admin=""
   # ADMIN=1: an admin listener, so that requests are counted for /metrics.
@@ -104,6 +116,8 @@ TOML
     >"$tmp/$cell.log" 2>&1 &
   vg=$!
   wait_port "$port"
+  # zimg: the original uploaded first (its md5 names it in the path).
+  [ "$cell" = zimg ] && curl -sf --data-binary "@$data/photo-640x856.jpg" "http://127.0.0.1:$port/upload" >/dev/null
   hdr=(); [ -n "${ENCODING:-}" ] && hdr=(-H "Accept-Encoding: $ENCODING")
   # `bench:bench`, the user of the rules' htpasswd file (sent to the twin too).
   case "$cell" in rules|rulesbare) hdr+=(-H "Authorization: Basic YmVuY2g6YmVuY2g=") ;; esac

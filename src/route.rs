@@ -148,10 +148,14 @@ impl Handler {
                     None => Box::pin(slow),
                 }
             }
-            Handler::Images(i) => {
-                let i = Arc::clone(i);
-                Box::pin(async move { i.handle(req, peer).await })
-            }
+            // A request whose cached result is known is answered here, as a fresh hit.
+            Handler::Images(i) => match i.fresh_hit(req) {
+                Ok(hit) => return Serving::Ready(Some(hit)),
+                Err(req) => {
+                    let i = Arc::clone(i);
+                    Box::pin(async move { i.handle(req, peer).await })
+                }
+            },
             Handler::Push(p) => {
                 let p = Arc::clone(p);
                 Box::pin(async move { p.handle(req, peer, sink).await })

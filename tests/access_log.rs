@@ -361,7 +361,8 @@ async fn sigusr1_reopens_the_file() {
 
 /// An image request's line says which URL grammar served it and the presets applied (zimg's
 /// `t=`, imgproxy's `pr:` and `default`, none for thumbor here), a refused one too (the presets
-/// once its URL parsed: before, a 400 or 404 said neither); other routes' lines say neither.
+/// once its URL parsed: before, a 400 or 404 said neither), a cached result asked again too
+/// (answered from the route's memory of requests); other routes' lines say neither.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_requests_name_their_grammar_and_presets() {
     let dir = tempfile::tempdir().unwrap();
@@ -422,12 +423,14 @@ addr = "127.0.0.1:0"
             ("/insecure/pr:thumb/plain/missing.jpg".to_string(), 404),
             ("/insecure/nope:1/plain/photo.jpg".to_string(), 400),
             ("/unsafe/30x30/missing.jpg".to_string(), 404),
+            // A cached result asked again: answered from the route's memory of requests.
+            ("/insecure/pr:thumb/plain/photo.jpg".to_string(), 200),
         ] {
             let r = get(&c, &larder.url(&path), &[]).await;
             assert_eq!(r.status, status, "{path}: {}", r.text());
         }
-        let got = lines(log, 9).await;
-        assert_eq!(got.len(), 9, "{got:?}");
+        let got = lines(log, 10).await;
+        assert_eq!(got.len(), 10, "{got:?}");
         if format == "json" {
             let v: Vec<serde_json::Value> = got
                 .iter()
@@ -454,6 +457,7 @@ addr = "127.0.0.1:0"
             );
             assert_eq!(said(7), ("imgproxy".into(), Null), "{}", got[7]);
             assert_eq!(said(8), ("thumbor".into(), Null), "{}", got[8]);
+            assert_eq!(said(9), said(2), "{}", got[9]);
         } else {
             assert_eq!(
                 got[1..],
@@ -466,6 +470,7 @@ addr = "127.0.0.1:0"
                     "/insecure/pr:thumb/plain/missing.jpg imgproxy default,thumb".to_string(),
                     "/insecure/nope:1/plain/photo.jpg imgproxy -".to_string(),
                     "/unsafe/30x30/missing.jpg thumbor -".to_string(),
+                    "/insecure/pr:thumb/plain/photo.jpg imgproxy default,thumb".to_string(),
                 ]
             );
         }

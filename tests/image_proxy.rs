@@ -2,7 +2,8 @@
 //! resize types and sizes, dpr, gravity and crop (checked by the colour of the region kept),
 //! rotate and flip, padding and extend, format by extension and by Accept (with Vary),
 //! quality and max bytes, presets, signatures (key rotation, tampering), expiry on larder's
-//! clock, and the route's limits refused before work.
+//! clock, a cached result asked again (refused after a reload adds a key, new once its
+//! original changed), and the route's limits refused before work.
 
 mod common;
 
@@ -17,8 +18,8 @@ use larder::images::sniff;
 /// `photo.jpg` (640×856) and `quad.png` (200×200: red, green / blue, white quadrants).
 struct Proxy {
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
-    _root: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    root: tempfile::TempDir,
     larder: Larder,
 }
 
@@ -59,8 +60,8 @@ async fn start_with(extra: &str, clock: Option<larder::clock::Clock>) -> Proxy {
     };
     Proxy {
         addr: larder.addr,
-        _dir: dir,
-        _root: root,
+        dir,
+        root,
         larder,
     }
 }
@@ -254,20 +255,25 @@ async fn padding_and_extend_sizes_and_colour() {
 #[tokio::test(flavor = "multi_thread")]
 async fn format_from_accept_with_vary() {
     let l = start("default_format = \"auto\"").await;
-    for (accept, want) in [
-        ("image/avif,image/webp,*/*", "image/avif"),
-        ("image/webp,*/*", "image/webp"),
-        ("*/*", "image/jpeg"),
-    ] {
-        let r = get_with(
-            l.addr,
-            "/insecure/rs:fill:50:50/plain/photo.jpg",
-            &[("accept", accept)],
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.header("content-type"), Some(want), "{accept}");
-        assert_eq!(r.header("vary"), Some("Accept"));
+    // Asked again, each is its own cached result (answered from the route's memory of
+    // requests, which tells them apart by what Accept negotiates).
+    for cache in ["MISS", "HIT"] {
+        for (accept, want) in [
+            ("image/avif,image/webp,*/*", "image/avif"),
+            ("image/webp,*/*", "image/webp"),
+            ("*/*", "image/jpeg"),
+        ] {
+            let r = get_with(
+                l.addr,
+                "/insecure/rs:fill:50:50/plain/photo.jpg",
+                &[("accept", accept)],
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.header("content-type"), Some(want), "{accept}");
+            assert_eq!(r.header("vary"), Some("Accept"));
+            assert_eq!(r.cache(), cache, "{accept}");
+        }
     }
     // An extension (or `f`) decides: no negotiation, no Vary.
     let r = get_with(
@@ -385,6 +391,66 @@ async fn expiry_on_larders_clock() {
     l.larder.shutdown().await;
 }
 
+/// A cached result is answered from the route's index of requests (`images::hits`) only while
+/// what verified it holds: a reload that adds a signing key refuses the unsigned URL served
+/// before (the index is the route's; a reload builds new routes).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_with_a_signing_key_refuses_a_cached_unsigned_url() {
+    let l = start("").await;
+    let path = "/insecure/rs:fill:50:50/plain/photo.jpg@webp";
+    assert_eq!(get(l.addr, path).await.cache(), "MISS");
+    let r = get(l.addr, path).await;
+    assert_eq!((r.status.as_u16(), r.cache()), (200, "HIT"), "{}", r.text());
+    let keys = format!(
+        "dir = \"{}\"\nroot = \"{}\"\n[listener.route.images.imgproxy]\nkeys = [{{ key = \"736563726574\", salt = \"68656c6c6f\" }}]",
+        l.dir.path().display(),
+        l.root.path().display()
+    );
+    l.larder.reload(&one_route("", "images", &keys)).unwrap();
+    let r = get(l.addr, path).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    // Signed, the same result is still a hit (the cache outlives the reload).
+    let sig = signature(b"secret", b"hello", "/rs:fill:50:50/plain/photo.jpg@webp");
+    let r = get(
+        l.addr,
+        &format!("/{sig}/rs:fill:50:50/plain/photo.jpg@webp"),
+    )
+    .await;
+    assert_eq!((r.status.as_u16(), r.cache()), (200, "HIT"), "{}", r.text());
+    l.larder.shutdown().await;
+}
+
+/// A changed `root` file gives a new result once ROOT_VALID has passed, however often its old
+/// result was asked in between (each such hit answered without loading the original).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_original_makes_a_new_result_after_root_valid() {
+    let clock = larder::clock::Clock::adjustable();
+    let l = start_with("", Some(clock)).await;
+    let path = "/insecure/rs:fit:300:300/plain/photo.jpg@png";
+    let first = get(l.addr, path).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(dims(&first.body), (224, 300));
+    for _ in 0..3 {
+        let r = get(l.addr, path).await;
+        assert_eq!((r.cache(), dims(&r.body)), ("HIT", (224, 300)));
+    }
+    // Another image under the same name (a different size: a different id).
+    std::fs::write(l.root.path().join("photo.jpg"), quad_png()).unwrap();
+    let r = get(l.addr, path).await;
+    assert_eq!(
+        dims(&r.body),
+        (224, 300),
+        "within ROOT_VALID, the old result"
+    );
+    l.larder.advance(larder::images::source::ROOT_VALID);
+    let r = get(l.addr, path).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((r.cache(), dims(&r.body)), ("MISS", (200, 200)));
+    let r = get(l.addr, path).await;
+    assert_eq!((r.cache(), dims(&r.body)), ("HIT", (200, 200)));
+    l.larder.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn errors_and_limits() {
     let l = start("max_output_dimension = 500").await;
@@ -477,7 +543,7 @@ fn exif_of(data: &[u8]) -> Option<(Option<String>, Option<String>, Option<u32>)>
 #[tokio::test(flavor = "multi_thread")]
 async fn metadata_kept_as_sm_kcr_and_scp_say() {
     let l = start("").await;
-    std::fs::write(l._root.path().join("exif.jpg"), with_exif(photo())).unwrap();
+    std::fs::write(l.root.path().join("exif.jpg"), with_exif(photo())).unwrap();
     let copyright = Some("\"(c) Larder Photo\"".to_string());
     let private = Some("\"a private note\"".to_string());
     for ext in ["jpg", "png", "webp", "avif"] {
@@ -516,7 +582,7 @@ async fn metadata_kept_as_sm_kcr_and_scp_say() {
     // A Display P3 original: converted (no profile) by default, its profile kept with scp:0.
     let p3 = moxcms::ColorProfile::new_display_p3().encode().unwrap();
     let tagged = larder::images::colour::embed_jpeg(&photo(), &p3);
-    std::fs::write(l._root.path().join("p3.jpg"), tagged).unwrap();
+    std::fs::write(l.root.path().join("p3.jpg"), tagged).unwrap();
     for ext in ["jpg", "png", "webp"] {
         let profile = |body: &[u8]| {
             let format = sniff::probe(body).unwrap().format;
@@ -627,7 +693,7 @@ async fn trim_blur_pixelate_and_sharpen_act() {
         }
     }
     let framed = encode_png(100, 100, png::ColorType::Rgb, png::BitDepth::Eight, &px);
-    std::fs::write(l._root.path().join("framed.png"), framed).unwrap();
+    std::fs::write(l.root.path().join("framed.png"), framed).unwrap();
     let png = |opts: &str, src: &str| format!("/insecure/{opts}/plain/{src}@png");
     let r = get(l.addr, &png("t:10", "framed.png")).await;
     assert_eq!(r.status, 200, "{}", r.text());

@@ -15,6 +15,8 @@
 //!        ─▶ grammar by shape ([`grammar_of`]) ─▶ signature (403) ─▶ options (400 naming one)
 //!        ─▶ load the original ([`source`], 404) ─▶ plan from its header ([`pipeline`], 400/422)
 //!        ─▶ cache HIT, or coalesce ─leader─▶ pool: the pipeline ─▶ store ─▶ deliver
+//! GET (either API) whose result was served before ─▶ [`hits`]: known request? still holds?
+//!        ─▶ cache HIT ─▶ deliver (nothing parsed or loaded; [`Images::fresh_hit`])
 //! ```
 //!
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
@@ -30,6 +32,7 @@
 //! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
 //! proxy grammars), [`pipeline`] (their options executed, in imgproxy's order), [`source`]
 //! (their originals: `origin`, `root`, `allow_sources`; a route without `dir` takes no uploads),
+//! [`hits`] (the requests answered with a cached result, answered again without parsing),
 //! [`filters`] and [`smart`] (pixel filters, content-aware crop placement: edges, skin,
 //! saturation), [`metadata`] (the original's EXIF, XMP and ICC profile a result keeps), [`stats`]
 //! (what the routes count into the server's metrics).
@@ -47,6 +50,7 @@ pub mod dynlib;
 pub mod filters;
 pub mod grammar;
 pub mod heif;
+pub mod hits;
 pub mod imgproxy;
 pub mod jpeg;
 pub mod jxl;
@@ -66,7 +70,7 @@ pub mod upload;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::body::RequestBody;
 use bytes::Bytes;
@@ -88,7 +92,7 @@ use params::{ParamError, Params, Resolved, Target};
 use pool::{Pool, PoolError};
 use raster::{CodecError, Limits, Raster};
 use sniff::{Probe, SniffError};
-use source::{Original, SourceError};
+use source::{Held, Original, SourceError};
 use storage::{ImageStore, InMemory, LocalDir, Md5Hex, Shared};
 use transform::TransformError;
 
@@ -226,6 +230,8 @@ struct Inner {
     stats: stats::Stats,
     /// `auto` may answer JPEG XL: the route's `auto_jxl`, and libjxl loads.
     auto_jxl: bool,
+    /// The requests answered with a cached result (None: `cache_results = false`).
+    hits: Option<hits::Hits>,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -285,6 +291,7 @@ impl Images {
                 mark,
                 auto_jxl,
                 stats: stats::Stats::default(),
+                hits: cfg.cache_results.then(hits::Hits::default),
                 pool: Pool::new(
                     cfg.workers.as_usize(),
                     cfg.queue_depth.get() as usize,
@@ -329,6 +336,43 @@ impl Images {
     /// The uploaded originals' store, or [`ImageError::NoStore`] on a route without `dir`.
     fn store(&self) -> Result<&Arc<dyn ImageStore>, ImageError> {
         self.inner.store.as_ref().ok_or(ImageError::NoStore)
+    }
+
+    /// Answers a request whose cached result is known ([`hits`]) at once, or gives it back
+    /// (moved, not boxed: boxing would allocate on every other request) for [`Images::handle`].
+    #[allow(clippy::result_large_err)]
+    pub fn fresh_hit(
+        &self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Body>, Request<RequestBody>> {
+        let inner = &self.inner;
+        let Some(hits) = &inner.hits else {
+            return Err(req);
+        };
+        if !matches!(*req.method(), Method::GET | Method::HEAD) {
+            return Err(req);
+        }
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let Some(known) = hits.get(path, params::negotiated(req.headers(), self.inner.auto_jxl))
+        else {
+            return Err(req);
+        };
+        let now = inner.cache.clock().now();
+        if !known.holds(&inner.sources, now) {
+            return Err(req);
+        }
+        let Some(entry) = inner.cache.get(&known.result) else {
+            return Err(req);
+        };
+        let r = deliver::from_entry(
+            &entry,
+            req.method(),
+            req.headers(),
+            CacheStatus::Hit,
+            &inner.status_header,
+            now,
+        );
+        Ok(noted(r, known.served.clone()))
     }
 
     /// Serves one request.
@@ -506,7 +550,10 @@ impl Images {
             &format!("{}?{}", inner.prefix, resolved.key()),
         );
         let fill = Arc::clone(inner);
-        cached(inner, req, key, move || fill.make(md5, resolved)).await
+        let result = key.clone();
+        let made = cached(inner, req, key, move || fill.make(md5, resolved)).await?;
+        inner.learn(req, result, None, None, served);
+        Ok(made)
     }
 
     /// An image proxy request (imgproxy's or thumbor's grammar, told apart by
@@ -554,6 +601,14 @@ impl Images {
         let original = inner.sources.load(&source).await;
         inner.stats.source(&original);
         let original = original?;
+        // What must still hold for this request to be answered from the route's index.
+        let held = original.held.clone();
+        let until = (options.expires != 0)
+            .then(|| {
+                SystemTime::UNIX_EPOCH
+                    .checked_add(Duration::from_secs(options.expires.saturating_add(1)))
+            })
+            .flatten();
         let probe = sniff::probe(&original.data)?;
         let limits = request_limits(&inner.limits, &options.security, &probe, &original)?;
         let disposition = (grammar == Grammar::Imgproxy).then(|| Disposition {
@@ -590,6 +645,9 @@ impl Images {
         );
         // A cached result is served without planning it again.
         if let Some(r) = hit(inner, req, &key) {
+            if let Some(held) = held {
+                inner.learn(req, key, Some(held), until, served);
+            }
             return Ok(r);
         }
         // Planned from the header: over the limits is refused here, before queueing or caching.
@@ -602,7 +660,8 @@ impl Images {
         };
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
-        cached(inner, req, key, move || async move {
+        let result = key.clone();
+        let made = cached(inner, req, key, move || async move {
             let Original { data, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
@@ -647,10 +706,13 @@ impl Images {
             entry.reserve_stamp(&fill.status_header);
             Ok(Arc::new(entry))
         })
-        .await
+        .await?;
+        if let Some(held) = held {
+            inner.learn(req, result, Some(held), until, served);
+        }
+        Ok(made)
     }
 }
-
 /// The route's limits as a request's security options (imgproxy's `msr`, `msfs`, `maf`,
 /// `mafr`, `mrd`; allowed by the grammar) redefine them; a source over `msfs` or, animated,
 /// over `mafr` is refused here (422).
@@ -864,6 +926,31 @@ fn load_mark(path: &std::path::Path, limits: &Limits) -> Result<Raster, ImageErr
 }
 
 impl Inner {
+    /// Remembers that `req` asks for the result under `result` ([`hits`]), while the
+    /// original's memory copy `held` is fresh and until the URL expires (`until`).
+    fn learn(
+        &self,
+        req: &Request<RequestBody>,
+        result: CacheKey,
+        held: Option<Held>,
+        until: Option<SystemTime>,
+        served: &ImageServed,
+    ) {
+        let Some(hits) = &self.hits else { return };
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let known = hits::Known {
+            result,
+            held,
+            until,
+            served: served.clone(),
+        };
+        hits.learn(
+            path,
+            params::negotiated(req.headers(), self.auto_jxl),
+            known,
+        );
+    }
+
     /// The original: from memory when held there, else read on the blocking pool.
     async fn load(&self, md5: &Md5Hex) -> Result<Bytes, ImageError> {
         let store = Arc::clone(self.store.as_ref().ok_or(ImageError::NotFound)?);

@@ -200,13 +200,24 @@ impl Resolved {
 }
 
 /// AVIF if Accept lists image/avif, else WebP if it lists image/webp.
-fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
+pub fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
     if accepts(req, "image/avif") {
         Some(ImageFormat::Avif)
     } else if accepts(req, "image/webp") {
         Some(ImageFormat::Webp)
     } else {
         None
+    }
+}
+
+/// What decides a negotiated format for `req`: JPEG XL when `jxl` (the route's `auto_jxl`)
+/// and Accept lists it, else [`negotiate`]'s (the route's index of cached results keys
+/// requests by it, [`super::hits`]).
+pub fn negotiated(req: &HeaderMap, jxl: bool) -> Option<ImageFormat> {
+    if jxl && accepts(req, "image/jxl") {
+        Some(ImageFormat::Jxl)
+    } else {
+        negotiate(req)
     }
 }
 

@@ -18,11 +18,14 @@
 //! An original's `id` is the MD5 of its bytes (a fetched one: computed once per fetch and kept
 //! in its cache entry), or for a `root` file its path, size and modification time: a changed
 //! original makes new result keys. A `root` file read is kept in memory for [`ROOT_VALID`]
-//! (a cached result's hit needs the id), so a changed file is seen within that.
+//! (a cached result's hit needs the id), so a changed file is seen within that. An original
+//! says which memory copy it was had from ([`Held`]): while that copy is stored and fresh
+//! ([`Sources::still_holds`]), a load would give the same id, so a result known for the id may
+//! be served without loading it (`super::hits`).
 
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
@@ -77,6 +80,24 @@ pub struct Original {
     pub id: String,
     /// Where it came from (the metrics count it).
     pub had: Had,
+    /// The memory copy it was had from (None: not stored).
+    pub held: Option<Held>,
+}
+
+/// The memory copy of an original: its key, and the entry (not kept alive by this).
+#[derive(Debug, Clone)]
+pub struct Held {
+    key: CacheKey,
+    entry: Weak<Entry>,
+}
+
+impl Held {
+    fn of(key: &CacheKey, entry: &Arc<Entry>) -> Held {
+        Held {
+            key: key.clone(),
+            entry: Arc::downgrade(entry),
+        }
+    }
 }
 
 /// Where an original came from, in the order of `crate::metrics::SOURCE_OUTCOMES`.
@@ -135,12 +156,12 @@ impl SourceError {
     }
 }
 
-/// The field of a stored original's entry that keeps its id (the MD5 of its bytes), so that a
-/// hit does not hash the bytes again. Stored, never sent: these entries are never delivered.
 /// How long a file under `root` is used without looking at it again: a changed file is seen
 /// within this (nginx's `open_file_cache_valid`, 60 s by default there).
 pub const ROOT_VALID: Duration = Duration::from_secs(1);
 
+/// The field of a stored original's entry that keeps its id (the MD5 of its bytes), so that a
+/// hit does not hash the bytes again. Stored, never sent: these entries are never delivered.
 const ID_FIELD: HeaderName = HeaderName::from_static("x-larder-original-id");
 
 /// A place originals are fetched from: a pool, and the text naming it in cache keys.
@@ -203,6 +224,15 @@ impl Sources {
         }
     }
 
+    /// Whether `held` is still the copy a load at `now` would use: the same entry stored
+    /// under its key, fresh (a changed `root` file after [`ROOT_VALID`], a fetched original
+    /// past its freshness, a purge or eviction: no).
+    pub fn still_holds(&self, held: &Held, now: SystemTime) -> bool {
+        (self.cache.get(&held.key)).is_some_and(|e| {
+            std::ptr::eq(Arc::as_ptr(&e), held.entry.as_ptr()) && e.freshness.is_fresh(now)
+        })
+    }
+
     /// Where relative sources come from, for logs.
     pub fn describe(&self) -> Option<String> {
         match (&self.origin, &self.root) {
@@ -247,10 +277,10 @@ impl Sources {
         let key = CacheKey::from_string(format!("imgsrc:root:{}", path.display()));
         let now = self.cache.clock().now();
         if let Some(e) = (self.cache.get(&key)).filter(|e| e.freshness.is_fresh(now)) {
-            return Ok(original_of(&e, Had::Local));
+            return Ok(original_of(&e, &key, Had::Local));
         }
         let (root, max) = (root.clone(), self.max_size);
-        let got = tokio::task::spawn_blocking(move || read_local(&root, &path, max))
+        let mut got = tokio::task::spawn_blocking(move || read_local(&root, &path, max))
             .await
             .map_err(|_| SourceError::Failed("reader failed".into()))??;
         if let Ok(id) = HeaderValue::from_str(&got.id) {
@@ -263,7 +293,9 @@ impl Sources {
                 policy::Freshness::own(ROOT_VALID, now),
                 false,
             );
-            self.cache.store(key, Arc::new(entry));
+            let entry = Arc::new(entry);
+            got.held = Some(Held::of(&key, &entry));
+            self.cache.store(key, entry);
         }
         Ok(got)
     }
@@ -275,7 +307,7 @@ impl Sources {
         let now = self.cache.clock().now();
         let stored = self.cache.get(&key);
         if let Some(e) = stored.as_ref().filter(|e| e.freshness.is_fresh(now)) {
-            return Ok(original_of(e, Had::Memory));
+            return Ok(original_of(e, &key, Had::Memory));
         }
         match self.fills.join(&key) {
             Join::Leader(guard) => {
@@ -314,7 +346,7 @@ impl Sources {
                     .find(key, &none, &directives, Reach::Lease)
                     .await
                 {
-                    Found::Hit(e) => return Ok(original_of(&e, Had::Tier)),
+                    Found::Hit(e) => return Ok(original_of(&e, key, Had::Tier)),
                     Found::Stale(e) => (Some(e), None),
                     Found::Miss(lease) => (None, lease),
                 }
@@ -336,7 +368,7 @@ impl Sources {
                 if e.freshness.serve_on_error(self.cache.clock().now()) =>
             {
                 tracing::debug!(key = key.as_str(), why, "stale original served on error");
-                Ok(original_of(&e, Had::Stale))
+                Ok(original_of(&e, key, Had::Stale))
             }
             (got, _) => got,
         }
@@ -398,11 +430,11 @@ impl Sources {
                     let fresh = Arc::new(old.refreshed(fields, s.freshness));
                     self.cache
                         .store_filled(key.clone(), Arc::clone(&fresh), lease);
-                    original_of(&fresh, Had::Fetched)
+                    original_of(&fresh, key, Had::Fetched)
                 }
                 Err(_) => {
                     self.cache.remove(key);
-                    original_of(old, Had::Fetched)
+                    original_of(old, key, Had::Fetched)
                 }
             });
         }
@@ -420,10 +452,11 @@ impl Sources {
         }
         let data = read_limited(body, self.max_size, declared).await?;
         let id = Md5Hex::of(&data).as_str().to_string();
-        let original = Original {
+        let mut original = Original {
             data: data.clone(),
             id: id.clone(),
             had: Had::Fetched,
+            held: None,
         };
         let storable = if data.len() as u64 > cfg.max_object_size.0 {
             Err(policy::NoStoreReason::TooLarge)
@@ -447,7 +480,9 @@ impl Sources {
                     false,
                 );
                 entry.auth_ok = s.auth_ok;
-                self.cache.store_filled(key.clone(), Arc::new(entry), lease);
+                let entry = Arc::new(entry);
+                original.held = Some(Held::of(key, &entry));
+                self.cache.store_filled(key.clone(), entry, lease);
             }
             Err(why) => {
                 tracing::debug!(
@@ -478,8 +513,8 @@ fn inline(base: Upstream) -> Option<Fetcher> {
     }
 }
 
-/// The original stored in `e`, had from where `had` says.
-fn original_of(e: &Entry, had: Had) -> Original {
+/// The original stored in `e` under `key`, had from where `had` says.
+fn original_of(e: &Arc<Entry>, key: &CacheKey, had: Had) -> Original {
     let data = e
         .variant(Encoding::Identity)
         .map(|v| v.body.clone())
@@ -488,7 +523,12 @@ fn original_of(e: &Entry, had: Had) -> Original {
         Some(id) => id.to_string(),
         None => Md5Hex::of(&data).as_str().to_string(),
     };
-    Original { data, id, had }
+    Original {
+        data,
+        id,
+        had,
+        held: Some(Held::of(key, e)),
+    }
 }
 
 /// Reads `body` whole, failing once it passes `max` bytes (the rest left unread).
@@ -625,6 +665,7 @@ fn read_local(root: &Path, path: &Path, max: u64) -> Result<Original, SourceErro
         id: format!("local:{}:{}:{modified}", rel.display(), data.len()),
         data: Bytes::from(data),
         had: Had::Local,
+        held: None,
     })
 }
 
