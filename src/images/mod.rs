@@ -20,7 +20,8 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF and WebP: every
+//! [`codec`] (decoders and encoders per format), [`decoded`] (decoded originals kept for the
+//! proxy's next variants), [`animation`] (animated GIF and WebP: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
@@ -43,6 +44,7 @@ pub mod avif;
 pub mod avif_encode;
 pub mod codec;
 pub mod colour;
+pub mod decoded;
 pub mod dynlib;
 pub mod filters;
 pub mod grammar;
@@ -223,6 +225,8 @@ struct Inner {
     mark: Option<Arc<Raster>>,
     /// What the route counts into the server's metrics.
     stats: stats::Stats,
+    /// Decoded originals kept for the proxy's next variants (`decoded_cache`).
+    decoded: decoded::DecodedCache,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -274,12 +278,16 @@ impl Images {
             inner: Arc::new(Inner {
                 mark,
                 stats: stats::Stats::default(),
+                // The kept decoded originals' bytes are taken out of the transforms' budget.
                 pool: Pool::new(
                     cfg.workers.as_usize(),
                     cfg.queue_depth.get() as usize,
-                    cfg.decode_memory.0,
+                    cfg.decode_memory
+                        .0
+                        .saturating_sub(cfg.decoded_cache_bytes()),
                     cfg.queue_timeout.0,
                 ),
+                decoded: decoded::DecodedCache::new(cfg.decoded_cache_bytes()),
                 prefix: prefix.to_string(),
                 store,
                 sources,
@@ -566,7 +574,7 @@ impl Images {
         let fill = Arc::clone(inner);
         let tag = key.as_str().to_string();
         let made = cached(inner, req, key, move || async move {
-            let Original { data, .. } = original;
+            let Original { data, id, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
                 Some(prepared) => {
@@ -579,8 +587,14 @@ impl Images {
                     let format = prepared.format;
                     let memory = prepared.memory;
                     let source_len = data.len();
+                    let route = Arc::clone(&fill);
                     let (ran, nanos) = (fill.stats)
                         .run(&fill.pool, job, move || {
+                            let keep = decoded::Keep {
+                                cache: &route.decoded,
+                                id: &id,
+                                stats: &route.stats,
+                            };
                             pipeline::run(
                                 &data,
                                 &probe,
@@ -588,6 +602,7 @@ impl Images {
                                 &prepared,
                                 mark.as_deref(),
                                 &limits,
+                                Some(&keep),
                             )
                         })
                         .await?;

@@ -11,7 +11,8 @@
 //! Geometry is worked out in the coordinates of the *turned* source (imgproxy's: sizes and
 //! gravities mean the output's orientation), so the decoded image is turned first (when it is
 //! turned at all) and then cropped and scaled in one SIMD resize ([`super::transform`]'s
-//! decode, band and resize, shared with zimg's API). [`prepare`] plans from the header alone,
+//! decode, band and resize, shared with zimg's API; the decode may be one the route kept,
+//! [`super::decoded`]). [`prepare`] plans from the header alone,
 //! refuses requests over the route's limits (400/422) and estimates memory and cost (the pool
 //! admits by them); [`run`] does the work. An animated source whose output animates (GIF,
 //! WebP) runs every frame through the same steps with the first frame's layout
@@ -19,6 +20,7 @@
 
 use super::animation;
 use super::codec;
+use super::decoded;
 use super::filters;
 use super::metadata;
 use super::params::Target;
@@ -446,9 +448,10 @@ pub fn prepare(
 /// Most encodes tried to fit `mb` (quality falls each time, as imgproxy's).
 const MAX_BYTES_TRIES: u32 = 8;
 
-/// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image. An
-/// animation kept by the output runs frame by frame ([`animation`]), every frame with the
-/// first frame's layout (trim box, smart positions).
+/// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image;
+/// `keep`, the route's kept decoded originals ([`decoded`]). An animation kept by the output
+/// runs frame by frame ([`animation`]), every frame with the first frame's layout (trim box,
+/// smart positions).
 pub fn run(
     src: &[u8],
     probe: &Probe,
@@ -456,6 +459,7 @@ pub fn run(
     p: &Prepared,
     mark: Option<&Raster>,
     limits: &Limits,
+    keep: Option<&decoded::Keep<'_>>,
 ) -> Result<Vec<u8>, TransformError> {
     if animation::animates(probe, p.format) {
         let mut first: Option<Layout> = None;
@@ -481,8 +485,13 @@ pub fn run(
             p.format,
             ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
         );
-    let codec::Decoded { raster, band, icc } =
-        codec::decode_colour(src, probe, p.need, p.gray, p.rows, limits, keep_icc)?;
+    let want = decoded::Want {
+        need: p.need,
+        gray: p.gray,
+        rows: p.rows,
+        keep_icc,
+    };
+    let codec::Decoded { raster, band, icc } = decoded::decode(keep, src, probe, want, limits)?;
     let (img, top) = (transform::orient(raster, p.orientation), band.top);
     let (img, l) = layout(img, top, probe, o, p, limits)?;
     let img = render(img, top, &l, o, p, mark)?;
@@ -720,7 +729,7 @@ mod tests {
             ..Options::default()
         };
         let p = prepare(&probe, &o, Target::Keep, 75, &LIMITS).unwrap();
-        let out = run(&src, &probe, &o, &p, None, &LIMITS).unwrap();
+        let out = run(&src, &probe, &o, &p, None, &LIMITS, None).unwrap();
         let back = crate::images::sniff::probe(&out).unwrap();
         let (img, _) = codec::decode(&out, &back, (8, 8), false, (0.0, 1.0), &LIMITS).unwrap();
         assert!(
