@@ -673,6 +673,11 @@ pub struct ImageCounters {
     source_bytes: AtomicU64,
     output_bytes: AtomicU64,
     saved: AtomicU64,
+    /// The routes' kept decoded originals (`decoded_cache`): looked up and found, looked up
+    /// and decoded, and the bytes held now.
+    decoded_hits: AtomicU64,
+    decoded_misses: AtomicU64,
+    decoded_bytes: AtomicU64,
 }
 
 impl Default for ImageCounters {
@@ -691,6 +696,9 @@ impl Default for ImageCounters {
             source_bytes: AtomicU64::new(0),
             output_bytes: AtomicU64::new(0),
             saved: AtomicU64::new(0),
+            decoded_hits: AtomicU64::new(0),
+            decoded_misses: AtomicU64::new(0),
+            decoded_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -756,6 +764,25 @@ impl ImageCounters {
     /// An original had (or not) with `outcome`, an index into [`SOURCE_OUTCOMES`].
     pub fn source(&self, outcome: usize) {
         self.sources[outcome.min(SOURCE_OUTCOMES.len() - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A kept decoded original looked up: found (`hit`) or decoded afresh.
+    pub fn decoded_lookup(&self, hit: bool) {
+        let c = if hit {
+            &self.decoded_hits
+        } else {
+            &self.decoded_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The bytes a route's kept decoded originals hold went from `was` to `now`.
+    pub fn decoded_held(&self, was: u64, now: u64) {
+        if now >= was {
+            self.decoded_bytes.fetch_add(now - was, Ordering::Relaxed);
+        } else {
+            self.decoded_bytes.fetch_sub(was - now, Ordering::Relaxed);
+        }
     }
 
     /// Totals so far; None when no image route counts here.
@@ -904,6 +931,31 @@ impl ImageCounters {
                 load(c),
             )?;
         }
+        for (name, help, c) in [
+            (
+                "larder_image_decoded_cache_hits",
+                "Image proxy transforms that took their decoded original from the route's \
+                 decoded_cache (no decode).",
+                &self.decoded_hits,
+            ),
+            (
+                "larder_image_decoded_cache_misses",
+                "Image proxy transforms that looked in the route's decoded_cache and decoded \
+                 their original.",
+                &self.decoded_misses,
+            ),
+        ] {
+            counter(
+                encoder.encode_descriptor(name, help, None, MetricType::Counter)?,
+                load(c),
+            )?;
+        }
+        Value(load(&self.decoded_bytes), false).encode(encoder.encode_descriptor(
+            "larder_image_decoded_cache_bytes",
+            "Bytes of decoded originals the image routes keep now (decoded_cache).",
+            None,
+            MetricType::Gauge,
+        )?)?;
         Ok(())
     }
 }

@@ -607,6 +607,9 @@ addr = "127.0.0.1:0"
         ("larder_image_sources_total{outcome=\"local\"}", 2),
         ("larder_image_sources_total{outcome=\"not_found\"}", 1),
         ("larder_image_rejections_total{reason=\"queue_full\"}", 0),
+        // Both transforms decode the photo at 1/8: the second finds the first's raster kept.
+        ("larder_image_decoded_cache_misses_total", 1),
+        ("larder_image_decoded_cache_hits_total", 1),
     ] {
         assert_eq!(sample(&text, series), want, "{series} in {text}");
     }
@@ -642,7 +645,8 @@ addr = "127.0.0.1:0"
             "{exposed} is not in docs/metrics.md"
         );
     }
-    assert_eq!(images, 10, "{text}");
+    assert!(sample(&text, "larder_image_decoded_cache_bytes") >= 80 * 107 * 3);
+    assert_eq!(images, 12, "{text}");
 
     // Without an image route: no image families.
     let plain = Larder::start(&format!(

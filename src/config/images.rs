@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::image_options::OptionList;
 use super::image_params::{FormatChoice, Preset};
 use super::net::{Cidr, Upstream};
-use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
+use super::units::{show_size, yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
 
 /// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
 /// parameters (zimg's API), results cached (the image server, `crate::images`).
@@ -60,6 +60,13 @@ pub struct ImagesConfig {
     /// estimate fits; one that could never fit gets 422.
     #[serde(default = "ImagesConfig::default_decode_memory")]
     pub decode_memory: ByteSize<MIB>,
+    /// Decoded originals the image proxy keeps in memory for the next variants of the same
+    /// original (its pixels at the scale decoded, least recently used evicted), so that a
+    /// burst of widths and formats decodes it once; taken out of `decode_memory`. 0 keeps
+    /// none (every transform decodes). Unset: 64 MiB, at most an eighth of `decode_memory`;
+    /// set, at most half of it.
+    #[serde(default)]
+    pub decoded_cache: Option<ByteSize>,
     /// Largest scale factor applied to the source (1.0: never enlarged). A request for more
     /// gets the largest allowed size with the requested aspect ratio.
     #[serde(default = "ImagesConfig::default_max_upscale")]
@@ -326,6 +333,7 @@ impl ImagesConfig {
             queue_depth: Self::default_queue_depth(),
             queue_timeout: Self::default_queue_timeout(),
             decode_memory: Self::default_decode_memory(),
+            decoded_cache: None,
             max_upscale: Self::default_max_upscale(),
             avif_speed: Self::default_avif_speed(),
             max_avif_pixels: Self::default_max_avif_pixels(),
@@ -347,6 +355,27 @@ impl ImagesConfig {
             watermark: None,
         }
     }
+    /// The bytes of `decoded_cache` (its default when unset).
+    pub fn decoded_cache_bytes(&self) -> u64 {
+        self.decoded_cache
+            .map_or((64 << 20).min(self.decode_memory.0 / 8), |b| b.0)
+    }
+
+    /// Why `decoded_cache` cannot be had (more than half of `decode_memory`, which it is
+    /// taken out of: transforms would be left too little).
+    pub fn decoded_cache_error(&self) -> Option<String> {
+        let (kept, all) = (self.decoded_cache_bytes(), self.decode_memory.0);
+        (kept > all / 2).then(|| {
+            format!(
+                "is {}, more than half of decode_memory ({}), which it is taken out of; set \
+                 at most {}",
+                show_size(kept),
+                show_size(all),
+                show_size(all / 2)
+            )
+        })
+    }
+
     fn default_max_source() -> ByteSize<0, GIB> {
         ByteSize(20 << 20)
     }

@@ -553,6 +553,12 @@ impl Config {
                             let keys: Vec<&[Seg]> = keys.iter().map(Vec::as_slice).collect();
                             return Err(src.error(&keys, why));
                         }
+                        if let Some(why) = im.decoded_cache_error() {
+                            return Err(src.error(
+                                &[&at(&["images", "decoded_cache"]), &at(&["images"])],
+                                why,
+                            ));
+                        }
                     }
                     _ => {}
                 }
@@ -1106,6 +1112,28 @@ mod tests {
         assert!(
             e.contains("line 6, key `listener.route.images.upload_token`"),
             "{e}"
+        );
+        // decoded_cache is taken out of decode_memory: at most half of it.
+        let e = err(&format!(
+            "{route}[listener.route.images]\ndir = \"/x\"\ndecode_memory = \"64MiB\"\n\
+             decoded_cache = \"48MiB\"\n"
+        ));
+        assert!(
+            e.contains("line 7, key `listener.route.images.decoded_cache`") && e.contains("32MiB"),
+            "{e}"
+        );
+        let c = Config::parse(
+            &format!("{route}[listener.route.images]\ndir = \"/x\"\ndecode_memory = \"64MiB\"\n"),
+            "t",
+        )
+        .unwrap();
+        let HandlerConfig::Images(im) = &c.listeners[0].routes[0].handler else {
+            panic!("an image route");
+        };
+        assert_eq!(
+            im.decoded_cache_bytes(),
+            8 << 20,
+            "unset: an eighth of decode_memory"
         );
     }
 

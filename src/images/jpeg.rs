@@ -98,7 +98,7 @@ pub struct Decoded {
 
 /// The DCT scale (in eighths) a `w`×`h` image decodes at for `need`: the smallest keeping both
 /// sides at or above it.
-fn scale_eighths(w: u32, h: u32, need: (u32, u32)) -> u32 {
+pub fn scale_eighths(w: u32, h: u32, need: (u32, u32)) -> u32 {
     let fits = |n: u32, d: u32, need: u32| eighths(d, n) >= need.min(d);
     (1..=8)
         .find(|&n| fits(n, w, need.0) && fits(n, h, need.1))

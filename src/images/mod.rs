@@ -22,7 +22,8 @@
 //! Files: [`params`] (URL parameters, presets, the normalized cache key), [`sniff`] (format and
 //! dimensions from headers), [`storage`] (the store trait and the local directory), [`upload`]
 //! (reading raw and multipart bodies under a limit), [`transform`] (geometry and pixel ops),
-//! [`codec`] (decoders and encoders per format), [`animation`] (animated GIF, WebP and PNG: every
+//! [`codec`] (decoders and encoders per format), [`decoded`] (decoded originals kept for the
+//! proxy's next variants), [`animation`] (animated GIF, WebP and PNG: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
 //! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
@@ -46,6 +47,7 @@ pub mod avif;
 pub mod avif_encode;
 pub mod codec;
 pub mod colour;
+pub mod decoded;
 pub mod dynlib;
 pub mod filters;
 pub mod grammar;
@@ -232,6 +234,8 @@ struct Inner {
     auto_jxl: bool,
     /// The requests answered with a cached result (None: `cache_results = false`).
     hits: Option<hits::Hits>,
+    /// Decoded originals kept for the proxy's next variants (`decoded_cache`).
+    decoded: decoded::DecodedCache,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -292,12 +296,16 @@ impl Images {
                 auto_jxl,
                 stats: stats::Stats::default(),
                 hits: cfg.cache_results.then(hits::Hits::default),
+                // The kept decoded originals' bytes are taken out of the transforms' budget.
                 pool: Pool::new(
                     cfg.workers.as_usize(),
                     cfg.queue_depth.get() as usize,
-                    cfg.decode_memory.0,
+                    cfg.decode_memory
+                        .0
+                        .saturating_sub(cfg.decoded_cache_bytes()),
                     cfg.queue_timeout.0,
                 ),
+                decoded: decoded::DecodedCache::new(cfg.decoded_cache_bytes()),
                 prefix: prefix.to_string(),
                 store,
                 sources,
@@ -662,7 +670,7 @@ impl Images {
         let tag = key.as_str().to_string();
         let result = key.clone();
         let made = cached(inner, req, key, move || async move {
-            let Original { data, .. } = original;
+            let Original { data, id, .. } = original;
             let (body, format) = match prepared {
                 None => (data, probe.format),
                 Some(prepared) => {
@@ -675,8 +683,14 @@ impl Images {
                     let memory = prepared.memory;
                     let source_len = data.len();
                     let timed = fill.stats.timed();
+                    let route = Arc::clone(&fill);
                     let (ran, nanos) = (fill.stats)
                         .run(&fill.pool, job, move || {
+                            let keep = decoded::Keep {
+                                cache: &route.decoded,
+                                id: &id,
+                                stats: &route.stats,
+                            };
                             let mut timing = transform::Timing::default();
                             let out = pipeline::run(
                                 &data,
@@ -686,6 +700,7 @@ impl Images {
                                 mark.as_deref(),
                                 &limits,
                                 timed.then_some(&mut timing),
+                                Some(&keep),
                             );
                             (out, timing)
                         })

@@ -11,7 +11,8 @@
 //! Geometry is worked out in the coordinates of the *turned* source (imgproxy's: sizes and
 //! gravities mean the output's orientation), so the decoded image is turned first (when it is
 //! turned at all) and then cropped and scaled in one SIMD resize ([`super::transform`]'s
-//! decode, band and resize, shared with zimg's API). [`prepare`] plans from the header alone,
+//! decode, band and resize, shared with zimg's API; the decode may be one the route kept,
+//! [`super::decoded`]). [`prepare`] plans from the header alone,
 //! refuses requests over the route's limits (400/422) and estimates memory and cost (the pool
 //! admits by them); [`run`] does the work. An animated source whose output animates (GIF,
 //! WebP) runs every frame through the same steps with the first frame's layout
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::animation;
 use super::codec;
+use super::decoded;
 use super::filters;
 use super::metadata;
 use super::params::Target;
@@ -459,7 +461,8 @@ fn lap(t: &mut Option<Instant>, into: Option<&mut Duration>) {
 
 /// Runs `p` (made by [`prepare`] from `o`) on `src`; `mark` is the route's watermark image. An
 /// animation kept by the output runs frame by frame ([`animation`]), every frame with the
-/// first frame's layout (trim box, smart positions).
+/// first frame's layout (trim box, smart positions). `keep`: the route's kept decoded
+/// originals ([`decoded`]).
 ///
 /// With `timing` (the route's metrics are on), the time of its stages is added there: decode
 /// (and the orientation turn), resize (layout, crop and scale, filters, canvas, watermark) and
@@ -475,6 +478,7 @@ pub fn run(
     mark: Option<&Raster>,
     limits: &Limits,
     mut timing: Option<&mut transform::Timing>,
+    keep: Option<&decoded::Keep<'_>>,
 ) -> Result<Vec<u8>, TransformError> {
     let mut t = timing.is_some().then(Instant::now);
     if animation::animates(probe, p.format) {
@@ -512,8 +516,13 @@ pub fn run(
             p.format,
             ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp
         );
-    let codec::Decoded { raster, band, icc } =
-        codec::decode_colour(src, probe, p.need, p.gray, p.rows, limits, keep_icc)?;
+    let want = decoded::Want {
+        need: p.need,
+        gray: p.gray,
+        rows: p.rows,
+        keep_icc,
+    };
+    let codec::Decoded { raster, band, icc } = decoded::decode(keep, src, probe, want, limits)?;
     let (img, top) = (transform::orient(raster, p.orientation), band.top);
     lap(&mut t, timing.as_deref_mut().map(|tm| &mut tm.decode));
     let (img, l) = layout(img, top, probe, o, p, limits)?;
@@ -760,7 +769,7 @@ mod tests {
             ..Options::default()
         };
         let p = prepare(&probe, &o, Target::Keep, 75, &LIMITS).unwrap();
-        let out = run(&src, &probe, &o, &p, None, &LIMITS, None).unwrap();
+        let out = run(&src, &probe, &o, &p, None, &LIMITS, None, None).unwrap();
         let back = crate::images::sniff::probe(&out).unwrap();
         let (img, _) = codec::decode(&out, &back, (8, 8), false, (0.0, 1.0), &LIMITS).unwrap();
         assert!(
@@ -806,9 +815,9 @@ mod tests {
             let probe = crate::images::sniff::probe(&src).unwrap();
             let o = opts("rs:fit:8:8/bl:1");
             let p = prepare(&probe, &o, target, 75, &limits).unwrap();
-            let plain = run(&src, &probe, &o, &p, None, &limits, None).unwrap();
+            let plain = run(&src, &probe, &o, &p, None, &limits, None, None).unwrap();
             let mut t = transform::Timing::default();
-            let timed = run(&src, &probe, &o, &p, None, &limits, Some(&mut t)).unwrap();
+            let timed = run(&src, &probe, &o, &p, None, &limits, Some(&mut t), None).unwrap();
             assert_eq!(plain, timed, "{:?}", probe.format);
             for (stage, d) in [
                 ("decode", t.decode),

@@ -1,10 +1,12 @@
 //! What an image route counts into its server's metrics ([`crate::metrics::ImageCounters`],
 //! docs/metrics.md, "Images"): transforms by grammar and output format with their time (and
-//! its stages': decode, resize, encode) and bytes, the transform pool's queue and refusals, the proxy's originals by outcome. A route
+//! its stages': decode, resize, encode) and bytes, the transform pool's queue and refusals, the
+//! proxy's originals by outcome, its kept decoded originals (hits, misses, bytes held). A route
 //! counts once a server that counts requests (one with an admin listener) observes its router;
 //! before that, and without one, each count is one look at an empty cell. Counts go with
 //! transforms and loads of originals, never with the delivery of a cached result.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::metrics::{clock, ImageCounters, Metrics, IMAGE_FORMATS};
@@ -19,6 +21,9 @@ use super::transform::Timing;
 #[derive(Default)]
 pub struct Stats {
     metrics: OnceLock<Arc<Metrics>>,
+    /// The bytes of kept decoded originals last counted into the metrics' gauge (which adds
+    /// up every route's).
+    decoded_held: AtomicU64,
 }
 
 /// The [`IMAGE_FORMATS`] index of `f` (`other` for a format the metrics do not name).
@@ -117,6 +122,20 @@ impl Stats {
             for (i, d) in [t.decode, t.resize, t.encode].into_iter().enumerate() {
                 c.stage(i, u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             }
+        }
+    }
+
+    /// Counts a look for a kept decoded original: found (`hit`) or decoded.
+    pub fn decoded_lookup(&self, hit: bool) {
+        if let Some(c) = self.counters() {
+            c.decoded_lookup(hit);
+        }
+    }
+
+    /// The route's kept decoded originals hold `bytes` now.
+    pub fn decoded_held(&self, bytes: u64) {
+        if let Some(c) = self.counters() {
+            c.decoded_held(self.decoded_held.swap(bytes, Ordering::Relaxed), bytes);
         }
     }
 
