@@ -11,6 +11,19 @@ use super::image_params::{FormatChoice, Preset};
 use super::net::{Cidr, Upstream};
 use super::units::{yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
 
+/// The AV1 encoder behind AVIF output (`avif_encoder`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AvifEncoder {
+    /// libaom when it loads (libaom.so.3, at run time), rav1e otherwise.
+    #[default]
+    Auto,
+    /// libaom only: without it, AVIF output is refused (415 naming the library).
+    Aom,
+    /// rav1e (built in) only.
+    Rav1e,
+}
+
 /// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
 /// parameters (zimg's API), results cached (the image server, `crate::images`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -67,6 +80,10 @@ pub struct ImagesConfig {
     /// rav1e's speed preset for AVIF output: 1 (slowest, smallest) to 10 (fastest).
     #[serde(default = "ImagesConfig::default_avif_speed")]
     pub avif_speed: Bounded<1, 10>,
+    /// Which AV1 encoder writes AVIF output: `auto` (libaom when it loads, else rav1e), `aom`
+    /// (libaom only; without it AVIF output is refused with 415), `rav1e`.
+    #[serde(default)]
+    pub avif_encoder: AvifEncoder,
     /// Largest AVIF output in pixels (AVIF encoding costs far more CPU per pixel than the
     /// other formats): `f=avif` beyond it gets 400, `f=auto` falls back to the source's format.
     #[serde(default = "ImagesConfig::default_max_avif_pixels")]
@@ -319,6 +336,7 @@ impl ImagesConfig {
             decode_memory: Self::default_decode_memory(),
             max_upscale: Self::default_max_upscale(),
             avif_speed: Self::default_avif_speed(),
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
             default_quality: Self::default_quality(),

@@ -11,7 +11,9 @@
 
 use rav1e::prelude::*;
 
+use super::aom::{self, Cicp, Picture, Plane};
 use super::raster::{CodecError, Raster};
+use crate::config::AvifEncoder;
 
 fn failed(reason: impl std::fmt::Display) -> CodecError {
     CodecError::Encode("AVIF", reason.to_string())
@@ -55,19 +57,65 @@ pub fn speed_settings(speed: u8) -> SpeedSettings {
     s
 }
 
-/// Encodes `img` at a quality of 1-100 and rav1e speed preset 1-10.
-pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
+/// Whether `choice` encodes through libaom: `auto` when it loads, `aom` always (refused with
+/// 415 naming libaom when it does not load), `rav1e` never.
+fn through_aom(choice: AvifEncoder) -> bool {
+    match choice {
+        AvifEncoder::Auto => aom::available().is_ok(),
+        AvifEncoder::Aom => true,
+        AvifEncoder::Rav1e => false,
+    }
+}
+
+/// Which encoder `choice` uses in this process, for the log at start: "libaom 3.6.0", or
+/// "rav1e" with why libaom is not used.
+pub fn describe(choice: AvifEncoder) -> String {
+    match (choice, aom::available()) {
+        (AvifEncoder::Rav1e, _) => "rav1e (avif_encoder = \"rav1e\")".into(),
+        (_, Ok(())) => format!("libaom {}", aom::version().unwrap_or("?")),
+        (AvifEncoder::Auto, Err(e)) => format!("rav1e ({e})"),
+        (AvifEncoder::Aom, Err(e)) => format!("none: AVIF output is refused ({e})"),
+    }
+}
+
+/// Encodes `img` at a quality of 1-100 and speed 1-10 (rav1e's preset, or libaom's cpu-used
+/// plus one), through the encoder `choice` names.
+pub fn encode(
+    img: &Raster,
+    quality: u8,
+    speed: u8,
+    choice: AvifEncoder,
+) -> Result<Vec<u8>, CodecError> {
     let (w, h) = (img.width, img.height);
-    let q = quantizer(quality);
-    let settings = speed_settings(speed);
+    let av1 = |pic: &Picture<'_>| {
+        if through_aom(choice) {
+            let s = aom::Settings {
+                cq_level: aom::cq_level(quality),
+                cpu_used: aom::cpu_used(speed),
+            };
+            aom::encode(pic, s)
+        } else {
+            av1(pic, quantizer(quality), speed_settings(speed))
+        }
+    };
+    fn plane(data: &[u8], stride: u32) -> Plane<'_> {
+        Plane {
+            data,
+            stride: stride as usize,
+        }
+    }
     let gray = img.channels == 1 || (img.channels == 4 && is_gray_rgba(&img.data));
     let color = if gray {
         let luma: Vec<u8> = match img.channels {
             1 => img.data.clone(),
             _ => img.data.chunks_exact(4).map(|p| p[0]).collect(),
         };
-        av1(w, h, q, settings, ChromaSampling::Cs400, Some(SRGB), |f| {
-            f.planes[0].copy_from_raw_u8(&luma, w as usize, 1);
+        av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(&luma, w),
+            uv: None,
+            cicp: Some(SRGB_CICP),
         })?
     } else {
         let rgb;
@@ -94,16 +142,25 @@ pub fn encode(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecErro
             yuv::YuvConversionMode::Balanced,
         )
         .map_err(failed)?;
-        av1(w, h, q, settings, ChromaSampling::Cs420, Some(SRGB), |f| {
-            f.planes[0].copy_from_raw_u8(yuv.y_plane.borrow(), yuv.y_stride as usize, 1);
-            f.planes[1].copy_from_raw_u8(yuv.u_plane.borrow(), yuv.u_stride as usize, 1);
-            f.planes[2].copy_from_raw_u8(yuv.v_plane.borrow(), yuv.v_stride as usize, 1);
+        av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(yuv.y_plane.borrow(), yuv.y_stride),
+            uv: Some((
+                plane(yuv.u_plane.borrow(), yuv.u_stride),
+                plane(yuv.v_plane.borrow(), yuv.v_stride),
+            )),
+            cicp: Some(SRGB_CICP),
         })?
     };
     let alpha = if img.channels == 4 && img.data.chunks_exact(4).any(|p| p[3] != 255) {
         let a: Vec<u8> = img.data.chunks_exact(4).map(|p| p[3]).collect();
-        Some(av1(w, h, q, settings, ChromaSampling::Cs400, None, |f| {
-            f.planes[0].copy_from_raw_u8(&a, w as usize, 1);
+        Some(av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(&a, w),
+            uv: None,
+            cicp: None,
         })?)
     } else {
         None
@@ -128,24 +185,31 @@ const SRGB: ColorDescription = ColorDescription {
     matrix_coefficients: MatrixCoefficients::BT601,
 };
 
-/// One AV1 still picture of 8-bit samples, filled by `fill`.
+/// [`SRGB`] as H.273 code points, for libaom.
+const SRGB_CICP: Cicp = Cicp {
+    primaries: 1,
+    transfer: 13,
+    matrix: 6,
+};
+
+/// One AV1 still picture through rav1e (one tile, on the calling thread). The only colour
+/// description written is [`SRGB`]; an alpha plane has none.
 fn av1(
-    width: u32,
-    height: u32,
+    pic: &Picture<'_>,
     quantizer: u8,
     speed_settings: SpeedSettings,
-    chroma_sampling: ChromaSampling,
-    color_description: Option<ColorDescription>,
-    fill: impl FnOnce(&mut Frame<u8>),
 ) -> Result<Vec<u8>, CodecError> {
     let enc = EncoderConfig {
-        width: width as usize,
-        height: height as usize,
+        width: pic.width as usize,
+        height: pic.height as usize,
         bit_depth: 8,
-        chroma_sampling,
+        chroma_sampling: match pic.uv {
+            Some(_) => ChromaSampling::Cs420,
+            None => ChromaSampling::Cs400,
+        },
         chroma_sample_position: ChromaSamplePosition::Unknown,
         pixel_range: PixelRange::Full,
-        color_description,
+        color_description: pic.cicp.map(|_| SRGB),
         still_picture: true,
         quantizer: usize::from(quantizer),
         min_quantizer: quantizer,
@@ -160,7 +224,11 @@ fn av1(
         .new_context()
         .map_err(failed)?;
     let mut frame = ctx.new_frame();
-    fill(&mut frame);
+    frame.planes[0].copy_from_raw_u8(pic.y.data, pic.y.stride, 1);
+    if let Some((u, v)) = pic.uv {
+        frame.planes[1].copy_from_raw_u8(u.data, u.stride, 1);
+        frame.planes[2].copy_from_raw_u8(v.data, v.stride, 1);
+    }
     ctx.send_frame(frame).map_err(failed)?;
     ctx.flush();
     let mut out = Vec::new();

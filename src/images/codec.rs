@@ -18,6 +18,7 @@ use std::io::Cursor;
 use super::colour::{self, Embedded};
 pub use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{ImageFormat, Probe};
+use crate::config::AvifEncoder;
 
 /// The background transparent pixels are flattened onto by default: white.
 pub const WHITE: [u8; 3] = [255, 255, 255];
@@ -286,7 +287,8 @@ pub fn encode(img: &Raster, format: ImageFormat, quality: u8) -> Result<Vec<u8>,
     encode_at(img, format, quality, 10)
 }
 
-/// [`encode`] with AVIF at rav1e's speed preset `avif_speed` (1 slowest to 10 fastest).
+/// [`encode`] with AVIF at speed `avif_speed` (1 slowest to 10 fastest), through libaom when it
+/// loads, else rav1e.
 pub fn encode_at(
     img: &Raster,
     format: ImageFormat,
@@ -299,6 +301,7 @@ pub fn encode_at(
         &Output {
             quality,
             avif_speed,
+            avif_encoder: AvifEncoder::Auto,
             bg: WHITE,
             icc: None,
             progressive: false,
@@ -311,8 +314,10 @@ pub fn encode_at(
 pub struct Output<'a> {
     /// 1-100, for JPEG, WebP, AVIF and JPEG XL (100: lossless).
     pub quality: u8,
-    /// rav1e's speed preset (1 slowest to 10 fastest).
+    /// AVIF's speed (1 slowest to 10 fastest): rav1e's preset, libaom's cpu-used plus one.
     pub avif_speed: u8,
+    /// The AV1 encoder for AVIF.
+    pub avif_encoder: AvifEncoder,
     /// What transparent pixels are flattened onto where the format has no alpha (JPEG).
     pub bg: [u8; 3],
     /// An ICC profile the output carries (JPEG, PNG and WebP; the others have none).
@@ -332,7 +337,9 @@ pub fn encode_with(
         ImageFormat::Png => return encode_png(img, out.icc),
         ImageFormat::Gif => encode_gif(img)?,
         ImageFormat::Webp => encode_webp(img, out.quality)?,
-        ImageFormat::Avif => encode_avif(img, out.quality, out.avif_speed)?,
+        ImageFormat::Avif => {
+            super::avif_encode::encode(img, out.quality, out.avif_speed, out.avif_encoder)?
+        }
         ImageFormat::Jxl => super::jxl::encode(img, out.quality)?,
         ImageFormat::Heic => return Err(CodecError::Unsupported("HEIC output")),
     };
@@ -459,10 +466,6 @@ fn encode_webp(img: &Raster, quality: u8) -> Result<Vec<u8>, CodecError> {
     Ok(mem.to_vec())
 }
 
-fn encode_avif(img: &Raster, quality: u8, speed: u8) -> Result<Vec<u8>, CodecError> {
-    super::avif_encode::encode(img, quality, speed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,6 +482,7 @@ mod tests {
             max_frames: 1,
             max_upscale: 1.0,
             avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
             jpeg_progressive: false,
@@ -553,6 +557,7 @@ mod tests {
             max_frames: 10,
             max_upscale: 1.0,
             avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
             jpeg_progressive: false,
