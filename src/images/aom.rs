@@ -245,8 +245,11 @@ fn api() -> Result<&'static Api, CodecError> {
                 destroy: s.get(b"aom_codec_destroy\0")?,
                 error_detail: s.get(b"aom_codec_error_detail\0")?,
                 error: s.get(b"aom_codec_error\0")?,
-                // A static NUL-terminated string.
-                version: CStr::from_ptr(version()).to_string_lossy().into_owned(),
+                // A static NUL-terminated string ("v3.6.0").
+                version: CStr::from_ptr(version())
+                    .to_string_lossy()
+                    .trim_start_matches('v')
+                    .to_owned(),
                 _lib: lib,
             }
         };
@@ -269,7 +272,7 @@ pub fn available() -> Result<(), CodecError> {
     api().map(drop)
 }
 
-/// libaom's version string, when it loads.
+/// libaom's version ("3.6.0"), when it loads.
 pub fn version() -> Option<&'static str> {
     api().ok().map(|a| a.version.as_str())
 }

@@ -246,6 +246,101 @@ fn av1(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::{avif, sniff};
+
+    /// Pixels of `channels` samples, a deterministic noise (no encoder finds it easy).
+    fn noise(w: u32, h: u32, channels: u8, seed: u32) -> Raster {
+        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+        let data = (0..w * h * u32::from(channels))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 24) as u8
+            })
+            .collect();
+        Raster {
+            width: w,
+            height: h,
+            channels,
+            data,
+        }
+    }
+
+    fn decoded(b: &[u8]) -> Raster {
+        let p = sniff::probe(b).expect("an AVIF header");
+        let limits = crate::images::raster::Limits {
+            max_pixels: 50_000_000,
+            max_dim: 8192,
+            max_frames: 1,
+            max_upscale: 1.0,
+            avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
+            max_avif_pixels: 50_000_000,
+            max_animation_pixels: 50_000_000,
+            jpeg_progressive: false,
+        };
+        avif::decode(b, &p, &limits).expect("larder decodes its own AVIF")
+    }
+
+    #[test]
+    fn libaom_writes_odd_sizes_gray_and_alpha_that_decode() {
+        assert!(
+            aom::available().is_ok(),
+            "libaom: run tests/provision (Debian's libaom3)"
+        );
+        for (w, h) in [(1, 1), (1, 2), (2, 1), (3, 5), (17, 9), (65, 33)] {
+            for channels in [1, 3, 4] {
+                let mut img = noise(w, h, channels, w * 31 + h);
+                if channels == 4 {
+                    // Half the pixels transparent, half opaque.
+                    for (i, p) in img.data.chunks_exact_mut(4).enumerate() {
+                        p[3] = if i % 2 == 0 { 0 } else { 255 };
+                    }
+                }
+                let b = encode(&img, 80, 10, AvifEncoder::Aom).unwrap();
+                let r = decoded(&b);
+                assert_eq!((r.width, r.height), (w, h), "{channels} channels");
+                if channels == 4 {
+                    assert_eq!(r.channels, 4, "{w}x{h}: alpha kept");
+                    let alpha: Vec<u8> = r.data.chunks_exact(4).map(|p| p[3]).collect();
+                    assert!(alpha[0] < 128, "{w}x{h}: {alpha:?}");
+                    if w * h > 1 {
+                        assert!(alpha.iter().any(|&a| a > 128), "{w}x{h}: {alpha:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn both_encoders_keep_a_flat_colour_and_differ() {
+        let img = Raster {
+            width: 48,
+            height: 32,
+            channels: 3,
+            data: [40u8, 120, 200].repeat(48 * 32),
+        };
+        let a = encode(&img, 80, 10, AvifEncoder::Aom).unwrap();
+        let r = encode(&img, 80, 10, AvifEncoder::Rav1e).unwrap();
+        assert_ne!(a, r, "avif_encoder chose the same encoder");
+        for b in [a, r] {
+            let d = decoded(&b);
+            assert_eq!((d.width, d.height), (48, 32));
+            for (got, want) in d
+                .data
+                .chunks_exact(d.channels.into())
+                .zip([[40, 120, 200]].iter().cycle())
+            {
+                assert!(
+                    got.iter().zip(want).all(|(g, w)| g.abs_diff(*w) <= 3),
+                    "{got:?}"
+                );
+            }
+        }
+        assert!(describe(AvifEncoder::Auto).starts_with("libaom 3."));
+        assert!(describe(AvifEncoder::Rav1e).starts_with("rav1e"));
+    }
 
     #[test]
     fn quality_maps_onto_the_whole_quantizer_range_in_order() {
