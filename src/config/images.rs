@@ -77,9 +77,10 @@ pub struct ImagesConfig {
     /// gets the largest allowed size with the requested aspect ratio.
     #[serde(default = "ImagesConfig::default_max_upscale")]
     pub max_upscale: Upscale,
-    /// rav1e's speed preset for AVIF output: 1 (slowest, smallest) to 10 (fastest).
-    #[serde(default = "ImagesConfig::default_avif_speed")]
-    pub avif_speed: Bounded<1, 10>,
+    /// AVIF output's speed: 1 (slowest, smallest) to 10 (fastest); libaom's cpu-used plus one,
+    /// or rav1e's preset. Unset: 9 with libaom, 10 with rav1e.
+    #[serde(default)]
+    pub avif_speed: Option<Bounded<1, 10>>,
     /// Which AV1 encoder writes AVIF output: `auto` (libaom when it loads, else rav1e), `aom`
     /// (libaom only; without it AVIF output is refused with 415), `rav1e`.
     #[serde(default)]
@@ -335,7 +336,7 @@ impl ImagesConfig {
             queue_timeout: Self::default_queue_timeout(),
             decode_memory: Self::default_decode_memory(),
             max_upscale: Self::default_max_upscale(),
-            avif_speed: Self::default_avif_speed(),
+            avif_speed: None,
             avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
@@ -394,9 +395,6 @@ impl ImagesConfig {
     }
     fn default_max_upscale() -> Upscale {
         Upscale(1.0)
-    }
-    fn default_avif_speed() -> Bounded<1, 10> {
-        Bounded(10)
     }
     /// 1920×1080.
     fn default_max_avif_pixels() -> Bounded<1, 1_000_000_000> {

@@ -256,30 +256,19 @@ impl Images {
             }
         });
         let sources = source::Sources::new(&cfg, Arc::clone(&cache), pools);
+        let avif_encoder = avif_encode::resolve(cfg.avif_encoder, prefix);
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
             max_frames: cfg.max_frames.get() as u32,
             max_upscale: cfg.max_upscale.0,
-            avif_speed: cfg.avif_speed.get() as u8,
-            avif_encoder: cfg.avif_encoder,
+            avif_speed: (cfg.avif_speed)
+                .map_or(avif_encode::default_speed(avif_encoder), |s| s.get() as u8),
+            avif_encoder,
             max_avif_pixels: cfg.max_avif_pixels.get() as u64,
             max_animation_pixels: cfg.max_animation_pixels.get() as u64,
             jpeg_progressive: cfg.jpeg_progressive,
         };
-        if cfg.avif_encoder == crate::config::AvifEncoder::Aom && aom::available().is_err() {
-            tracing::error!(
-                prefix,
-                encoder = %avif_encode::describe(cfg.avif_encoder),
-                "avif_encoder = \"aom\" but libaom does not load: AVIF output gets 415"
-            );
-        } else {
-            tracing::info!(
-                prefix,
-                encoder = %avif_encode::describe(cfg.avif_encoder),
-                "AVIF output"
-            );
-        }
         let mark = cfg.watermark.as_deref().and_then(|path| match load_mark(path, &limits) {
             Ok(r) => Some(Arc::new(r)),
             Err(e) => {
