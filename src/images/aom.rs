@@ -229,6 +229,11 @@ pub const LIBRARY: &str = "libaom (Debian: libaom3)";
 
 fn api() -> Result<&'static Api, CodecError> {
     static LIB: dynlib::Once<Api> = dynlib::Once::new();
+    load(&LIB, LIBAOM)
+}
+
+/// libaom's entry points from the first of `sonames` that loads, once per `cell`.
+fn load(cell: &'static dynlib::Once<Api>, sonames: &[&str]) -> Result<&'static Api, CodecError> {
     let symbols = |lib: libloading::Library| {
         let s = Symbols(&lib);
         // SAFETY: each symbol is declared above with its C signature from libaom's headers.
@@ -264,7 +269,13 @@ fn api() -> Result<&'static Api, CodecError> {
             .map_err(|e| format!("libaom {}: {e}", api.version))?;
         Ok(api)
     };
-    dynlib::load(&LIB, LIBAOM, symbols, "AVIF output through libaom", LIBRARY)
+    dynlib::load(
+        cell,
+        sonames,
+        symbols,
+        "AVIF output through libaom",
+        LIBRARY,
+    )
 }
 
 /// Whether libaom loads and its encoder starts (the libaom path is possible).
@@ -487,6 +498,19 @@ mod tests {
         assert_eq!(
             (cpu_used(1), cpu_used(10), cpu_used(0), cpu_used(11)),
             (0, 9, 0, 9)
+        );
+    }
+
+    #[test]
+    fn a_missing_library_is_named() {
+        static NONE: dynlib::Once<Api> = dynlib::Once::new();
+        let e = load(&NONE, &["libaom-not-here.so.3"]).err().unwrap();
+        assert!(matches!(e, CodecError::Unavailable { .. }), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("AVIF output through libaom needs libaom (Debian: libaom3)")
+                && e.contains("libaom-not-here.so.3"),
+            "{e}"
         );
     }
 
