@@ -1,8 +1,10 @@
 //! AVIF output: a [`Raster`] to an AVIF file. RGB becomes 8-bit full-range BT.601 YUV 4:2:0
 //! (the `yuv` crate, SIMD), gray becomes monochrome 4:0:0, and alpha, where some pixel is not
-//! opaque, a second monochrome item; each is encoded by rav1e (one tile, on the calling thread)
-//! at a quantizer read from the 1-100 quality ([`quantizer`]) and speed settings from the
-//! configured preset ([`speed_settings`]), and `avif-serialize` writes the container.
+//! opaque, a second monochrome item; each is encoded by libaom ([`super::aom`], loaded at run
+//! time) or by rav1e (one tile, on the calling thread, at a quantizer read from the 1-100
+//! quality, [`quantizer`], and speed settings from the configured preset, [`speed_settings`]),
+//! as the route's `avif_encoder` says ([`resolve`]: `auto` is libaom where it loads), and
+//! `avif-serialize` writes the container.
 //!
 //! Why not ravif, which did this before: it encodes 10-bit 4:4:4 only, three times the samples
 //! of 4:2:0 and most of them spent on chroma, which the eye (and SSIM on luma) barely sees;

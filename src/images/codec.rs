@@ -2,7 +2,8 @@
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode, progressive
 //! when the route asks), PNG and GIF through the pure-Rust `png` and `gif` crates, WebP through
 //! libwebp (an animation's first frame here; every frame in [`super::animation`]), AVIF
-//! decoding in [`super::avif`] (rav1d) and encoding in [`super::avif_encode`] (rav1e), JPEG XL in
+//! decoding in [`super::avif`] (rav1d) and encoding in [`super::avif_encode`] (libaom loaded at
+//! run time, else rav1e), JPEG XL in
 //! [`super::jxl`] (jxl-oxide decoding, libjxl encoding loaded at run time), HEIC decoding in
 //! [`super::heif`] (libheif loaded at run time; no HEIC output). Every decoder is guarded by
 //! the header probe (pixel, frame and animation limits) and has its own memory limit where it
