@@ -502,6 +502,35 @@ mod tests {
         assert!(!d.jpeg_progressive);
     }
 
+    /// The AVIF encoder and speed: defaults (auto, speed unset), values, and a bad one named
+    /// with its key and line.
+    #[test]
+    fn avif_encoder_and_speed() {
+        use super::AvifEncoder;
+        let route = |keys: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = {{ dir = \"/x\", {keys} }}\n"
+            )
+        };
+        let e = err(&route("avif_encoder = \"svt\""));
+        assert!(
+            e.contains("line 4") && e.contains("images.avif_encoder`") && e.contains("rav1e"),
+            "{e}"
+        );
+        let e = err(&route("avif_speed = 11"));
+        assert!(e.contains("images.avif_speed`"), "{e}");
+        let c = Config::parse(&route("avif_encoder = \"rav1e\", avif_speed = 7"), "t").unwrap();
+        let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
+            panic!("images route")
+        };
+        assert_eq!(
+            (i.avif_encoder, i.avif_speed.map(|s| s.get())),
+            (AvifEncoder::Rav1e, Some(7))
+        );
+        let d = super::ImagesConfig::new_dir("/x".into());
+        assert_eq!((d.avif_encoder, d.avif_speed), (AvifEncoder::Auto, None));
+    }
+
     /// The `[admin]` token reaches the image route where its handler is built
     /// (`route::tests::handlers_get_the_admin_token_where_they_are_built`).
     #[test]
