@@ -1,6 +1,7 @@
 //! The CPU time of one AVIF encode, as the bench's `imgproxy-fit-avif` cell asks for it:
 //! bench/data/photo-1000x872.jpg decoded (shrink-on-load) and resized to 500×436, then encoded
-//! `N` times at quality `Q` (80) and rav1e speed `SPEED` (10); prints the thread's CPU time per
+//! `N` times at quality `Q` (80) and speed `SPEED` (the route's default) through `ENCODER` (`aom`, `rav1e`;
+//! unset: libaom when it loads, as `avif_encoder = "auto"`); prints the thread's CPU time per
 //! encode (getrusage) and the bytes, and writes the last output (and, with `PNG=path`, the
 //! resized pixels losslessly, for other encoders) so bench/lib/quality.py can judge it.
 //!
@@ -12,6 +13,8 @@
 
 use std::env;
 
+use larder::config::AvifEncoder;
+use larder::images::avif_encode;
 use larder::images::codec::{self, Output};
 use larder::images::sniff::{self, ImageFormat};
 use larder::images::transform;
@@ -43,6 +46,7 @@ fn main() {
         max_frames: 1,
         max_upscale: 1.0,
         avif_speed: 10,
+        avif_encoder: AvifEncoder::Auto,
         max_avif_pixels: 2_073_600,
         max_animation_pixels: 50_000_000,
         jpeg_progressive: false,
@@ -55,10 +59,17 @@ fn main() {
         let bytes = codec::encode(&img, ImageFormat::Png, 100).expect("PNG");
         std::fs::write(png, bytes).expect("write the PNG");
     }
-    let (n, quality, speed) = (var("N", 5).max(1), var("Q", 80), var("SPEED", 10));
+    let encoder = match env::var("ENCODER").as_deref() {
+        Ok("aom") => AvifEncoder::Aom,
+        Ok("rav1e") => AvifEncoder::Rav1e,
+        _ => AvifEncoder::Auto,
+    };
+    let speed = var("SPEED", avif_encode::default_speed(encoder));
+    let (n, quality) = (var("N", 5).max(1), var("Q", 80));
     let o = Output {
         quality,
         avif_speed: speed,
+        avif_encoder: encoder,
         bg: codec::WHITE,
         icc: None,
         progressive: false,
@@ -72,7 +83,8 @@ fn main() {
     let ms = (thread_cpu_ms() - start) / f64::from(n);
     std::fs::write(&out_path, &avif).expect("write the AVIF");
     println!(
-        "q{quality} speed {speed}: {ms:.1} ms CPU per encode, {} bytes",
+        "{}, q{quality} speed {speed}: {ms:.1} ms CPU per encode, {} bytes",
+        avif_encode::describe(encoder),
         avif.len()
     );
 }

@@ -424,6 +424,7 @@ async fn a_gif_looping_65535_times_becomes_a_webp() {
         max_avif_pixels: 64,
         max_animation_pixels: 128,
         jpeg_progressive: false,
+        avif_encoder: larder::config::AvifEncoder::Auto,
     };
     let a = animation::map_frames::<larder::images::codec::CodecError>(&r.body, &p, &limits, Ok)
         .unwrap();

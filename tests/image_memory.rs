@@ -57,6 +57,7 @@ const LIMITS: Limits = Limits {
     max_frames: 100,
     max_upscale: 2.0,
     avif_speed: 10,
+    avif_encoder: larder::config::AvifEncoder::Auto,
     max_avif_pixels: 2_073_600,
     max_animation_pixels: 500_000_000,
     jpeg_progressive: false,

@@ -11,6 +11,19 @@ use super::image_params::{FormatChoice, Preset};
 use super::net::{Cidr, Upstream};
 use super::units::{show_size, yes, Bounded, ByteSize, Dur, Upscale, Workers, GIB, MIB};
 
+/// The AV1 encoder behind AVIF output (`avif_encoder`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AvifEncoder {
+    /// libaom when it loads (libaom.so.3, at run time), rav1e otherwise.
+    #[default]
+    Auto,
+    /// libaom only: without it, AVIF output is refused (415 naming the library).
+    Aom,
+    /// rav1e (built in) only.
+    Rav1e,
+}
+
 /// The image server (`images = { dir = "..." }`): upload, store by MD5, transform from URL
 /// parameters (zimg's API), results cached (the image server, `crate::images`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -71,9 +84,14 @@ pub struct ImagesConfig {
     /// gets the largest allowed size with the requested aspect ratio.
     #[serde(default = "ImagesConfig::default_max_upscale")]
     pub max_upscale: Upscale,
-    /// rav1e's speed preset for AVIF output: 1 (slowest, smallest) to 10 (fastest).
-    #[serde(default = "ImagesConfig::default_avif_speed")]
-    pub avif_speed: Bounded<1, 10>,
+    /// AVIF output's speed: 1 (slowest, smallest) to 10 (fastest); libaom's cpu-used plus one,
+    /// or rav1e's preset. Unset: 9 with libaom, 10 with rav1e.
+    #[serde(default)]
+    pub avif_speed: Option<Bounded<1, 10>>,
+    /// Which AV1 encoder writes AVIF output: `auto` (libaom when it loads, else rav1e), `aom`
+    /// (libaom only; without it AVIF output is refused with 415), `rav1e`.
+    #[serde(default)]
+    pub avif_encoder: AvifEncoder,
     /// Largest AVIF output in pixels (AVIF encoding costs far more CPU per pixel than the
     /// other formats): `f=avif` beyond it gets 400, `f=auto` falls back to the source's format.
     #[serde(default = "ImagesConfig::default_max_avif_pixels")]
@@ -335,7 +353,8 @@ impl ImagesConfig {
             decode_memory: Self::default_decode_memory(),
             decoded_cache: None,
             max_upscale: Self::default_max_upscale(),
-            avif_speed: Self::default_avif_speed(),
+            avif_speed: None,
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: Self::default_max_avif_pixels(),
             default_format: Self::default_format(),
             auto_jxl: false,
@@ -415,9 +434,6 @@ impl ImagesConfig {
     }
     fn default_max_upscale() -> Upscale {
         Upscale(1.0)
-    }
-    fn default_avif_speed() -> Bounded<1, 10> {
-        Bounded(10)
     }
     /// 1920×1080.
     fn default_max_avif_pixels() -> Bounded<1, 1_000_000_000> {
@@ -523,6 +539,35 @@ mod tests {
         let d = super::ImagesConfig::new_dir("/x".into());
         assert_eq!(d.max_animation_pixels.get(), 100_000_000);
         assert!(!d.jpeg_progressive);
+    }
+
+    /// The AVIF encoder and speed: defaults (auto, speed unset), values, and a bad one named
+    /// with its key and line.
+    #[test]
+    fn avif_encoder_and_speed() {
+        use super::AvifEncoder;
+        let route = |keys: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = {{ dir = \"/x\", {keys} }}\n"
+            )
+        };
+        let e = err(&route("avif_encoder = \"svt\""));
+        assert!(
+            e.contains("line 4") && e.contains("images.avif_encoder`") && e.contains("rav1e"),
+            "{e}"
+        );
+        let e = err(&route("avif_speed = 11"));
+        assert!(e.contains("images.avif_speed`"), "{e}");
+        let c = Config::parse(&route("avif_encoder = \"rav1e\", avif_speed = 7"), "t").unwrap();
+        let HandlerConfig::Images(i) = &c.listeners[0].routes[0].handler else {
+            panic!("images route")
+        };
+        assert_eq!(
+            (i.avif_encoder, i.avif_speed.map(|s| s.get())),
+            (AvifEncoder::Rav1e, Some(7))
+        );
+        let d = super::ImagesConfig::new_dir("/x".into());
+        assert_eq!((d.avif_encoder, d.avif_speed), (AvifEncoder::Auto, None));
     }
 
     /// The `[admin]` token reaches the image route where its handler is built

@@ -67,7 +67,8 @@ pub use error::Error;
 use error::{Index, Key, Locator, Seg};
 pub use headers::{HeaderNameCfg, HeaderValueCfg};
 pub use images::{
-    allowed_source, ImagesConfig, ImgproxyConfig, KeyPair, OriginRef, SourceUrl, ThumborConfig,
+    allowed_source, AvifEncoder, ImagesConfig, ImgproxyConfig, KeyPair, OriginRef, SourceUrl,
+    ThumborConfig,
 };
 pub use listener::{HandlerConfig, ListenerConfig, RealIpConfig, RealIpHeader, RouteConfig};
 pub use net::{ports_collide, Cidr, HostPattern, PathPrefix, Upstream};

@@ -574,6 +574,7 @@ mod tests {
         max_frames: 10,
         max_upscale: 1.0,
         avif_speed: 10,
+        avif_encoder: crate::config::AvifEncoder::Auto,
         max_avif_pixels: 1 << 20,
         max_animation_pixels: 1 << 24,
         jpeg_progressive: false,

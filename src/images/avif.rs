@@ -654,6 +654,7 @@ mod tests {
         max_frames: 1,
         max_upscale: 1.0,
         avif_speed: 10,
+        avif_encoder: crate::config::AvifEncoder::Auto,
         max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
         jpeg_progressive: false,

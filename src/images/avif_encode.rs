@@ -1,10 +1,11 @@
 //! AVIF output: a [`Raster`] to an AVIF file. RGB becomes 8-bit full-range BT.601 YUV 4:2:0
 //! (the `yuv` crate, SIMD), gray becomes monochrome 4:0:0, and alpha, where some pixel is not
-//! opaque, a second monochrome item; each is encoded by rav1e (one tile, on the calling thread)
-//! at a quantizer read from the 1-100 quality ([`quantizer`]) and speed settings from the
-//! configured preset ([`speed_settings`]), and `avif-serialize` writes the container (with
-//! the EXIF kept, an Exif item; it writes no ICC profile, so a kept profile never reaches
-//! AVIF: [`super::metadata`]).
+//! opaque, a second monochrome item; each is encoded by libaom ([`super::aom`], loaded at run
+//! time) or by rav1e (one tile, on the calling thread, at a quantizer read from the 1-100
+//! quality, [`quantizer`], and speed settings from the configured preset, [`speed_settings`]),
+//! as the route's `avif_encoder` says ([`resolve`]: `auto` is libaom where it loads), and
+//! `avif-serialize` writes the container (with the EXIF kept, an Exif item; it writes no ICC
+//! profile, so a kept profile never reaches AVIF: [`super::metadata`]).
 //!
 //! Why not ravif, which did this before: it encodes 10-bit 4:4:4 only, three times the samples
 //! of 4:2:0 and most of them spent on chroma, which the eye (and SSIM on luma) barely sees;
@@ -13,7 +14,9 @@
 
 use rav1e::prelude::*;
 
+use super::aom::{self, Cicp, Picture, Plane};
 use super::raster::{CodecError, Raster};
+use crate::config::AvifEncoder;
 
 fn failed(reason: impl std::fmt::Display) -> CodecError {
     CodecError::Encode("AVIF", reason.to_string())
@@ -57,25 +60,100 @@ pub fn speed_settings(speed: u8) -> SpeedSettings {
     s
 }
 
-/// Encodes `img` at a quality of 1-100 and rav1e speed preset 1-10; `exif` (a TIFF block) goes
-/// into the container as its Exif item.
+/// Whether `choice` encodes through libaom: `auto` when it loads, `aom` always (refused with
+/// 415 naming libaom when it does not load), `rav1e` never.
+fn through_aom(choice: AvifEncoder) -> bool {
+    match choice {
+        AvifEncoder::Auto => aom::available().is_ok(),
+        AvifEncoder::Aom => true,
+        AvifEncoder::Rav1e => false,
+    }
+}
+
+/// The encoder `choice` comes to in this process (`auto`: `aom` when libaom loads, else
+/// `rav1e`), logged for the route at `prefix`: which encoder, or why AVIF output will be
+/// refused (`aom` without libaom).
+pub fn resolve(choice: AvifEncoder, prefix: &str) -> AvifEncoder {
+    let encoder = describe(choice);
+    let resolved = match choice {
+        AvifEncoder::Auto if through_aom(choice) => AvifEncoder::Aom,
+        AvifEncoder::Auto => AvifEncoder::Rav1e,
+        other => other,
+    };
+    if resolved == AvifEncoder::Aom && aom::available().is_err() {
+        tracing::error!(
+            prefix,
+            encoder,
+            "avif_encoder = \"aom\" without libaom: AVIF output gets 415"
+        );
+    } else {
+        tracing::info!(prefix, encoder, "AVIF output");
+    }
+    resolved
+}
+
+/// The speed when `avif_speed` is unset: 9 with libaom (cpu-used 8, the fastest that meets
+/// imgproxy's SSIM and bytes on the bench photo; 9 writes 1.19× the bytes), 10 with rav1e (its
+/// fastest preset; docs/design.md "AVIF encoding").
+pub fn default_speed(encoder: AvifEncoder) -> u8 {
+    if through_aom(encoder) {
+        9
+    } else {
+        10
+    }
+}
+
+/// Which encoder `choice` uses in this process: "libaom 3.6.0", or "rav1e" with why libaom
+/// is not used.
+pub fn describe(choice: AvifEncoder) -> String {
+    match (choice, aom::available()) {
+        (AvifEncoder::Rav1e, _) => "rav1e (avif_encoder = \"rav1e\")".into(),
+        (_, Ok(())) => format!("libaom {}", aom::version().unwrap_or("?")),
+        (AvifEncoder::Auto, Err(e)) => format!("rav1e ({e})"),
+        (AvifEncoder::Aom, Err(e)) => format!("none: AVIF output is refused ({e})"),
+    }
+}
+
+/// Encodes `img` at a quality of 1-100 and speed 1-10 (rav1e's preset, or libaom's cpu-used
+/// plus one), through the encoder `choice` names; `exif` (a TIFF block) goes into the
+/// container as its Exif item.
 pub fn encode(
     img: &Raster,
     quality: u8,
     speed: u8,
     exif: Option<&[u8]>,
+    choice: AvifEncoder,
 ) -> Result<Vec<u8>, CodecError> {
     let (w, h) = (img.width, img.height);
-    let q = quantizer(quality);
-    let settings = speed_settings(speed);
+    let av1 = |pic: &Picture<'_>| {
+        if through_aom(choice) {
+            let s = aom::Settings {
+                cq_level: aom::cq_level(quality),
+                cpu_used: aom::cpu_used(speed),
+            };
+            aom::encode(pic, s)
+        } else {
+            av1(pic, quantizer(quality), speed_settings(speed))
+        }
+    };
+    fn plane(data: &[u8], stride: u32) -> Plane<'_> {
+        Plane {
+            data,
+            stride: stride as usize,
+        }
+    }
     let gray = img.channels == 1 || (img.channels == 4 && is_gray_rgba(&img.data));
     let color = if gray {
         let luma: Vec<u8> = match img.channels {
             1 => img.data.clone(),
             _ => img.data.chunks_exact(4).map(|p| p[0]).collect(),
         };
-        av1(w, h, q, settings, ChromaSampling::Cs400, Some(SRGB), |f| {
-            f.planes[0].copy_from_raw_u8(&luma, w as usize, 1);
+        av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(&luma, w),
+            uv: None,
+            cicp: Some(SRGB_CICP),
         })?
     } else {
         let rgb;
@@ -102,16 +180,25 @@ pub fn encode(
             yuv::YuvConversionMode::Balanced,
         )
         .map_err(failed)?;
-        av1(w, h, q, settings, ChromaSampling::Cs420, Some(SRGB), |f| {
-            f.planes[0].copy_from_raw_u8(yuv.y_plane.borrow(), yuv.y_stride as usize, 1);
-            f.planes[1].copy_from_raw_u8(yuv.u_plane.borrow(), yuv.u_stride as usize, 1);
-            f.planes[2].copy_from_raw_u8(yuv.v_plane.borrow(), yuv.v_stride as usize, 1);
+        av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(yuv.y_plane.borrow(), yuv.y_stride),
+            uv: Some((
+                plane(yuv.u_plane.borrow(), yuv.u_stride),
+                plane(yuv.v_plane.borrow(), yuv.v_stride),
+            )),
+            cicp: Some(SRGB_CICP),
         })?
     };
     let alpha = if img.channels == 4 && img.data.chunks_exact(4).any(|p| p[3] != 255) {
         let a: Vec<u8> = img.data.chunks_exact(4).map(|p| p[3]).collect();
-        Some(av1(w, h, q, settings, ChromaSampling::Cs400, None, |f| {
-            f.planes[0].copy_from_raw_u8(&a, w as usize, 1);
+        Some(av1(&Picture {
+            width: w,
+            height: h,
+            y: plane(&a, w),
+            uv: None,
+            cicp: None,
         })?)
     } else {
         None
@@ -139,24 +226,31 @@ const SRGB: ColorDescription = ColorDescription {
     matrix_coefficients: MatrixCoefficients::BT601,
 };
 
-/// One AV1 still picture of 8-bit samples, filled by `fill`.
+/// [`SRGB`] as H.273 code points, for libaom.
+const SRGB_CICP: Cicp = Cicp {
+    primaries: 1,
+    transfer: 13,
+    matrix: 6,
+};
+
+/// One AV1 still picture through rav1e (one tile, on the calling thread). The only colour
+/// description written is [`SRGB`]; an alpha plane has none.
 fn av1(
-    width: u32,
-    height: u32,
+    pic: &Picture<'_>,
     quantizer: u8,
     speed_settings: SpeedSettings,
-    chroma_sampling: ChromaSampling,
-    color_description: Option<ColorDescription>,
-    fill: impl FnOnce(&mut Frame<u8>),
 ) -> Result<Vec<u8>, CodecError> {
     let enc = EncoderConfig {
-        width: width as usize,
-        height: height as usize,
+        width: pic.width as usize,
+        height: pic.height as usize,
         bit_depth: 8,
-        chroma_sampling,
+        chroma_sampling: match pic.uv {
+            Some(_) => ChromaSampling::Cs420,
+            None => ChromaSampling::Cs400,
+        },
         chroma_sample_position: ChromaSamplePosition::Unknown,
         pixel_range: PixelRange::Full,
-        color_description,
+        color_description: pic.cicp.map(|_| SRGB),
         still_picture: true,
         quantizer: usize::from(quantizer),
         min_quantizer: quantizer,
@@ -171,7 +265,11 @@ fn av1(
         .new_context()
         .map_err(failed)?;
     let mut frame = ctx.new_frame();
-    fill(&mut frame);
+    frame.planes[0].copy_from_raw_u8(pic.y.data, pic.y.stride, 1);
+    if let Some((u, v)) = pic.uv {
+        frame.planes[1].copy_from_raw_u8(u.data, u.stride, 1);
+        frame.planes[2].copy_from_raw_u8(v.data, v.stride, 1);
+    }
     ctx.send_frame(frame).map_err(failed)?;
     ctx.flush();
     let mut out = Vec::new();
@@ -189,6 +287,101 @@ fn av1(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::{avif, sniff};
+
+    /// Pixels of `channels` samples, a deterministic noise (no encoder finds it easy).
+    fn noise(w: u32, h: u32, channels: u8, seed: u32) -> Raster {
+        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+        let data = (0..w * h * u32::from(channels))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 24) as u8
+            })
+            .collect();
+        Raster {
+            width: w,
+            height: h,
+            channels,
+            data,
+        }
+    }
+
+    fn decoded(b: &[u8]) -> Raster {
+        let p = sniff::probe(b).expect("an AVIF header");
+        let limits = crate::images::raster::Limits {
+            max_pixels: 50_000_000,
+            max_dim: 8192,
+            max_frames: 1,
+            max_upscale: 1.0,
+            avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
+            max_avif_pixels: 50_000_000,
+            max_animation_pixels: 50_000_000,
+            jpeg_progressive: false,
+        };
+        avif::decode(b, &p, &limits).expect("larder decodes its own AVIF")
+    }
+
+    #[test]
+    fn libaom_writes_odd_sizes_gray_and_alpha_that_decode() {
+        assert!(
+            aom::available().is_ok(),
+            "libaom: run tests/provision (Debian's libaom3)"
+        );
+        for (w, h) in [(1, 1), (1, 2), (2, 1), (3, 5), (17, 9), (65, 33)] {
+            for channels in [1, 3, 4] {
+                let mut img = noise(w, h, channels, w * 31 + h);
+                if channels == 4 {
+                    // Half the pixels transparent, half opaque.
+                    for (i, p) in img.data.chunks_exact_mut(4).enumerate() {
+                        p[3] = if i % 2 == 0 { 0 } else { 255 };
+                    }
+                }
+                let b = encode(&img, 80, 10, None, AvifEncoder::Aom).unwrap();
+                let r = decoded(&b);
+                assert_eq!((r.width, r.height), (w, h), "{channels} channels");
+                if channels == 4 {
+                    assert_eq!(r.channels, 4, "{w}x{h}: alpha kept");
+                    let alpha: Vec<u8> = r.data.chunks_exact(4).map(|p| p[3]).collect();
+                    assert!(alpha[0] < 128, "{w}x{h}: {alpha:?}");
+                    if w * h > 1 {
+                        assert!(alpha.iter().any(|&a| a > 128), "{w}x{h}: {alpha:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn both_encoders_keep_a_flat_colour_and_differ() {
+        let img = Raster {
+            width: 48,
+            height: 32,
+            channels: 3,
+            data: [40u8, 120, 200].repeat(48 * 32),
+        };
+        let a = encode(&img, 80, 10, None, AvifEncoder::Aom).unwrap();
+        let r = encode(&img, 80, 10, None, AvifEncoder::Rav1e).unwrap();
+        assert_ne!(a, r, "avif_encoder chose the same encoder");
+        for b in [a, r] {
+            let d = decoded(&b);
+            assert_eq!((d.width, d.height), (48, 32));
+            for (got, want) in d
+                .data
+                .chunks_exact(d.channels.into())
+                .zip([[40, 120, 200]].iter().cycle())
+            {
+                assert!(
+                    got.iter().zip(want).all(|(g, w)| g.abs_diff(*w) <= 3),
+                    "{got:?}"
+                );
+            }
+        }
+        assert!(describe(AvifEncoder::Auto).starts_with("libaom 3."));
+        assert!(describe(AvifEncoder::Rav1e).starts_with("rav1e"));
+    }
 
     #[test]
     fn quality_maps_onto_the_whole_quantizer_range_in_order() {

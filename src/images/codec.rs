@@ -2,7 +2,8 @@
 //! band-limited decode in [`super::jpeg`], i.e. shrink-on-load, and fast encode, progressive
 //! when the route asks), PNG and GIF through the pure-Rust `png` and `gif` crates, WebP through
 //! libwebp (an animation's first frame here; every frame in [`super::animation`]), AVIF
-//! decoding in [`super::avif`] (rav1d) and encoding in [`super::avif_encode`] (rav1e), JPEG XL in
+//! decoding in [`super::avif`] (rav1d) and encoding in [`super::avif_encode`] (libaom loaded at
+//! run time, else rav1e), JPEG XL in
 //! [`super::jxl`] (jxl-oxide decoding, libjxl encoding loaded at run time), HEIC decoding in
 //! [`super::heif`] (libheif loaded at run time; no HEIC output). Every decoder is guarded by
 //! the header probe (pixel, frame and animation limits) and has its own memory limit where it
@@ -18,6 +19,7 @@ use std::io::Cursor;
 use super::colour::{self, Embedded};
 pub use super::raster::{CodecError, Limits, Raster};
 use super::sniff::{ImageFormat, Probe};
+use crate::config::AvifEncoder;
 
 /// The background transparent pixels are flattened onto by default: white.
 pub const WHITE: [u8; 3] = [255, 255, 255];
@@ -275,7 +277,8 @@ pub fn encode(img: &Raster, format: ImageFormat, quality: u8) -> Result<Vec<u8>,
     encode_at(img, format, quality, 10)
 }
 
-/// [`encode`] with AVIF at rav1e's speed preset `avif_speed` (1 slowest to 10 fastest).
+/// [`encode`] with AVIF at speed `avif_speed` (1 slowest to 10 fastest), through libaom when it
+/// loads, else rav1e.
 pub fn encode_at(
     img: &Raster,
     format: ImageFormat,
@@ -288,6 +291,7 @@ pub fn encode_at(
         &Output {
             quality,
             avif_speed,
+            avif_encoder: AvifEncoder::Auto,
             bg: WHITE,
             icc: None,
             progressive: false,
@@ -301,8 +305,10 @@ pub fn encode_at(
 pub struct Output<'a> {
     /// 1-100, for JPEG, WebP, AVIF and JPEG XL (100: lossless).
     pub quality: u8,
-    /// rav1e's speed preset (1 slowest to 10 fastest).
+    /// AVIF's speed (1 slowest to 10 fastest): rav1e's preset, libaom's cpu-used plus one.
     pub avif_speed: u8,
+    /// The AV1 encoder for AVIF.
+    pub avif_encoder: AvifEncoder,
     /// What transparent pixels are flattened onto where the format has no alpha (JPEG).
     pub bg: [u8; 3],
     /// An ICC profile the output carries (JPEG, PNG and WebP; the others have none).
@@ -325,9 +331,13 @@ pub fn encode_with(
         ImageFormat::Png => return encode_png(img, out.icc),
         ImageFormat::Gif => encode_gif(img)?,
         ImageFormat::Webp => encode_webp(img, out.quality)?,
-        ImageFormat::Avif => {
-            super::avif_encode::encode(img, out.quality, out.avif_speed, out.exif)?
-        }
+        ImageFormat::Avif => super::avif_encode::encode(
+            img,
+            out.quality,
+            out.avif_speed,
+            out.exif,
+            out.avif_encoder,
+        )?,
         ImageFormat::Jxl => super::jxl::encode(img, out.quality)?,
         ImageFormat::Heic => return Err(CodecError::Unsupported("HEIC output")),
     };
@@ -470,6 +480,7 @@ mod tests {
             max_frames: 1,
             max_upscale: 1.0,
             avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
             jpeg_progressive: false,
@@ -544,6 +555,7 @@ mod tests {
             max_frames: 10,
             max_upscale: 1.0,
             avif_speed: 10,
+            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
             jpeg_progressive: false,

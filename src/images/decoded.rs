@@ -214,6 +214,7 @@ mod tests {
         max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
         jpeg_progressive: false,
+        avif_encoder: crate::config::AvifEncoder::Auto,
     };
 
     fn jpeg(w: u32, h: u32, seed: u8) -> Vec<u8> {

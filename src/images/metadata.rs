@@ -318,6 +318,7 @@ mod tests {
             icc: None,
             progressive: false,
             exif: kept.exif.as_deref(),
+            avif_encoder: crate::config::AvifEncoder::Auto,
         };
         let avif = super::super::codec::encode_with(&img, ImageFormat::Avif, &out).unwrap();
         let all = read(&avif).expect("an Exif item");

@@ -26,8 +26,10 @@
 //! proxy's next variants), [`animation`] (animated GIF, WebP and PNG: every
 //! frame composited, transformed alike and encoded again), [`colour`] (embedded ICC profiles to sRGB,
 //! CMYK, profiles written back when kept), [`avif`] (the AVIF decoder: container, AV1,
-//! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`jxl`] (JPEG XL: jxl-oxide decoding, libjxl encoding), [`heif`] (HEIC
-//! decoding through libheif), [`dynlib`] (the shared libraries those two load at run time),
+//! YUV to RGB), [`avif_encode`] (the AVIF encoder: RGB to YUV 4:2:0, AV1, container), [`aom`]
+//! (AV1 through libaom, loaded at run time; rav1e without it), [`jxl`] (JPEG XL: jxl-oxide
+//! decoding, libjxl encoding), [`heif`] (HEIC decoding through libheif), [`dynlib`] (the shared
+//! libraries those three load at run time),
 //! [`raster`] (what they share: pixels, limits, errors; a leaf, so that codec and
 //! avif import it and not each other), [`pool`] (the bounded blocking pool: memory budget, fair
 //! order), [`grammar`] (what the proxy grammars produce), [`imgproxy`] and [`thumbor`] (the two
@@ -43,6 +45,7 @@
 //! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`.
 
 pub mod animation;
+pub mod aom;
 pub mod avif;
 pub mod avif_encode;
 pub mod codec;
@@ -266,12 +269,15 @@ impl Images {
             }
         });
         let sources = source::Sources::new(&cfg, Arc::clone(&cache), pools);
+        let avif_encoder = avif_encode::resolve(cfg.avif_encoder, prefix);
         let limits = Limits {
             max_pixels: cfg.max_pixels.get() as u64,
             max_dim: cfg.max_output_dimension.get() as u32,
             max_frames: cfg.max_frames.get() as u32,
             max_upscale: cfg.max_upscale.0,
-            avif_speed: cfg.avif_speed.get() as u8,
+            avif_speed: (cfg.avif_speed)
+                .map_or(avif_encode::default_speed(avif_encoder), |s| s.get() as u8),
+            avif_encoder,
             max_avif_pixels: cfg.max_avif_pixels.get() as u64,
             max_animation_pixels: cfg.max_animation_pixels.get() as u64,
             jpeg_progressive: cfg.jpeg_progressive,

@@ -118,8 +118,10 @@ pub struct Limits {
     pub max_frames: u32,
     /// Largest scale factor applied to the source (1.0: never enlarged).
     pub max_upscale: f64,
-    /// rav1e's speed preset (1-10) for AVIF output.
+    /// AVIF output's speed (1-10): rav1e's preset, libaom's cpu-used plus one.
     pub avif_speed: u8,
+    /// The AV1 encoder for AVIF output.
+    pub avif_encoder: crate::config::AvifEncoder,
     /// Largest AVIF output, in pixels.
     pub max_avif_pixels: u64,
     /// Most pixels of all an animation's frames together (width × height × frames).

@@ -514,6 +514,7 @@ pub fn run(
         &codec::Output {
             quality: r.quality,
             avif_speed: limits.avif_speed,
+            avif_encoder: limits.avif_encoder,
             bg: r.bg,
             icc: icc.as_deref(),
             progressive: limits.jpeg_progressive,
@@ -864,6 +865,7 @@ mod tests {
             max_frames: 1,
             max_upscale: 1.0,
             avif_speed: 10,
+            avif_encoder: crate::config::AvifEncoder::Auto,
             max_avif_pixels: 1 << 20,
             max_animation_pixels: 500_000_000,
             jpeg_progressive: false,

@@ -216,6 +216,7 @@ pub fn image_proxy_url(data: &[u8]) {
         max_frames: 100,
         max_upscale: 2.0,
         avif_speed: 10,
+        avif_encoder: larder::config::AvifEncoder::Auto,
         max_avif_pixels: 2_073_600,
         max_animation_pixels: 100_000_000,
         jpeg_progressive: false,
