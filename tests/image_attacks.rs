@@ -336,7 +336,12 @@ async fn pixelating_a_block_of_more_than_sixteen_million_pixels_keeps_its_colour
         &vec![255; (side * side) as usize],
     );
     std::fs::write(root.path().join("white.png"), white).unwrap();
-    let l = start(root.path(), "max_output_dimension = 4200").await;
+    // The whole default budget: kept decodes (decoded_cache) would take an eighth of it.
+    let l = start(
+        root.path(),
+        "max_output_dimension = 4200\ndecoded_cache = \"0\"",
+    )
+    .await;
     let r = get(l.addr, "/insecure/pix:4200/plain/white.png@png").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let mut d = png::Decoder::new(std::io::Cursor::new(&r.body[..]))

@@ -646,7 +646,7 @@ addr = "127.0.0.1:0"
         );
     }
     assert!(sample(&text, "larder_image_decoded_cache_bytes") >= 80 * 107 * 3);
-    assert_eq!(images, 12, "{text}");
+    assert_eq!(images, 13, "{text}");
 
     // Without an image route: no image families.
     let plain = Larder::start(&format!(
