@@ -41,15 +41,10 @@ fn main() {
     let src = std::fs::read(path).expect("bench/data photo");
     let probe = sniff::probe(&src).expect("a JPEG");
     let limits = codec::Limits {
-        max_pixels: 50_000_000,
         max_dim: 8192,
         max_frames: 1,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 50_000_000,
-        jpeg_progressive: false,
+        ..codec::Limits::DEFAULT
     };
     let out = (500, 436);
     let (img, _) = codec::decode(&src, &probe, out, false, (0.0, 1.0), &limits).expect("decode");

@@ -424,12 +424,9 @@ async fn a_gif_looping_65535_times_becomes_a_webp() {
         max_pixels: 64,
         max_dim: 8,
         max_frames: 2,
-        max_upscale: 1.0,
-        avif_speed: 10,
         max_avif_pixels: 64,
         max_animation_pixels: 128,
-        jpeg_progressive: false,
-        avif_encoder: larder::config::AvifEncoder::Auto,
+        ..larder::images::codec::Limits::DEFAULT
     };
     let a = animation::map_frames::<larder::images::codec::CodecError>(&r.body, &p, &limits, Ok)
         .unwrap();

@@ -9,7 +9,6 @@ mod common;
 use std::net::SocketAddr;
 
 use common::{encode_png, one_route, Got, Larder};
-use larder::config::AvifEncoder;
 use larder::images::codec::{self, Limits, Raster};
 use larder::images::sniff;
 
@@ -77,15 +76,11 @@ async fn get(addr: SocketAddr, path: &str) -> Got {
 fn decoded(b: &[u8]) -> Raster {
     let p = sniff::probe(b).unwrap();
     let limits = Limits {
-        max_pixels: 50_000_000,
         max_dim: 8192,
         max_frames: 1,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: AvifEncoder::Auto,
         max_avif_pixels: 50_000_000,
         max_animation_pixels: 50_000_000,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
     codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
         .unwrap()

@@ -52,15 +52,9 @@ unsafe impl GlobalAlloc for Counting {
 static A: Counting = Counting;
 
 const LIMITS: Limits = Limits {
-    max_pixels: 50_000_000,
-    max_dim: 4096,
-    max_frames: 100,
     max_upscale: 2.0,
-    avif_speed: 10,
-    avif_encoder: larder::config::AvifEncoder::Auto,
-    max_avif_pixels: 2_073_600,
     max_animation_pixels: 500_000_000,
-    jpeg_progressive: false,
+    ..Limits::DEFAULT
 };
 
 fn gradient(w: u32, h: u32, channels: u8) -> Raster {

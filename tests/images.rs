@@ -86,15 +86,9 @@ fn dims(b: &[u8]) -> (u32, u32) {
 fn decode_avif(b: &[u8]) -> larder::images::codec::Raster {
     let p = sniff::probe(b).unwrap();
     let limits = larder::images::codec::Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
         max_frames: 1,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: larder::config::AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
-        jpeg_progressive: false,
+        ..larder::images::codec::Limits::DEFAULT
     };
     larder::images::codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
         .unwrap()
@@ -608,15 +602,8 @@ fn time_transform(
     let p = Params::parse(params).unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);
     let limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
-        max_frames: 100,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: larder::config::AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
     let mut total = transform::Timing::default();
     let start = std::time::Instant::now();
@@ -897,15 +884,8 @@ fn cover_crop_of_a_jpeg_keeps_the_right_rows() {
     .unwrap();
     let probe = sniff::probe(&jpeg).unwrap();
     let limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
-        max_frames: 100,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: larder::config::AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
     let p = Params::parse("w=32&h=32&p=1&g=1&f=png").unwrap();
     let r = Resolved::new(&p, FormatChoice::Keep, 75, &HeaderMap::new()).for_source(probe.format);

@@ -570,14 +570,10 @@ mod tests {
 
     const LIMITS: Limits = Limits {
         max_pixels: 1 << 20,
-        max_dim: 4096,
         max_frames: 10,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: crate::config::AvifEncoder::Auto,
         max_avif_pixels: 1 << 20,
         max_animation_pixels: 1 << 24,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
 
     fn solid(w: u32, h: u32, c: [u8; 4]) -> Raster {

@@ -311,15 +311,11 @@ mod tests {
     fn decoded(b: &[u8]) -> Raster {
         let p = sniff::probe(b).expect("an AVIF header");
         let limits = crate::images::raster::Limits {
-            max_pixels: 50_000_000,
             max_dim: 8192,
             max_frames: 1,
-            max_upscale: 1.0,
-            avif_speed: 10,
-            avif_encoder: AvifEncoder::Auto,
             max_avif_pixels: 50_000_000,
             max_animation_pixels: 50_000_000,
-            jpeg_progressive: false,
+            ..crate::images::raster::Limits::DEFAULT
         };
         avif::decode(b, &p, &limits).expect("larder decodes its own AVIF")
     }

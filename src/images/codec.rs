@@ -475,15 +475,9 @@ mod tests {
         let b = std::fs::read(path).expect("bench/data photo in the repository");
         let p = sniff::probe(&b).unwrap();
         let limits = Limits {
-            max_pixels: 50_000_000,
-            max_dim: 4096,
             max_frames: 1,
-            max_upscale: 1.0,
-            avif_speed: 10,
-            avif_encoder: AvifEncoder::Auto,
-            max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
-            jpeg_progressive: false,
+            ..Limits::DEFAULT
         };
         // 100×134 needed: 2/8 (160×214) is the smallest scale at or above it.
         let (r, band) = decode(&b, &p, (100, 134), true, (0.0, 1.0), &limits).unwrap();
@@ -551,14 +545,9 @@ mod tests {
     fn corrupt_data_is_an_error_not_a_panic() {
         let limits = Limits {
             max_pixels: 1 << 20,
-            max_dim: 4096,
             max_frames: 10,
-            max_upscale: 1.0,
-            avif_speed: 10,
-            avif_encoder: AvifEncoder::Auto,
-            max_avif_pixels: 2_073_600,
             max_animation_pixels: 500_000_000,
-            jpeg_progressive: false,
+            ..Limits::DEFAULT
         };
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x10\0\0\0\x10\x08\x02\0\0\0".to_vec();
         png.extend_from_slice(b"garbage garbage garbage");

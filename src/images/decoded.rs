@@ -206,15 +206,9 @@ mod tests {
     use crate::images::sniff;
 
     const LIMITS: Limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
         max_frames: 1,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
-        jpeg_progressive: false,
-        avif_encoder: crate::config::AvifEncoder::Auto,
+        ..Limits::DEFAULT
     };
 
     fn jpeg(w: u32, h: u32, seed: u8) -> Vec<u8> {

@@ -269,19 +269,7 @@ impl Images {
             }
         });
         let sources = source::Sources::new(&cfg, Arc::clone(&cache), pools);
-        let avif_encoder = avif_encode::resolve(cfg.avif_encoder, prefix);
-        let limits = Limits {
-            max_pixels: cfg.max_pixels.get() as u64,
-            max_dim: cfg.max_output_dimension.get() as u32,
-            max_frames: cfg.max_frames.get() as u32,
-            max_upscale: cfg.max_upscale.0,
-            avif_speed: (cfg.avif_speed)
-                .map_or(avif_encode::default_speed(avif_encoder), |s| s.get() as u8),
-            avif_encoder,
-            max_avif_pixels: cfg.max_avif_pixels.get() as u64,
-            max_animation_pixels: cfg.max_animation_pixels.get() as u64,
-            jpeg_progressive: cfg.jpeg_progressive,
-        };
+        let limits = limits_of(&cfg, avif_encode::resolve(cfg.avif_encoder, prefix));
         let mark = cfg.watermark.as_deref().and_then(|path| match load_mark(path, &limits) {
             Ok(r) => Some(Arc::new(r)),
             Err(e) => {
@@ -734,6 +722,22 @@ impl Images {
         Ok(made)
     }
 }
+/// The limits a route's configuration sets, AVIF output through `avif_encoder` (resolved).
+fn limits_of(cfg: &ImagesConfig, avif_encoder: crate::config::AvifEncoder) -> Limits {
+    Limits {
+        max_pixels: cfg.max_pixels.get() as u64,
+        max_dim: cfg.max_output_dimension.get() as u32,
+        max_frames: cfg.max_frames.get() as u32,
+        max_upscale: cfg.max_upscale.0,
+        avif_speed: (cfg.avif_speed)
+            .map_or(avif_encode::default_speed(avif_encoder), |s| s.get() as u8),
+        avif_encoder,
+        max_avif_pixels: cfg.max_avif_pixels.get() as u64,
+        max_animation_pixels: cfg.max_animation_pixels.get() as u64,
+        jpeg_progressive: cfg.jpeg_progressive,
+    }
+}
+
 /// The route's limits as a request's security options (imgproxy's `msr`, `msfs`, `maf`,
 /// `mafr`, `mrd`; allowed by the grammar) redefine them; a source over `msfs` or, animated,
 /// over `mafr` is refused here (422).
@@ -1101,6 +1105,27 @@ fn req_path(rest: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Limits::DEFAULT`, which tests and tools start from, is what a route whose
+    /// configuration sets no limit runs under.
+    #[test]
+    fn the_default_limits_are_the_configurations() {
+        use crate::config::{AvifEncoder, Config, HandlerConfig};
+        let cfg = Config::parse(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[listener.route]]\nimages = { dir = \"d\" }\n",
+            "t.toml",
+        )
+        .unwrap();
+        let HandlerConfig::Images(im) = &cfg.listeners[0].routes[0].handler else {
+            panic!("an image route");
+        };
+        let made = limits_of(im, AvifEncoder::Rav1e);
+        let want = Limits {
+            avif_encoder: AvifEncoder::Rav1e,
+            ..Limits::DEFAULT
+        };
+        assert_eq!(format!("{made:?}"), format!("{want:?}"));
+    }
 
     #[test]
     fn a_format_without_its_library_is_415() {

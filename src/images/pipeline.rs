@@ -732,15 +732,9 @@ mod tests {
     use crate::config::image_options::OptionList;
 
     const LIMITS: Limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
         max_frames: 1,
-        max_upscale: 1.0,
-        avif_speed: 10,
-        avif_encoder: crate::config::AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
         max_animation_pixels: 500_000_000,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
 
     fn opts(s: &str) -> Options {

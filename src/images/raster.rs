@@ -129,3 +129,21 @@ pub struct Limits {
     /// JPEG output is progressive (SOF2).
     pub jpeg_progressive: bool,
 }
+
+impl Limits {
+    /// An image route's limits when its configuration sets none (docs/config.md; rav1e's
+    /// fastest speed, the encoder `auto`): what tests and tools start from, naming only what
+    /// they change (`Limits { max_frames: 1, ..Limits::DEFAULT }`). `images::tests` checks it
+    /// against a route built from an empty configuration.
+    pub const DEFAULT: Limits = Limits {
+        max_pixels: 50_000_000,
+        max_dim: 4096,
+        max_frames: 100,
+        max_upscale: 1.0,
+        avif_speed: 10,
+        avif_encoder: crate::config::AvifEncoder::Auto,
+        max_avif_pixels: 2_073_600,
+        max_animation_pixels: 100_000_000,
+        jpeg_progressive: false,
+    };
+}

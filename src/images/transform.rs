@@ -861,14 +861,10 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             max_pixels: 1 << 24,
-            max_dim: 4096,
             max_frames: 1,
-            max_upscale: 1.0,
-            avif_speed: 10,
-            avif_encoder: crate::config::AvifEncoder::Auto,
             max_avif_pixels: 1 << 20,
             max_animation_pixels: 500_000_000,
-            jpeg_progressive: false,
+            ..Limits::DEFAULT
         }
     }
 

@@ -211,15 +211,8 @@ pub fn image_proxy_url(data: &[u8]) {
         thumbor::parse(path, &ThumborConfig::default()),
     ];
     let limits = Limits {
-        max_pixels: 50_000_000,
-        max_dim: 4096,
-        max_frames: 100,
         max_upscale: 2.0,
-        avif_speed: 10,
-        avif_encoder: larder::config::AvifEncoder::Auto,
-        max_avif_pixels: 2_073_600,
-        max_animation_pixels: 100_000_000,
-        jpeg_progressive: false,
+        ..Limits::DEFAULT
     };
     for p in parsed.into_iter().flatten() {
         assert_eq!(p.options.key(), p.options.clone().key());
