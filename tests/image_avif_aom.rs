@@ -8,18 +8,13 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{encode_png, one_route, Got, Larder};
+use common::{encode_png, Got};
 use larder::images::codec::{self, Limits, Raster};
 use larder::images::sniff;
 
 const PHOTO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/data/photo-1000x872.jpg");
 
-struct Proxy {
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-    _root: tempfile::TempDir,
-    _larder: Larder,
-}
+type Proxy = common::ImageRoute;
 
 /// A 64×48 RGBA PNG: the left half transparent, the right half opaque blue.
 fn half_transparent_png() -> Vec<u8> {
@@ -42,22 +37,11 @@ async fn start(extra: &str) -> Proxy {
         larder::images::aom::available().is_ok(),
         "libaom cannot be loaded: run tests/provision (it installs Debian's libaom3)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    std::fs::copy(PHOTO, root.path().join("photo.jpg")).unwrap();
-    std::fs::write(root.path().join("half.png"), half_transparent_png()).unwrap();
-    let keys = format!(
-        "dir = \"{}\"\nroot = \"{}\"\n{extra}",
-        dir.path().display(),
-        root.path().display()
-    );
-    let larder = Larder::start(&one_route("", "images", &keys)).await;
-    Proxy {
-        addr: larder.addr,
-        _dir: dir,
-        _root: root,
-        _larder: larder,
-    }
+    let files = [
+        ("photo.jpg", std::fs::read(PHOTO).unwrap()),
+        ("half.png", half_transparent_png()),
+    ];
+    common::image_route(&files, extra, None).await
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Got {

@@ -9,18 +9,13 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{encode_png, one_route, Got, Larder};
+use common::{encode_png, Got};
 use larder::images::sniff;
 
 const FLAT: [u8; 3] = [32, 96, 200];
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
-struct Proxy {
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-    _root: tempfile::TempDir,
-    _larder: Larder,
-}
+type Proxy = common::ImageRoute;
 
 /// A 120×80 PNG: left half red, right half `FLAT`.
 fn halves_png() -> Vec<u8> {
@@ -31,28 +26,16 @@ fn halves_png() -> Vec<u8> {
 }
 
 async fn start(extra: &str) -> Proxy {
-    let dir = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    for f in [
+    let mut files: Vec<(&str, Vec<u8>)> = [
         "flat-160x120.jxl",
         "flat-160x120-container.jxl",
         "flat-160x120.heic",
-    ] {
-        std::fs::copy(format!("{DATA}/{f}"), root.path().join(f)).unwrap();
-    }
-    std::fs::write(root.path().join("halves.png"), halves_png()).unwrap();
-    let keys = format!(
-        "dir = \"{}\"\nroot = \"{}\"\n{extra}",
-        dir.path().display(),
-        root.path().display()
-    );
-    let larder = Larder::start(&one_route("", "images", &keys)).await;
-    Proxy {
-        addr: larder.addr,
-        _dir: dir,
-        _root: root,
-        _larder: larder,
-    }
+    ]
+    .into_iter()
+    .map(|f| (f, std::fs::read(format!("{DATA}/{f}")).unwrap()))
+    .collect();
+    files.push(("halves.png", halves_png()));
+    common::image_route(&files, extra, None).await
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Got {
@@ -271,7 +254,7 @@ async fn auto_jxl_answers_jpeg_xl_to_clients_that_list_it() {
     assert_eq!(r.header("content-type"), Some("image/webp"));
 
     let on = start("default_format = \"auto\"\nauto_jxl = true").await;
-    std::fs::write(on._root.path().join("anim.gif"), two_frame_gif()).unwrap();
+    std::fs::write(on.root.path().join("anim.gif"), two_frame_gif()).unwrap();
     let r = fetch(on.addr, path).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("image/jxl"));
@@ -311,7 +294,7 @@ fn two_frame_apng() -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn apng_frames_are_kept_into_gif_and_webp() {
     let l = start("").await;
-    std::fs::write(l._root.path().join("anim.png"), two_frame_apng()).unwrap();
+    std::fs::write(l.root.path().join("anim.png"), two_frame_apng()).unwrap();
     for (ext, mime) in [("webp", "image/webp"), ("gif", "image/gif")] {
         let r = get(
             l.addr,

@@ -11,17 +11,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{encode_png, one_route, photo, Got, Larder};
+use common::{encode_png, one_route, photo, Got};
 use larder::images::sniff;
 
 /// larder with one image route reading originals from a temporary `root` holding
 /// `photo.jpg` (640×856) and `quad.png` (200×200: red, green / blue, white quadrants).
-struct Proxy {
-    addr: SocketAddr,
-    dir: tempfile::TempDir,
-    root: tempfile::TempDir,
-    larder: Larder,
-}
+type Proxy = common::ImageRoute;
 
 const RED: [u8; 3] = [255, 0, 0];
 const GREEN: [u8; 3] = [0, 255, 0];
@@ -44,26 +39,8 @@ fn quad_png() -> Vec<u8> {
 }
 
 async fn start_with(extra: &str, clock: Option<larder::clock::Clock>) -> Proxy {
-    let dir = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    std::fs::write(root.path().join("photo.jpg"), photo()).unwrap();
-    std::fs::write(root.path().join("quad.png"), quad_png()).unwrap();
-    let keys = format!(
-        "dir = \"{}\"\nroot = \"{}\"\n{extra}",
-        dir.path().display(),
-        root.path().display()
-    );
-    let toml = one_route("", "images", &keys);
-    let larder = match clock {
-        Some(c) => Larder::start_at(&toml, c).await,
-        None => Larder::start(&toml).await,
-    };
-    Proxy {
-        addr: larder.addr,
-        dir,
-        root,
-        larder,
-    }
+    let files = [("photo.jpg", photo()), ("quad.png", quad_png())];
+    common::image_route(&files, extra, clock).await
 }
 
 async fn start(extra: &str) -> Proxy {

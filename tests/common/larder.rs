@@ -266,3 +266,41 @@ pub fn free_port() -> SocketAddr {
 pub fn raise_open_files_limit() -> u64 {
     larder::server::raise_nofile_limit().map_or(1024, |(_, new)| new)
 }
+
+/// larder with one image route reading originals from a temporary `root` where `files` (name,
+/// bytes) are written first, uploads in a temporary `dir`; `extra` holds more keys of the
+/// route's `images` table (and subtables after them); on `clock` when given.
+pub struct ImageRoute {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub root: tempfile::TempDir,
+    pub larder: Larder,
+}
+
+pub async fn image_route(
+    files: &[(&str, Vec<u8>)],
+    extra: &str,
+    clock: Option<larder::clock::Clock>,
+) -> ImageRoute {
+    let dir = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    for (name, bytes) in files {
+        std::fs::write(root.path().join(name), bytes).unwrap();
+    }
+    let keys = format!(
+        "dir = \"{}\"\nroot = \"{}\"\n{extra}",
+        dir.path().display(),
+        root.path().display()
+    );
+    let toml = one_route("", "images", &keys);
+    let larder = match clock {
+        Some(c) => Larder::start_at(&toml, c).await,
+        None => Larder::start(&toml).await,
+    };
+    ImageRoute {
+        addr: larder.addr,
+        dir,
+        root,
+        larder,
+    }
+}
