@@ -462,3 +462,103 @@ async fn an_animation_of_one_frame_is_decoded() {
     }
     l.shutdown().await;
 }
+
+/// A `w`×`h` RGB PNG of one colour.
+fn flat_png(w: u32, h: u32, rgb: [u8; 3]) -> Vec<u8> {
+    let px = rgb.repeat((w * h) as usize);
+    common::encode_png(w, h, png::ColorType::Rgb, png::BitDepth::Eight, &px)
+}
+
+/// The first pixel of a PNG (RGB or RGBA).
+fn first_pixel(png_bytes: &[u8]) -> [u8; 3] {
+    let mut r = png::Decoder::new(std::io::Cursor::new(png_bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; r.output_buffer_size().unwrap()];
+    r.next_frame(&mut buf).unwrap();
+    [buf[0], buf[1], buf[2]]
+}
+
+async fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> Got {
+    let url = format!("http://{addr}{path}");
+    common::send(&common::client(), "GET", &url, &[("accept", accept)], b"").await
+}
+
+/// The index of cached results (`images::hits`) keyed a request by the one format its Accept
+/// negotiated, JPEG XL first: but zimg's API never answers JPEG XL, nor does imgproxy's for an
+/// animation, so `image/jxl,image/webp` (WebP made) and `image/jxl` alone (JPEG or the
+/// source's format) shared an entry, and the second client was sent the WebP it never listed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_known_request_is_not_answered_in_a_format_its_accept_does_not_list() {
+    assert!(
+        larder::images::jxl::can_encode(),
+        "libjxl (tests/provision installs libjxl0.7)"
+    );
+    let files = [("anim.webp", animated_webp())];
+    let l = common::image_route(&files, "default_format = \"auto\"\nauto_jxl = true", None).await;
+    let up = common::send(
+        &common::client(),
+        "POST",
+        &format!("http://{}/upload", l.addr),
+        &[("content-type", "image/jpeg")],
+        common::photo(),
+    )
+    .await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    let zimg = format!("/{}?w=40", up.field("md5"));
+    for path in ["/insecure/rs:fit:16:16/plain/anim.webp", zimg.as_str()] {
+        let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("image/webp"), "{path}");
+        let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
+        assert_eq!(r.cache(), "HIT", "{path}");
+        let r = get_accepting(l.addr, path, "image/jxl").await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("image/jpeg"), "{path}");
+    }
+    l.larder.shutdown().await;
+}
+
+/// A fetched original's id (the MD5 of its bytes, which names its results and its kept
+/// decode) was read from a field of its stored entry that a revalidating origin's 304 could
+/// replace: an origin answering `x-larder-original-id: <MD5 of another image>` had its own
+/// pixels made and cached under the other image's results, served to that image's URLs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_304_cannot_give_its_original_another_originals_id() {
+    let victim = flat_png(16, 16, [255, 0, 0]);
+    let forged = larder::images::storage::Md5Hex::of(&victim)
+        .as_str()
+        .to_string();
+    let clock = larder::clock::Clock::adjustable();
+    let v = victim.clone();
+    let origin = Origin::start_at(&clock, move |seen, _| match seen.path.as_str() {
+        "/v.png" => Reply::ok(v.clone()).header("cache-control", "max-age=600"),
+        _ if seen.headers.contains_key("if-none-match") => Reply::ok("")
+            .status(304)
+            .header("cache-control", "max-age=600")
+            .header("x-larder-original-id", &forged),
+        _ => Reply::ok(flat_png(16, 16, [0, 0, 255]))
+            .header("cache-control", "max-age=1")
+            .header("etag", "\"x1\""),
+    })
+    .await;
+    let keys = format!("origin = \"{}\"", origin.url());
+    let l = Larder::start_at(&one_route("", "images", &keys), clock).await;
+    let r = get(l.addr, "/insecure/rs:fill:8:8/plain/x.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(first_pixel(&r.body), [0, 0, 255]);
+    l.advance(Duration::from_secs(5));
+    // Revalidated: the 304 names the red original's id.
+    let r = get(l.addr, "/insecure/rs:fill:10:10/plain/x.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(first_pixel(&r.body), [0, 0, 255]);
+    assert_eq!(origin.hits(), 2);
+    let r = get(l.addr, "/insecure/rs:fill:10:10/plain/v.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        first_pixel(&r.body),
+        [255, 0, 0],
+        "the red original's own pixels"
+    );
+    l.shutdown().await;
+}
