@@ -648,7 +648,13 @@ async fn libaom_takes_lines_odd_sides_alpha_and_16_bit_sources() {
         ("tall.png", half_clear_png16(2, 4000)),
         (
             "gray.png",
-            common::encode_png(64, 64, png::ColorType::Grayscale, png::BitDepth::Eight, &gray),
+            common::encode_png(
+                64,
+                64,
+                png::ColorType::Grayscale,
+                png::BitDepth::Eight,
+                &gray,
+            ),
         ),
     ];
     let l = common::image_route(&files, "avif_encoder = \"aom\"", None).await;
@@ -676,5 +682,46 @@ async fn libaom_takes_lines_odd_sides_alpha_and_16_bit_sources() {
             assert!(right < 55, "{path}: alpha {right} at the right edge");
         }
     }
+    l.larder.shutdown().await;
+}
+
+/// A result longer than its format's encoder writes (WebP's 16,383 pixels, libjpeg-turbo's
+/// 65,500, GIF's 65,535, libaom's 65,536), which `mrd` (up to 1,000,000) or a route's
+/// `max_output_dimension` (up to 65,535) allows, is refused before work with 400 naming the
+/// format's limit; a negotiated WebP falls back to the format a client without it gets. Each
+/// was decoded and resized, then failed in its encoder with 500.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_longer_than_its_format_allows_is_refused_before_work() {
+    let line = |w: u32| {
+        let px: Vec<u8> = (0..w).flat_map(|i| [(i % 256) as u8, 0, 0]).collect();
+        common::encode_png(w, 1, png::ColorType::Rgb, png::BitDepth::Eight, &px)
+    };
+    let files = [("line.png", line(70_000)), ("short.png", line(20_000))];
+    let extra = "imgproxy = { allow_security_options = true }";
+    let l = common::image_route(&files, extra, None).await;
+    for (ext, max) in [
+        ("jpg", "65500"),
+        ("webp", "16383"),
+        ("avif", "65536"),
+        ("gif", "65535"),
+    ] {
+        let path = format!("/insecure/mrd:1000000/rs:force:70000:1/plain/line.png@{ext}");
+        let r = get(l.addr, &path).await;
+        assert_eq!(r.status, 400, "{ext}: {}", r.text());
+        assert!(r.text().contains(max), "{ext}: {}", r.text());
+    }
+    for ext in ["png", "jxl"] {
+        let path = format!("/insecure/mrd:1000000/rs:force:70000:1/plain/line.png@{ext}");
+        assert_eq!(get(l.addr, &path).await.status, 200, "{ext}");
+    }
+    // Negotiated: WebP listed, the PNG a client without WebP gets.
+    let r = get_accepting(
+        l.addr,
+        "/insecure/mrd:1000000/rs:force:20000:1/f:auto/plain/short.png",
+        "image/webp",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/png"));
     l.larder.shutdown().await;
 }
