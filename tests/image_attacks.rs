@@ -725,3 +725,46 @@ async fn a_result_longer_than_its_format_allows_is_refused_before_work() {
     assert_eq!(r.header("content-type"), Some("image/png"));
     l.larder.shutdown().await;
 }
+
+/// A reload changing how a route makes its results (here `default_quality`) makes new ones:
+/// results are keyed by the route's options and the original, not by its settings, so the
+/// results made under the old quality were served (HIT, the same bytes) for a year.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_changing_the_default_quality_makes_new_results() {
+    let files = [("photo.jpg", common::photo())];
+    let l = common::image_route(&files, "default_quality = 90", None).await;
+    let toml = |quality: u32| {
+        let keys = format!(
+            "dir = \"{}\"\nroot = \"{}\"\ndefault_quality = {quality}",
+            l.dir.path().display(),
+            l.root.path().display()
+        );
+        one_route("", "images", &keys)
+    };
+    let up = common::send(
+        &common::client(),
+        "POST",
+        &format!("http://{}/upload", l.addr),
+        &[("content-type", "image/jpeg")],
+        common::photo(),
+    )
+    .await;
+    let zimg = format!("/{}?w=100&f=webp", up.field("md5"));
+    for path in [
+        "/insecure/rs:fit:100:100/plain/photo.jpg@jpg",
+        zimg.as_str(),
+    ] {
+        let fine = get(l.addr, path).await;
+        assert_eq!(fine.status, 200, "{path}: {}", fine.text());
+        l.larder.reload(&toml(20)).unwrap();
+        let coarse = get(l.addr, path).await;
+        assert_eq!(coarse.status, 200, "{path}: {}", coarse.text());
+        assert_eq!(coarse.cache(), "MISS", "{path}");
+        assert!(coarse.body.len() < fine.body.len(), "{path}");
+        // Back to 90: the results made at 90.
+        l.larder.reload(&toml(90)).unwrap();
+        let again = get(l.addr, path).await;
+        assert_eq!((again.cache(), &again.body), ("HIT", &fine.body), "{path}");
+    }
+    l.larder.shutdown().await;
+}
