@@ -768,3 +768,47 @@ async fn a_reload_changing_the_default_quality_makes_new_results() {
     }
     l.larder.shutdown().await;
 }
+
+/// The file name imgproxy's responses offer (`Content-Disposition`: `fn`, else the source's
+/// name; `att`) is the request's: two sources of the same bytes (one id, fetched) and `raw`
+/// or `skp` results (keyed `skp` alone) shared one entry, and the second URL was offered the
+/// first one's name and disposition.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_url_is_offered_its_own_file_name() {
+    let origin =
+        Origin::start(|_, _| Reply::ok(common::photo()).header("cache-control", "max-age=600"))
+            .await;
+    let keys = format!("origin = \"{}\"", origin.url());
+    let l = Larder::start(&one_route("", "images", &keys)).await;
+    for (path, offered) in [
+        (
+            "/insecure/rs:fit:50:50/plain/a.jpg@png",
+            "inline; filename=\"a.png\"",
+        ),
+        (
+            "/insecure/rs:fit:50:50/plain/b.jpg@png",
+            "inline; filename=\"b.png\"",
+        ),
+        (
+            "/insecure/raw:1/fn:one/plain/a.jpg",
+            "inline; filename=\"one.jpg\"",
+        ),
+        (
+            "/insecure/raw:1/fn:two/att:1/plain/a.jpg",
+            "attachment; filename=\"two.jpg\"",
+        ),
+        (
+            "/insecure/skp:jpg/plain/b.jpg",
+            "inline; filename=\"b.jpg\"",
+        ),
+        (
+            "/insecure/skp:jpg/plain/c.jpg",
+            "inline; filename=\"c.jpg\"",
+        ),
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-disposition"), Some(offered), "{path}");
+    }
+    l.shutdown().await;
+}

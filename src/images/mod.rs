@@ -42,9 +42,10 @@
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
-//! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`. Both end
-//! with the route's settings that shape results where they differ from the defaults
-//! ([`settings_key`]: `&rq=90` for `default_quality = 90`), so a reload changing one is seen.
+//! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`, imgproxy's
+//! with the file name they offer (`&cd=`) after the options. Both end with the route's
+//! settings that shape results where they differ from the defaults ([`settings_key`]: `&rq=90`
+//! for `default_quality = 90`), so a reload changing one is seen.
 
 pub mod animation;
 pub mod aom;
@@ -635,11 +636,16 @@ impl Images {
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);
-        let opts_key = if skip {
+        let mut opts_key = if skip {
             "skp".to_string()
         } else {
             options.key()
         };
+        // The name offered is the request's (the source's when `fn` is not given: two URLs of
+        // the same bytes are two names), and the entry carries it: so is the key.
+        if let Some(d) = &disposition {
+            d.key_into(&mut opts_key);
+        }
         let key = CacheKey::from_parts(
             "img",
             "proxy",
@@ -825,6 +831,17 @@ struct Disposition {
 }
 
 impl Disposition {
+    /// Appends what tells this disposition apart to a result's key (the name percent-encoded:
+    /// it cannot pass for another part of the key).
+    fn key_into(&self, key: &mut String) {
+        let name =
+            percent_encoding::utf8_percent_encode(&self.name, percent_encoding::NON_ALPHANUMERIC);
+        let _ = std::fmt::Write::write_fmt(
+            key,
+            format_args!("&cd={}:{name}", u8::from(self.attachment)),
+        );
+    }
+
     /// The header (RFC 6266): a quoted ASCII `filename`, and `filename*` in UTF-8 when the
     /// name is not plain ASCII.
     fn header(&self, format: sniff::ImageFormat) -> HeaderValue {
