@@ -479,6 +479,15 @@ fn first_pixel(png_bytes: &[u8]) -> [u8; 3] {
     [buf[0], buf[1], buf[2]]
 }
 
+/// Uploads the photo to the route at `addr` (zimg's API): its MD5.
+async fn upload_photo(addr: SocketAddr) -> String {
+    let url = format!("http://{addr}/upload");
+    let ctype = [("content-type", "image/jpeg")];
+    let up = common::send(&common::client(), "POST", &url, &ctype, common::photo()).await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    up.field("md5")
+}
+
 async fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> Got {
     let url = format!("http://{addr}{path}");
     common::send(&common::client(), "GET", &url, &[("accept", accept)], b"").await
@@ -496,16 +505,7 @@ async fn a_known_request_is_not_answered_in_a_format_its_accept_does_not_list() 
     );
     let files = [("anim.webp", animated_webp())];
     let l = common::image_route(&files, "default_format = \"auto\"\nauto_jxl = true", None).await;
-    let up = common::send(
-        &common::client(),
-        "POST",
-        &format!("http://{}/upload", l.addr),
-        &[("content-type", "image/jpeg")],
-        common::photo(),
-    )
-    .await;
-    assert_eq!(up.status, 200, "{}", up.text());
-    let zimg = format!("/{}?w=40", up.field("md5"));
+    let zimg = format!("/{}?w=40", upload_photo(l.addr).await);
     for path in ["/insecure/rs:fit:16:16/plain/anim.webp", zimg.as_str()] {
         let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
@@ -741,15 +741,7 @@ async fn a_reload_changing_the_default_quality_makes_new_results() {
         );
         one_route("", "images", &keys)
     };
-    let up = common::send(
-        &common::client(),
-        "POST",
-        &format!("http://{}/upload", l.addr),
-        &[("content-type", "image/jpeg")],
-        common::photo(),
-    )
-    .await;
-    let zimg = format!("/{}?w=100&f=webp", up.field("md5"));
+    let zimg = format!("/{}?w=100&f=webp", upload_photo(l.addr).await);
     for path in [
         "/insecure/rs:fit:100:100/plain/photo.jpg@jpg",
         zimg.as_str(),
