@@ -462,3 +462,345 @@ async fn an_animation_of_one_frame_is_decoded() {
     }
     l.shutdown().await;
 }
+
+/// A `w`×`h` RGB PNG of one colour.
+fn flat_png(w: u32, h: u32, rgb: [u8; 3]) -> Vec<u8> {
+    let px = rgb.repeat((w * h) as usize);
+    common::encode_png(w, h, png::ColorType::Rgb, png::BitDepth::Eight, &px)
+}
+
+/// The first pixel of a PNG (RGB or RGBA).
+fn first_pixel(png_bytes: &[u8]) -> [u8; 3] {
+    let mut r = png::Decoder::new(std::io::Cursor::new(png_bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; r.output_buffer_size().unwrap()];
+    r.next_frame(&mut buf).unwrap();
+    [buf[0], buf[1], buf[2]]
+}
+
+/// Uploads the photo to the route at `addr` (zimg's API): its MD5.
+async fn upload_photo(addr: SocketAddr) -> String {
+    let url = format!("http://{addr}/upload");
+    let ctype = [("content-type", "image/jpeg")];
+    let up = common::send(&common::client(), "POST", &url, &ctype, common::photo()).await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    up.field("md5")
+}
+
+async fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> Got {
+    let url = format!("http://{addr}{path}");
+    common::send(&common::client(), "GET", &url, &[("accept", accept)], b"").await
+}
+
+/// The index of cached results (`images::hits`) keyed a request by the one format its Accept
+/// negotiated, JPEG XL first: but zimg's API never answers JPEG XL, nor does imgproxy's for an
+/// animation, so `image/jxl,image/webp` (WebP made) and `image/jxl` alone (JPEG or the
+/// source's format) shared an entry, and the second client was sent the WebP it never listed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_known_request_is_not_answered_in_a_format_its_accept_does_not_list() {
+    assert!(
+        larder::images::jxl::can_encode(),
+        "libjxl (tests/provision installs libjxl0.7)"
+    );
+    let files = [("anim.webp", animated_webp())];
+    let l = common::image_route(&files, "default_format = \"auto\"\nauto_jxl = true", None).await;
+    let zimg = format!("/{}?w=40", upload_photo(l.addr).await);
+    for path in ["/insecure/rs:fit:16:16/plain/anim.webp", zimg.as_str()] {
+        let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("image/webp"), "{path}");
+        let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
+        assert_eq!(r.cache(), "HIT", "{path}");
+        let r = get_accepting(l.addr, path, "image/jxl").await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("image/jpeg"), "{path}");
+    }
+    l.larder.shutdown().await;
+}
+
+/// A fetched original's id (the MD5 of its bytes, which names its results and its kept
+/// decode) was read from a field of its stored entry that a revalidating origin's 304 could
+/// replace: an origin answering `x-larder-original-id: <MD5 of another image>` had its own
+/// pixels made and cached under the other image's results, served to that image's URLs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_304_cannot_give_its_original_another_originals_id() {
+    let victim = flat_png(16, 16, [255, 0, 0]);
+    let forged = larder::images::storage::Md5Hex::of(&victim)
+        .as_str()
+        .to_string();
+    let clock = larder::clock::Clock::adjustable();
+    let v = victim.clone();
+    let origin = Origin::start_at(&clock, move |seen, _| match seen.path.as_str() {
+        "/v.png" => Reply::ok(v.clone()).header("cache-control", "max-age=600"),
+        _ if seen.headers.contains_key("if-none-match") => Reply::ok("")
+            .status(304)
+            .header("cache-control", "max-age=600")
+            .header("x-larder-original-id", &forged),
+        _ => Reply::ok(flat_png(16, 16, [0, 0, 255]))
+            .header("cache-control", "max-age=1")
+            .header("etag", "\"x1\""),
+    })
+    .await;
+    let keys = format!("origin = \"{}\"", origin.url());
+    let l = Larder::start_at(&one_route("", "images", &keys), clock).await;
+    let r = get(l.addr, "/insecure/rs:fill:8:8/plain/x.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(first_pixel(&r.body), [0, 0, 255]);
+    l.advance(Duration::from_secs(5));
+    // Revalidated: the 304 names the red original's id.
+    let r = get(l.addr, "/insecure/rs:fill:10:10/plain/x.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(first_pixel(&r.body), [0, 0, 255]);
+    assert_eq!(origin.hits(), 2);
+    let r = get(l.addr, "/insecure/rs:fill:10:10/plain/v.png@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        first_pixel(&r.body),
+        [255, 0, 0],
+        "the red original's own pixels"
+    );
+    l.shutdown().await;
+}
+
+/// Answered from the index of cached results, an `exp` URL still expires: its original stays
+/// fresh (fetched, a max-age of 600 s), the URL is refused (403) once past its `exp`; the
+/// route's key rotated out by a reload refuses it too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_known_request_expires_and_its_key_rotates_out() {
+    let clock = larder::clock::Clock::adjustable();
+    let origin = Origin::start_at(&clock, |_, _| {
+        Reply::ok(flat_png(16, 16, [0, 128, 0])).header("cache-control", "max-age=600")
+    })
+    .await;
+    let now = clock.now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let path = format!("/exp:{}/rs:fill:8:8/plain/a.png@png", now.as_secs() + 10);
+    // "secret" and "hello" in hex; then "other" and "hello".
+    let route = |key: &str| {
+        let keys = format!(
+            "origin = \"{}\"\nimgproxy = {{ keys = [{{ key = \"{key}\", salt = \"68656c6c6f\" }}] }}",
+            origin.url()
+        );
+        one_route("", "images", &keys)
+    };
+    let l = Larder::start_at(&route("736563726574"), clock.clone()).await;
+    let signed = imgproxy_signed;
+    for _ in 0..2 {
+        let r = get(l.addr, &signed(&path)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(get(l.addr, &signed(&path)).await.cache(), "HIT");
+    l.reload(&route("6f74686572")).unwrap();
+    assert_eq!(get(l.addr, &signed(&path)).await.status, 403);
+    l.reload(&route("736563726574")).unwrap();
+    assert_eq!(get(l.addr, &signed(&path)).await.status, 200);
+    assert_eq!(get(l.addr, &signed(&path)).await.status, 200);
+    l.advance(Duration::from_secs(11));
+    let r = get(l.addr, &signed(&path)).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(origin.hits(), 1);
+    l.shutdown().await;
+}
+
+/// An AVIF body decoded by larder's own decoder.
+fn avif_decoded(b: &[u8]) -> Raster {
+    let p = larder::images::sniff::probe(b).unwrap();
+    assert_eq!(p.format, ImageFormat::Avif);
+    let limits = larder::images::codec::Limits {
+        max_dim: 65_535,
+        max_frames: 1,
+        max_avif_pixels: 50_000_000,
+        max_animation_pixels: 50_000_000,
+        ..larder::images::codec::Limits::DEFAULT
+    };
+    larder::images::codec::decode(b, &p, (p.width, p.height), false, (0.0, 1.0), &limits)
+        .unwrap()
+        .0
+}
+
+/// A `w`×`h` 16-bit RGBA PNG: opaque red left of `w / 2`, transparent right of it.
+fn half_clear_png16(w: u32, h: u32) -> Vec<u8> {
+    let px: Vec<u8> = (0..w * h)
+        .flat_map(|i| {
+            if i % w < w / 2 {
+                [255, 255, 0, 0, 0, 0, 255, 255]
+            } else {
+                [0; 8]
+            }
+        })
+        .collect();
+    common::encode_png(w, h, png::ColorType::Rgba, png::BitDepth::Sixteen, &px)
+}
+
+/// AVIF through libaom at the sizes 4:2:0 handles worst (one pixel wide or high, odd sides:
+/// chroma planes of half a pixel), from 16-bit sources with alpha and from gray ones (a
+/// monochrome picture), up to a 4000-pixel side: each a picture of the size asked, its alpha
+/// kept. What was tried for defects; none found.
+#[tokio::test(flavor = "multi_thread")]
+async fn libaom_takes_lines_odd_sides_alpha_and_16_bit_sources() {
+    assert!(
+        larder::images::aom::available().is_ok(),
+        "libaom (tests/provision installs libaom3)"
+    );
+    let gray: Vec<u8> = (0..64u32 * 64).map(|i| (i % 251) as u8).collect();
+    let files = [
+        ("wide.png", half_clear_png16(4000, 3)),
+        ("tall.png", half_clear_png16(2, 4000)),
+        (
+            "gray.png",
+            common::encode_png(
+                64,
+                64,
+                png::ColorType::Grayscale,
+                png::BitDepth::Eight,
+                &gray,
+            ),
+        ),
+    ];
+    let l = common::image_route(&files, "avif_encoder = \"aom\"", None).await;
+    for (path, size, alpha) in [
+        ("rs:force:4000:1/plain/wide.png", (4000, 1), true),
+        ("rs:force:1:1/plain/wide.png", (1, 1), false),
+        ("rs:force:2:1/plain/wide.png", (2, 1), true),
+        ("rs:force:3:3/plain/wide.png", (3, 3), true),
+        ("rs:force:1:4000/plain/tall.png", (1, 4000), false),
+        ("rs:force:2:3999/plain/tall.png", (2, 3999), true),
+        ("rs:force:1:9/plain/gray.png", (1, 9), false),
+        ("rs:force:9:1/plain/gray.png", (9, 1), false),
+        ("rs:force:33:17/plain/gray.png", (33, 17), false),
+    ] {
+        let r = get(l.addr, &format!("/insecure/{path}@avif")).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let got = avif_decoded(&r.body);
+        assert_eq!((got.width, got.height), size, "{path}");
+        if alpha {
+            assert_eq!(got.channels, 4, "{path}");
+            let a = |x: u32| got.data[(x * 4 + 3) as usize];
+            // A resampling filter's support crosses the edge at 2 and 3 pixels wide.
+            assert!(a(0) > 200, "{path}: alpha {} at 0", a(0));
+            let right = a(got.width - 1);
+            assert!(right < 55, "{path}: alpha {right} at the right edge");
+        }
+    }
+    l.larder.shutdown().await;
+}
+
+/// A result longer than its format's encoder writes (WebP's 16,383 pixels, libjpeg-turbo's
+/// 65,500, GIF's 65,535, libaom's 65,536), which `mrd` (up to 1,000,000) or a route's
+/// `max_output_dimension` (up to 65,535) allows, is refused before work with 400 naming the
+/// format's limit; a negotiated WebP falls back to the format a client without it gets. Each
+/// was decoded and resized, then failed in its encoder with 500.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_longer_than_its_format_allows_is_refused_before_work() {
+    let line = |w: u32| {
+        let px: Vec<u8> = (0..w).flat_map(|i| [(i % 256) as u8, 0, 0]).collect();
+        common::encode_png(w, 1, png::ColorType::Rgb, png::BitDepth::Eight, &px)
+    };
+    let files = [("line.png", line(70_000)), ("short.png", line(20_000))];
+    let extra = "imgproxy = { allow_security_options = true }";
+    let l = common::image_route(&files, extra, None).await;
+    for (ext, max) in [
+        ("jpg", "65500"),
+        ("webp", "16383"),
+        ("avif", "65536"),
+        ("gif", "65535"),
+    ] {
+        let path = format!("/insecure/mrd:1000000/rs:force:70000:1/plain/line.png@{ext}");
+        let r = get(l.addr, &path).await;
+        assert_eq!(r.status, 400, "{ext}: {}", r.text());
+        assert!(r.text().contains(max), "{ext}: {}", r.text());
+    }
+    for ext in ["png", "jxl"] {
+        let path = format!("/insecure/mrd:1000000/rs:force:70000:1/plain/line.png@{ext}");
+        assert_eq!(get(l.addr, &path).await.status, 200, "{ext}");
+    }
+    // Negotiated: WebP listed, the PNG a client without WebP gets.
+    let r = get_accepting(
+        l.addr,
+        "/insecure/mrd:1000000/rs:force:20000:1/f:auto/plain/short.png",
+        "image/webp",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("image/png"));
+    l.larder.shutdown().await;
+}
+
+/// A reload changing how a route makes its results (here `default_quality`) makes new ones:
+/// results are keyed by the route's options and the original, not by its settings, so the
+/// results made under the old quality were served (HIT, the same bytes) for a year.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_changing_the_default_quality_makes_new_results() {
+    let files = [("photo.jpg", common::photo())];
+    let l = common::image_route(&files, "default_quality = 90", None).await;
+    let toml = |quality: u32| {
+        let keys = format!(
+            "dir = \"{}\"\nroot = \"{}\"\ndefault_quality = {quality}",
+            l.dir.path().display(),
+            l.root.path().display()
+        );
+        one_route("", "images", &keys)
+    };
+    let zimg = format!("/{}?w=100&f=webp", upload_photo(l.addr).await);
+    for path in [
+        "/insecure/rs:fit:100:100/plain/photo.jpg@jpg",
+        zimg.as_str(),
+    ] {
+        let fine = get(l.addr, path).await;
+        assert_eq!(fine.status, 200, "{path}: {}", fine.text());
+        l.larder.reload(&toml(20)).unwrap();
+        let coarse = get(l.addr, path).await;
+        assert_eq!(coarse.status, 200, "{path}: {}", coarse.text());
+        assert_eq!(coarse.cache(), "MISS", "{path}");
+        assert!(coarse.body.len() < fine.body.len(), "{path}");
+        // Back to 90: the results made at 90.
+        l.larder.reload(&toml(90)).unwrap();
+        let again = get(l.addr, path).await;
+        assert_eq!((again.cache(), &again.body), ("HIT", &fine.body), "{path}");
+    }
+    l.larder.shutdown().await;
+}
+
+/// The file name imgproxy's responses offer (`Content-Disposition`: `fn`, else the source's
+/// name; `att`) is the request's: two sources of the same bytes (one id, fetched) and `raw`
+/// or `skp` results (keyed `skp` alone) shared one entry, and the second URL was offered the
+/// first one's name and disposition.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_url_is_offered_its_own_file_name() {
+    let origin =
+        Origin::start(|_, _| Reply::ok(common::photo()).header("cache-control", "max-age=600"))
+            .await;
+    let keys = format!("origin = \"{}\"", origin.url());
+    let l = Larder::start(&one_route("", "images", &keys)).await;
+    for (path, offered) in [
+        (
+            "/insecure/rs:fit:50:50/plain/a.jpg@png",
+            "inline; filename=\"a.png\"",
+        ),
+        (
+            "/insecure/rs:fit:50:50/plain/b.jpg@png",
+            "inline; filename=\"b.png\"",
+        ),
+        (
+            "/insecure/raw:1/fn:one/plain/a.jpg",
+            "inline; filename=\"one.jpg\"",
+        ),
+        (
+            "/insecure/raw:1/fn:two/att:1/plain/a.jpg",
+            "attachment; filename=\"two.jpg\"",
+        ),
+        (
+            "/insecure/skp:jpg/plain/b.jpg",
+            "inline; filename=\"b.jpg\"",
+        ),
+        (
+            "/insecure/skp:jpg/plain/c.jpg",
+            "inline; filename=\"c.jpg\"",
+        ),
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.header("content-disposition"), Some(offered), "{path}");
+    }
+    l.shutdown().await;
+}

@@ -22,23 +22,24 @@ use std::time::SystemTime;
 use crate::access_log::ImageServed;
 use crate::cache::CacheKey;
 
-use super::sniff::ImageFormat;
+use super::params::Accepted;
 use super::source::{Held, Sources};
 
 /// Bytes of requests and keys an image route keeps (about 40,000 requests of imgproxy URLs).
 pub const CAPACITY: u64 = 8 << 20;
 
-/// What a request asks for: its path with query, and the format its Accept negotiates.
+/// What a request asks for: its path with query, and what its Accept decides of a negotiated
+/// format.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Asked {
-    accept: Option<ImageFormat>,
+    accept: Accepted,
     path: Box<str>,
 }
 
 /// [`Asked`] borrowed from a request (hashed alike: its fields are hashed in the same order).
 #[derive(Hash)]
 struct AskedRef<'a> {
-    accept: Option<ImageFormat>,
+    accept: Accepted,
     path: &'a str,
 }
 
@@ -101,12 +102,12 @@ impl Default for Hits {
 
 impl Hits {
     /// What the request for `path` (with its query) negotiating `accept` was found to ask.
-    pub fn get(&self, path: &str, accept: Option<ImageFormat>) -> Option<Arc<Known>> {
+    pub fn get(&self, path: &str, accept: Accepted) -> Option<Arc<Known>> {
         self.known.get(&AskedRef { accept, path })
     }
 
     /// Remembers that the request for `path` negotiating `accept` asks for `known`.
-    pub fn learn(&self, path: &str, accept: Option<ImageFormat>, known: Known) {
+    pub fn learn(&self, path: &str, accept: Accepted, known: Known) {
         let asked = Asked {
             accept,
             path: path.into(),
@@ -118,6 +119,7 @@ impl Hits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::sniff::ImageFormat;
 
     fn known(result: &str) -> Known {
         Known {
@@ -131,19 +133,35 @@ mod tests {
         }
     }
 
+    const NONE: Accepted = Accepted {
+        best: None,
+        jxl: false,
+    };
+
     #[test]
     fn found_by_path_and_negotiated_format() {
         let hits = Hits::default();
-        hits.learn("/a?w=1", None, known("img://a"));
-        hits.learn("/a?w=1", Some(ImageFormat::Webp), known("img://b"));
+        let webp = Accepted {
+            best: Some(ImageFormat::Webp),
+            ..NONE
+        };
+        let jxl_webp = Accepted { jxl: true, ..webp };
+        let jxl = Accepted { jxl: true, ..NONE };
+        hits.learn("/a?w=1", NONE, known("img://a"));
+        hits.learn("/a?w=1", webp, known("img://b"));
+        hits.learn("/a?w=1", jxl_webp, known("img://c"));
         let got = |p, a| hits.get(p, a).map(|k| k.result.as_str().to_string());
-        assert_eq!(got("/a?w=1", None).as_deref(), Some("img://a"));
-        assert_eq!(
-            got("/a?w=1", Some(ImageFormat::Webp)).as_deref(),
-            Some("img://b")
-        );
-        assert_eq!(got("/a?w=1", Some(ImageFormat::Avif)), None);
-        assert_eq!(got("/a?w=2", None), None);
+        assert_eq!(got("/a?w=1", NONE).as_deref(), Some("img://a"));
+        assert_eq!(got("/a?w=1", webp).as_deref(), Some("img://b"));
+        assert_eq!(got("/a?w=1", jxl_webp).as_deref(), Some("img://c"));
+        // JPEG XL listed without WebP: not the request that was answered with WebP.
+        assert_eq!(got("/a?w=1", jxl), None);
+        let avif = Accepted {
+            best: Some(ImageFormat::Avif),
+            ..NONE
+        };
+        assert_eq!(got("/a?w=1", avif), None);
+        assert_eq!(got("/a?w=2", NONE), None);
     }
 
     #[test]
@@ -151,7 +169,7 @@ mod tests {
         let hits = Hits::default();
         let long = "x".repeat(4096);
         for i in 0..(2 * CAPACITY / 4096) {
-            hits.learn(&format!("/{i}{long}"), None, known("img://a"));
+            hits.learn(&format!("/{i}{long}"), NONE, known("img://a"));
         }
         assert!(hits.known.weight() <= CAPACITY, "{}", hits.known.weight());
         assert!(hits.known.len() < (CAPACITY / 4096) as usize);

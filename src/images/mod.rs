@@ -42,7 +42,10 @@
 //!
 //! Cache keys are `img://<md5><route prefix>?<normalized params>`, so a purge removes every key
 //! starting with `img://<md5>/`, and `w=1&h=2` shares the entry of `h=2&w=1`. Proxy results are
-//! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`.
+//! `img://proxy<route prefix><original's id>?<normalized options>&f=<format target>`, imgproxy's
+//! with the file name they offer (`&cd=`) after the options. Both end with the route's
+//! settings that shape results where they differ from the defaults ([`settings_key`]: `&rq=90`
+//! for `default_quality = 90`), so a reload changing one is seen.
 
 pub mod animation;
 pub mod aom;
@@ -239,6 +242,8 @@ struct Inner {
     hits: Option<hits::Hits>,
     /// Decoded originals kept for the proxy's next variants (`decoded_cache`).
     decoded: decoded::DecodedCache,
+    /// The route's settings that shape results, in their keys ([`settings_key`]).
+    settings: String,
 }
 
 /// Stored results never change (the key names the bytes): cached for a year, immutable.
@@ -284,8 +289,10 @@ impl Images {
                 "auto_jxl: libjxl does not load, JPEG XL is never negotiated"
             );
         }
+        let settings = settings_key(&cfg, mark.as_deref());
         Images {
             inner: Arc::new(Inner {
+                settings,
                 mark,
                 auto_jxl,
                 stats: stats::Stats::default(),
@@ -549,7 +556,7 @@ impl Images {
         let key = CacheKey::from_parts(
             "img",
             md5.as_str(),
-            &format!("{}?{}", inner.prefix, resolved.key()),
+            &format!("{}?{}{}", inner.prefix, resolved.key(), inner.settings),
         );
         let fill = Arc::clone(inner);
         let result = key.clone();
@@ -629,20 +636,26 @@ impl Images {
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);
-        let opts_key = if skip {
+        let mut opts_key = if skip {
             "skp".to_string()
         } else {
             options.key()
         };
+        // The name offered is the request's (the source's when `fn` is not given: two URLs of
+        // the same bytes are two names), and the entry carries it: so is the key.
+        if let Some(d) = &disposition {
+            d.key_into(&mut opts_key);
+        }
         let key = CacheKey::from_parts(
             "img",
             "proxy",
             &format!(
-                "{}{}?{}&f={}",
+                "{}{}?{}&f={}{}",
                 inner.prefix,
                 original.id,
                 opts_key,
-                target.key()
+                target.key(),
+                inner.settings
             ),
         );
         // A cached result is served without planning it again.
@@ -722,6 +735,39 @@ impl Images {
         Ok(made)
     }
 }
+/// The route's settings that shape its results besides a request's own options (the default
+/// quality, progressive JPEG, AVIF's encoder, speed and pixel cap, enlargement, the watermark
+/// image), as a part of the results' keys: those that differ from the defaults, so that a route
+/// at the defaults keeps its keys, and a reload changing one makes new results rather than
+/// serving those made under the old value (cached for a year).
+fn settings_key(cfg: &ImagesConfig, mark: Option<&Raster>) -> String {
+    use std::fmt::Write as _;
+    let d = ImagesConfig::new_origin(String::new());
+    let mut s = String::new();
+    if cfg.default_quality != d.default_quality {
+        let _ = write!(s, "&rq={}", cfg.default_quality.get());
+    }
+    if cfg.jpeg_progressive != d.jpeg_progressive {
+        let _ = write!(s, "&rprog={}", u8::from(cfg.jpeg_progressive));
+    }
+    if cfg.avif_encoder != d.avif_encoder {
+        let _ = write!(s, "&rae={:?}", cfg.avif_encoder);
+    }
+    if let Some(speed) = cfg.avif_speed.filter(|_| cfg.avif_speed != d.avif_speed) {
+        let _ = write!(s, "&ras={}", speed.get());
+    }
+    if cfg.max_avif_pixels != d.max_avif_pixels {
+        let _ = write!(s, "&rap={}", cfg.max_avif_pixels.get());
+    }
+    if cfg.max_upscale != d.max_upscale {
+        let _ = write!(s, "&rup={}", cfg.max_upscale.0);
+    }
+    if let Some(m) = mark {
+        let _ = write!(s, "&rwm={}", Md5Hex::of(&m.data).as_str());
+    }
+    s
+}
+
 /// The limits a route's configuration sets, AVIF output through `avif_encoder` (resolved).
 fn limits_of(cfg: &ImagesConfig, avif_encoder: crate::config::AvifEncoder) -> Limits {
     Limits {
@@ -785,6 +831,17 @@ struct Disposition {
 }
 
 impl Disposition {
+    /// Appends what tells this disposition apart to a result's key (the name percent-encoded:
+    /// it cannot pass for another part of the key).
+    fn key_into(&self, key: &mut String) {
+        let name =
+            percent_encoding::utf8_percent_encode(&self.name, percent_encoding::NON_ALPHANUMERIC);
+        let _ = std::fmt::Write::write_fmt(
+            key,
+            format_args!("&cd={}:{name}", u8::from(self.attachment)),
+        );
+    }
+
     /// The header (RFC 6266): a quoted ASCII `filename`, and `filename*` in UTF-8 when the
     /// name is not plain ASCII.
     fn header(&self, format: sniff::ImageFormat) -> HeaderValue {

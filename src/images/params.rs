@@ -210,14 +210,22 @@ pub fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
     }
 }
 
-/// What decides a negotiated format for `req`: JPEG XL when `jxl` (the route's `auto_jxl`)
-/// and Accept lists it, else [`negotiate`]'s (the route's index of cached results keys
-/// requests by it, [`super::hits`]).
-pub fn negotiated(req: &HeaderMap, jxl: bool) -> Option<ImageFormat> {
-    if jxl && accepts(req, "image/jxl") {
-        Some(ImageFormat::Jxl)
-    } else {
-        negotiate(req)
+/// What a request's Accept decides of a negotiated format: [`negotiate`]'s pick, and whether
+/// JPEG XL may be answered (`jxl`, the route's `auto_jxl`, and Accept lists it). The route's
+/// index of cached results keys requests by both ([`super::hits`]): a result that cannot be
+/// JPEG XL (zimg's API, an animation) is [`negotiate`]'s, so two Accepts listing JPEG XL may
+/// still ask for different results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Accepted {
+    pub best: Option<ImageFormat>,
+    pub jxl: bool,
+}
+
+/// [`Accepted`] for `req` on a route whose `auto_jxl` is `jxl`.
+pub fn negotiated(req: &HeaderMap, jxl: bool) -> Accepted {
+    Accepted {
+        best: negotiate(req),
+        jxl: jxl && accepts(req, "image/jxl"),
     }
 }
 

@@ -402,7 +402,11 @@ impl Sources {
             .await
             .map_err(|e| SourceError::Failed(e.to_string()))?;
         let response_time = self.cache.clock().now();
-        let (head, body) = resp.into_parts();
+        let (mut head, body) = resp.into_parts();
+        // The id is larder's, never the origin's: a field of that name from the origin (a 304's
+        // would replace the stored one) would name these bytes after another original's, and
+        // their results would be served as that original's.
+        head.headers.remove(ID_FIELD);
         let ctx = FetchContext {
             method: http::Method::GET,
             has_authorization: false,

@@ -399,9 +399,23 @@ pub(super) fn window(probe: &Probe, orientation: u8, plan: &Plan) -> ((u32, u32)
     (need, rows)
 }
 
-/// The output format once AVIF's pixel cap is applied to an `encoded`-sized result: a
-/// negotiated AVIF falls back to what a client without AVIF gets, an asked-for one is refused
-/// (400 naming `param`).
+/// The longest side each format's encoder writes: libjpeg-turbo's 65,500, WebP's 16,383 (14
+/// bits), GIF's 65,535 (16 bits), libaom's and rav1e's 65,536; PNG's and JPEG XL's are far
+/// beyond any result a route allows (`max_output_dimension` or `mrd` at most 1,000,000).
+fn max_side(format: ImageFormat) -> u32 {
+    match format {
+        ImageFormat::Jpeg => 65_500,
+        ImageFormat::Webp => 16_383,
+        ImageFormat::Gif => 65_535,
+        ImageFormat::Avif | ImageFormat::Heic => 65_536,
+        ImageFormat::Png | ImageFormat::Jxl => u32::MAX,
+    }
+}
+
+/// The output format once AVIF's pixel cap and each format's longest side are applied to an
+/// `encoded`-sized result: a negotiated format falls back to what a client without AVIF or
+/// WebP gets, an asked-for one is refused (400 naming `param`), before any work (the encoder
+/// refused it after the decode and resize, a 500).
 pub(super) fn avif_capped(
     format: ImageFormat,
     negotiated: bool,
@@ -411,20 +425,34 @@ pub(super) fn avif_capped(
     param: &'static str,
 ) -> Result<ImageFormat, TransformError> {
     let (ew, eh) = encoded;
-    if format != ImageFormat::Avif || u64::from(ew) * u64::from(eh) <= limits.max_avif_pixels {
+    let too_long = |f: ImageFormat| ew.max(eh) > max_side(f);
+    let too_many =
+        format == ImageFormat::Avif && u64::from(ew) * u64::from(eh) > limits.max_avif_pixels;
+    if !too_many && !too_long(format) {
         return Ok(format);
     }
-    if !negotiated {
-        return Err(TransformError::Param(
-            param,
-            format!(
-                "AVIF output is limited to {} pixels and this one is {ew}x{eh}: ask for a \
-                 smaller size or another format",
-                limits.max_avif_pixels
-            ),
-        ));
+    let fallback = Target::Auto(None).output(source);
+    if negotiated && !too_long(fallback) {
+        return Ok(fallback);
     }
-    Ok(Target::Auto(None).output(source))
+    let why = match (negotiated, too_many) {
+        (false, true) => format!(
+            "AVIF output is limited to {} pixels and this one is {ew}x{eh}",
+            limits.max_avif_pixels
+        ),
+        _ => {
+            let f = if negotiated { fallback } else { format };
+            format!(
+                "{} output is at most {} pixels a side and this one is {ew}x{eh}",
+                f.name().to_uppercase(),
+                max_side(f)
+            )
+        }
+    };
+    Err(TransformError::Param(
+        param,
+        format!("{why}: ask for a smaller size or another format"),
+    ))
 }
 
 /// A region of the oriented source (`ow` pixels wide) in the pixels of `img`, a decoded (and
