@@ -1,6 +1,6 @@
 //! The results a route has served, by the request that asked for them: the next request for
-//! a cached result is answered from its own bytes (path with query, and what its Accept
-//! negotiates), without parsing the URL, checking its signature, loading its original or
+//! a cached result is answered from its own bytes (path with query, and the formats its Accept
+//! lists of those larder negotiates), without parsing the URL, checking its signature, loading its original or
 //! making its key again.
 //!
 //! An entry stands for what was verified when the result was served (signature, expiry,
@@ -22,23 +22,23 @@ use std::time::SystemTime;
 use crate::access_log::ImageServed;
 use crate::cache::CacheKey;
 
-use super::sniff::ImageFormat;
+use super::params::Accepted;
 use super::source::{Held, Sources};
 
 /// Bytes of requests and keys an image route keeps (about 40,000 requests of imgproxy URLs).
 pub const CAPACITY: u64 = 8 << 20;
 
-/// What a request asks for: its path with query, and the format its Accept negotiates.
+/// What a request asks for: its path with query, and the formats its Accept lists.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Asked {
-    accept: Option<ImageFormat>,
+    accept: Accepted,
     path: Box<str>,
 }
 
 /// [`Asked`] borrowed from a request (hashed alike: its fields are hashed in the same order).
 #[derive(Hash)]
 struct AskedRef<'a> {
-    accept: Option<ImageFormat>,
+    accept: Accepted,
     path: &'a str,
 }
 
@@ -100,13 +100,13 @@ impl Default for Hits {
 }
 
 impl Hits {
-    /// What the request for `path` (with its query) negotiating `accept` was found to ask.
-    pub fn get(&self, path: &str, accept: Option<ImageFormat>) -> Option<Arc<Known>> {
+    /// What the request for `path` (with its query) accepting `accept` was found to ask.
+    pub fn get(&self, path: &str, accept: Accepted) -> Option<Arc<Known>> {
         self.known.get(&AskedRef { accept, path })
     }
 
-    /// Remembers that the request for `path` negotiating `accept` asks for `known`.
-    pub fn learn(&self, path: &str, accept: Option<ImageFormat>, known: Known) {
+    /// Remembers that the request for `path` accepting `accept` asks for `known`.
+    pub fn learn(&self, path: &str, accept: Accepted, known: Known) {
         let asked = Asked {
             accept,
             path: path.into(),
@@ -132,18 +132,30 @@ mod tests {
     }
 
     #[test]
-    fn found_by_path_and_negotiated_format() {
+    fn found_by_path_and_accepted_formats() {
+        let accept = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::ACCEPT, http::HeaderValue::from_static(v));
+            Accepted::of(&h, false)
+        };
+        let none = Accepted::default();
         let hits = Hits::default();
-        hits.learn("/a?w=1", None, known("img://a"));
-        hits.learn("/a?w=1", Some(ImageFormat::Webp), known("img://b"));
+        hits.learn("/a?w=1", none, known("img://a"));
+        hits.learn("/a?w=1", accept("image/webp"), known("img://b"));
+        hits.learn("/a?w=1", accept("image/avif"), known("img://c"));
         let got = |p, a| hits.get(p, a).map(|k| k.result.as_str().to_string());
-        assert_eq!(got("/a?w=1", None).as_deref(), Some("img://a"));
+        assert_eq!(got("/a?w=1", none).as_deref(), Some("img://a"));
         assert_eq!(
-            got("/a?w=1", Some(ImageFormat::Webp)).as_deref(),
+            got("/a?w=1", accept("image/webp")).as_deref(),
             Some("img://b")
         );
-        assert_eq!(got("/a?w=1", Some(ImageFormat::Avif)), None);
-        assert_eq!(got("/a?w=2", None), None);
+        assert_eq!(
+            got("/a?w=1", accept("image/avif")).as_deref(),
+            Some("img://c")
+        );
+        // An animation's negotiated AVIF is WebP where that is listed too: not the same answer.
+        assert_eq!(got("/a?w=1", accept("image/avif,image/webp")), None);
+        assert_eq!(got("/a?w=2", none), None);
     }
 
     #[test]
@@ -151,7 +163,11 @@ mod tests {
         let hits = Hits::default();
         let long = "x".repeat(4096);
         for i in 0..(2 * CAPACITY / 4096) {
-            hits.learn(&format!("/{i}{long}"), None, known("img://a"));
+            hits.learn(
+                &format!("/{i}{long}"),
+                Accepted::default(),
+                known("img://a"),
+            );
         }
         assert!(hits.known.weight() <= CAPACITY, "{}", hits.known.weight());
         assert!(hits.known.len() < (CAPACITY / 4096) as usize);
