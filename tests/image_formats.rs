@@ -1,7 +1,8 @@
 //! Image formats over real sockets, through every grammar: animated GIF and WebP kept animated
 //! (frames, each frame's colour, delays, loop count) when resized, their first frame for
 //! outputs that cannot animate, frame bombs and animations over `max_animation_pixels` refused
-//! before decoding, a still source made into a GIF, progressive JPEG in and out
+//! before decoding, a negotiated AVIF of an animation made WebP (imgproxy's AUTO_AVIF), a
+//! still source made into a GIF, progressive JPEG in and out
 //! (`jpeg_progressive`), and SVG refused with 415.
 
 mod common;
@@ -286,6 +287,60 @@ async fn animated_webp_resized_keeps_its_frames() {
     let r = get(l.addr, "/insecure/rs:fill:50:50/plain/anim.webp@jpg").await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(sniff::probe(&r.body).unwrap().format, ImageFormat::Jpeg);
+}
+
+/// imgproxy's AUTO_AVIF skips animations (AVIF cannot animate): a negotiated format for an
+/// animated source is WebP where Accept lists it, else what a client listing neither gets (an
+/// animated WebP as GIF, imgproxy's first preferred format that animates); `@avif` asked for
+/// is the first frame, as imgproxy's. Each asked twice: the route's index of cached results
+/// tells AVIF-and-WebP from AVIF-only clients apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn negotiated_avif_of_an_animation_is_webp() {
+    let l = start("default_format = \"auto\"").await;
+    for round in 0..2 {
+        for (source, accept, want, first) in [
+            (
+                "anim.gif",
+                "image/avif,image/webp,*/*",
+                ImageFormat::Webp,
+                "MISS",
+            ),
+            (
+                "anim.webp",
+                "image/avif,image/webp,*/*",
+                ImageFormat::Webp,
+                "MISS",
+            ),
+            ("anim.gif", "image/avif,*/*", ImageFormat::Gif, "MISS"),
+            ("anim.webp", "image/avif,*/*", ImageFormat::Gif, "MISS"),
+            // The same GIF as the AVIF-only client's: one cached result.
+            ("anim.webp", "*/*", ImageFormat::Gif, "HIT"),
+        ] {
+            let cache = if round == 0 { first } else { "HIT" };
+            let path = format!("/insecure/rs:fill:50:50/plain/{source}");
+            let url = format!("http://{}{path}", l.addr);
+            let r = common::send(&common::client(), "GET", &url, &[("accept", accept)], b"").await;
+            assert_animated(&r, want);
+            assert_eq!(r.header("vary"), Some("Accept"), "{source} {accept}");
+            assert_eq!(r.cache(), cache, "{source} {accept}");
+        }
+    }
+    // A still source is AVIF as before, and an AVIF asked for is the first frame.
+    let url = format!("http://{}/insecure/rs:fill:50:50/plain/still.png", l.addr);
+    let r = common::send(
+        &common::client(),
+        "GET",
+        &url,
+        &[("accept", "image/avif")],
+        b"",
+    )
+    .await;
+    assert_eq!(r.header("content-type"), Some("image/avif"));
+    let r = get(l.addr, "/insecure/rs:fill:50:50/plain/anim.gif@avif").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = sniff::probe(&r.body).unwrap();
+    assert_eq!((p.format, p.frames, p.width), (ImageFormat::Avif, 1, 50));
+    assert!(r.header("vary").is_none());
 }
 
 /// zimg's API transforms uploaded animations the same way.

@@ -1,7 +1,7 @@
 //! The image proxy's imgproxy grammar over real sockets, originals from a `root` directory:
 //! resize types and sizes, dpr, gravity and crop (checked by the colour of the region kept),
 //! rotate and flip, padding and extend, format by extension and by Accept (with Vary),
-//! quality and max bytes, presets, signatures (key rotation, tampering), expiry on larder's
+//! quality and max bytes, presets (and presets only), signatures (key rotation, tampering), expiry on larder's
 //! clock, a cached result asked again (refused after a reload adds a key, new once its
 //! original changed), and the route's limits refused before work.
 
@@ -309,6 +309,44 @@ async fn presets_by_name_and_default() {
     let r = get(l.addr, "/insecure/pr:nope/plain/photo.jpg").await;
     assert_eq!(r.status, 400);
     assert!(r.text().contains("`pr`"), "{}", r.text());
+    l.larder.shutdown().await;
+}
+
+/// `only_presets` (IMGPROXY_ONLY_PRESETS): the options segment is preset names only, `:`
+/// separated, after the `default` preset; options and unknown names are 400, and the
+/// extension still sets the format (plain and base64 sources).
+#[tokio::test(flavor = "multi_thread")]
+async fn only_presets() {
+    let l = start(
+        "[listener.route.images.imgproxy]\nonly_presets = true\n[listener.route.images.imgproxy.presets]\ndefault = \"f:png\"\nthumb = \"rs:fill:50:50\"\nnarrow = \"w:40\"",
+    )
+    .await;
+    let r = get(l.addr, "/insecure/thumb/plain/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (50, 50));
+    assert_eq!(
+        r.header("content-type"),
+        Some("image/png"),
+        "`default` first"
+    );
+    let r = get(l.addr, "/insecure/thumb:narrow/plain/photo.jpg@webp").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (40, 50));
+    assert_eq!(r.header("content-type"), Some("image/webp"));
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("photo.jpg");
+    let r = get(l.addr, &format!("/insecure/thumb/{b64}.jpg")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dims(&r.body), (50, 50));
+    for path in [
+        "/insecure/rs:fill:10:10/plain/photo.jpg",
+        "/insecure/pr:thumb/plain/photo.jpg",
+        "/insecure/w:10/thumb/plain/photo.jpg",
+        "/insecure/plain/photo.jpg",
+        "/insecure/thumb",
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
     l.larder.shutdown().await;
 }
 

@@ -198,6 +198,11 @@ pub struct ImgproxyConfig {
     /// `maf`, `mafr`, `mrd`; IMGPROXY_ALLOW_SECURITY_OPTIONS); false refuses them with 403.
     #[serde(default)]
     pub allow_security_options: bool,
+    /// URLs name presets only (IMGPROXY_ONLY_PRESETS): `/SIGNATURE/thumb:sharp/plain/SOURCE`,
+    /// the options segment being preset names separated by `:`; options are refused (an
+    /// unknown preset, 400).
+    #[serde(default)]
+    pub only_presets: bool,
 }
 
 impl Default for ImgproxyConfig {
@@ -207,6 +212,7 @@ impl Default for ImgproxyConfig {
             signature_size: Self::default_signature_size(),
             presets: Default::default(),
             allow_security_options: false,
+            only_presets: false,
         }
     }
 }

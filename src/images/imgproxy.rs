@@ -3,7 +3,9 @@
 //! possibly split by `/`). The signature is checked first (HMAC-SHA256 of salt + path with any
 //! configured key pair, truncated to `signature_size` bytes, compared in constant time), then
 //! the route's `default` preset and each option are applied ([`Options::apply_with`], presets
-//! `pr` expanded in place), then the source is decoded. An expired URL (`exp`) is a 403 too.
+//! `pr` expanded in place; with `only_presets`, imgproxy's IMGPROXY_ONLY_PRESETS, the options
+//! segment is preset names only, `/SIGNATURE/thumb:sharp/plain/SOURCE`), then the source is
+//! decoded. An expired URL (`exp`) is a 403 too.
 
 use std::time::SystemTime;
 
@@ -98,25 +100,25 @@ pub fn parse(path: &str, cfg: &ImgproxyConfig, now: SystemTime) -> Result<Parsed
         options.presets.push("default".into());
     }
     let segments: Vec<&str> = rest.split('/').collect();
-    // Options are the segments before the first without a `:` (imgproxy's rule).
-    let start = segments
-        .iter()
-        .position(|s| !s.contains(':'))
-        .ok_or_else(|| bad("no source in the URL"))?;
-    for seg in &segments[..start] {
-        let mut parts = seg.split(':');
-        let name = parts.next().unwrap_or("");
-        let args: Vec<&str> = parts.collect();
-        // A URL may redefine the route's limits only where the route allows it (a preset, the
-        // operator's own, may).
-        if SECURITY_OPTIONS.contains(&name) && !cfg.allow_security_options {
-            return Err(GrammarError::Signature(
-                "security processing options are not allowed",
-            ));
-        }
+    let start = if cfg.only_presets {
+        // IMGPROXY_ONLY_PRESETS: the first segment is preset names and nothing else
+        // (`thumb:sharp`); `pr:thumb` names a preset `pr`.
+        let names: Vec<&str> = segments[0].split(':').collect();
         options
-            .apply_with(name, &args, &cfg.presets)
-            .map_err(|e| bad(e.to_string()))?;
+            .apply_with("pr", &names, &cfg.presets)
+            .map_err(|e| bad(format!("{} (this route takes only preset names)", e.reason)))?;
+        1
+    } else {
+        // Options are the segments before the first without a `:` (imgproxy's rule).
+        let start = segments
+            .iter()
+            .position(|s| !s.contains(':'))
+            .ok_or_else(|| bad("no source in the URL"))?;
+        options_from(&segments[..start], &mut options, cfg)?;
+        start
+    };
+    if start >= segments.len() {
+        return Err(bad("no source in the URL"));
     }
     let (source, ext) = if segments[start] == "plain" {
         let joined = segments[start + 1..].join("/");
@@ -156,6 +158,30 @@ pub fn parse(path: &str, cfg: &ImgproxyConfig, now: SystemTime) -> Result<Parsed
         options,
         source: source_ref(&source)?,
     })
+}
+
+/// Applies URL options (`name:arg:arg` segments) to `options`.
+fn options_from(
+    segments: &[&str],
+    options: &mut Options,
+    cfg: &ImgproxyConfig,
+) -> Result<(), GrammarError> {
+    for seg in segments {
+        let mut parts = seg.split(':');
+        let name = parts.next().unwrap_or("");
+        let args: Vec<&str> = parts.collect();
+        // A URL may redefine the route's limits only where the route allows it (a preset, the
+        // operator's own, may).
+        if SECURITY_OPTIONS.contains(&name) && !cfg.allow_security_options {
+            return Err(GrammarError::Signature(
+                "security processing options are not allowed",
+            ));
+        }
+        options
+            .apply_with(name, &args, &cfg.presets)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// What a decoded source names: `local:///path`, an `http(s)://` URL or a relative path.
@@ -278,6 +304,40 @@ mod tests {
         let p = parse("x/plain/a.jpg", &c, at(0)).unwrap();
         assert_eq!(p.options.width, 20);
         assert!(parse("x/pr:nope/plain/a.jpg", &c, at(0)).is_err());
+    }
+
+    /// IMGPROXY_ONLY_PRESETS: the first segment names presets and nothing else.
+    #[test]
+    fn only_presets() {
+        let mut c = cfg();
+        c.only_presets = true;
+        c.presets
+            .insert("default".into(), OptionList::parse("q:50").unwrap());
+        c.presets.insert(
+            "thumb".into(),
+            OptionList::parse("rs:fill:100:100").unwrap(),
+        );
+        c.presets
+            .insert("narrow".into(), OptionList::parse("w:40").unwrap());
+        let p = parse("x/thumb:narrow/plain/a.jpg@png", &c, at(0)).unwrap();
+        assert_eq!((p.options.width, p.options.height), (40, 100));
+        assert_eq!(p.options.quality, 50);
+        assert_eq!(p.options.presets, ["default", "thumb", "narrow"]);
+        assert_eq!(p.options.format, Some(FormatChoice::Png));
+        assert_eq!(p.source, SourceRef::Relative("a.jpg".into()));
+        for bad in [
+            "x/pr:thumb/plain/a.jpg",
+            "x/w:10/plain/a.jpg",
+            "x/thumb/w:10/plain/a.jpg",
+            "x/plain/a.jpg",
+            "x/thumb",
+            "x/",
+        ] {
+            assert!(
+                matches!(parse(bad, &c, at(0)), Err(GrammarError::Bad(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

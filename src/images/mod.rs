@@ -631,8 +631,14 @@ impl Images {
             options.format.unwrap_or(inner.cfg.default_format),
             req.headers(),
         )
-        // imgproxy's AUTO_JXL: never for an animation (its first frame only).
-        .or_jxl(req.headers(), inner.auto_jxl && probe.frames <= 1);
+        // imgproxy's AUTO_JXL: never for an animation (its first frame only); AUTO_AVIF
+        // neither when the source animates.
+        .or_jxl(req.headers(), inner.auto_jxl && probe.frames <= 1)
+        .for_animation(
+            req.headers(),
+            probe.format,
+            animation::animates(&probe, sniff::ImageFormat::Webp),
+        );
         let negotiated = matches!(target, Target::Auto(_));
         let quality = inner.cfg.default_quality.get() as u8;
         let skip = pipeline::skipped(&options, probe.format);

@@ -19,7 +19,8 @@ pub enum Target {
     Keep,
     Fixed(ImageFormat),
     /// Negotiated from Accept: JPEG XL (where the route allows it, [`Target::or_jxl`]), AVIF
-    /// or WebP if listed, else (`None`) the source's format.
+    /// or WebP if listed, else (`None`) the source's format; GIF for an animated WebP whose
+    /// client lists no format that animates ([`Target::for_animation`]).
     Auto(Option<ImageFormat>),
 }
 
@@ -42,8 +43,31 @@ impl Target {
     /// loaded) and listed in Accept: imgproxy's `AUTO_JXL`, which it prefers to AVIF and WebP.
     pub fn or_jxl(self, req: &HeaderMap, allowed: bool) -> Target {
         match self {
-            Target::Auto(_) if allowed && accepts(req, "image/jxl") => {
+            Target::Auto(_) if allowed && accepts(req, ImageFormat::Jxl) => {
                 Target::Auto(Some(ImageFormat::Jxl))
+            }
+            t => t,
+        }
+    }
+
+    /// imgproxy's rule for an `animated` source (one whose frames GIF or WebP output keeps,
+    /// [`super::animation::animates`]): a negotiated format that cannot animate (AVIF; JPEG
+    /// XL is never negotiated for one, [`Target::or_jxl`]) gives way to WebP where Accept
+    /// lists it, else to what a client listing neither gets; there an animated WebP becomes
+    /// GIF (imgproxy's first preferred format that animates: its preferred formats are JPEG,
+    /// PNG and GIF), a GIF stays GIF and an APNG gives its default image as PNG (imgproxy
+    /// reads no APNG frames). A format asked for (`@avif`, `f:avif`) is kept: AVIF of the
+    /// first frame, as imgproxy's.
+    pub fn for_animation(self, req: &HeaderMap, source: ImageFormat, animated: bool) -> Target {
+        match self {
+            Target::Auto(_) if animated => {
+                if accepts(req, ImageFormat::Webp) {
+                    Target::Auto(Some(ImageFormat::Webp))
+                } else if source == ImageFormat::Webp {
+                    Target::Auto(Some(ImageFormat::Gif))
+                } else {
+                    Target::Auto(None)
+                }
             }
             t => t,
         }
@@ -201,51 +225,83 @@ impl Resolved {
 
 /// AVIF if Accept lists image/avif, else WebP if it lists image/webp.
 pub fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
-    if accepts(req, "image/avif") {
-        Some(ImageFormat::Avif)
-    } else if accepts(req, "image/webp") {
-        Some(ImageFormat::Webp)
-    } else {
-        None
-    }
+    Accepted::of(req, false).first()
 }
 
-/// What a request's Accept decides of a negotiated format: [`negotiate`]'s pick, and whether
-/// JPEG XL may be answered (`jxl`, the route's `auto_jxl`, and Accept lists it). The route's
-/// index of cached results keys requests by both ([`super::hits`]): a result that cannot be
-/// JPEG XL (zimg's API, an animation) is [`negotiate`]'s, so two Accepts listing JPEG XL may
-/// still ask for different results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Accepted {
-    pub best: Option<ImageFormat>,
-    pub jxl: bool,
-}
-
-/// [`Accepted`] for `req` on a route whose `auto_jxl` is `jxl`.
+/// What decides a negotiated format for `req` ([`Accepted::of`]): the route's index of cached
+/// results keys requests by it ([`super::hits`]).
 pub fn negotiated(req: &HeaderMap, jxl: bool) -> Accepted {
-    Accepted {
-        best: negotiate(req),
-        jxl: jxl && accepts(req, "image/jxl"),
-    }
+    Accepted::of(req, jxl)
 }
 
-/// Whether the request's Accept lists `mime` (`q=0` is a refusal).
-fn accepts(req: &HeaderMap, mime: &str) -> bool {
-    req.get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .any(|item| {
+/// The formats larder negotiates that a request's Accept lists (`q=0` is a refusal): all that
+/// a negotiated output depends on besides the source (an animated source skips the formats
+/// that cannot animate, [`Target::for_animation`], so whether WebP is listed matters even
+/// where AVIF is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Accepted(u8);
+
+impl Accepted {
+    const JXL: u8 = 1;
+    const AVIF: u8 = 2;
+    const WEBP: u8 = 4;
+
+    /// The formats `req`'s Accept lists, read in one pass; JPEG XL only with `jxl` (the
+    /// route's `auto_jxl`).
+    pub fn of(req: &HeaderMap, jxl: bool) -> Accepted {
+        let mut bits = 0;
+        for item in req
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+        {
             let mut parts = item.split(';');
             let m = parts.next().unwrap_or("").trim();
+            let bit = if m.eq_ignore_ascii_case("image/avif") {
+                Accepted::AVIF
+            } else if m.eq_ignore_ascii_case("image/webp") {
+                Accepted::WEBP
+            } else if jxl && m.eq_ignore_ascii_case("image/jxl") {
+                Accepted::JXL
+            } else {
+                continue;
+            };
             let refused = parts.any(|p| {
-                let p = p.trim();
-                p.strip_prefix("q=")
+                p.trim()
+                    .strip_prefix("q=")
                     .and_then(|q| q.trim().parse::<f32>().ok())
                     .is_some_and(|q| q <= 0.0)
             });
-            m.eq_ignore_ascii_case(mime) && !refused
-        })
+            if !refused {
+                bits |= bit;
+            }
+        }
+        Accepted(bits)
+    }
+
+    /// Listed (JPEG XL only if it was looked for).
+    pub fn has(self, format: ImageFormat) -> bool {
+        let bit = match format {
+            ImageFormat::Jxl => Accepted::JXL,
+            ImageFormat::Avif => Accepted::AVIF,
+            ImageFormat::Webp => Accepted::WEBP,
+            _ => 0,
+        };
+        self.0 & bit != 0
+    }
+
+    /// The format negotiated: JPEG XL (if looked for), then AVIF, then WebP.
+    pub fn first(self) -> Option<ImageFormat> {
+        [ImageFormat::Jxl, ImageFormat::Avif, ImageFormat::Webp]
+            .into_iter()
+            .find(|f| self.has(*f))
+    }
+}
+
+/// Whether the request's Accept lists `format`, one of those [`Accepted`] reads.
+fn accepts(req: &HeaderMap, format: ImageFormat) -> bool {
+    Accepted::of(req, true).has(format)
 }
 
 #[cfg(test)]
@@ -284,6 +340,61 @@ mod tests {
         );
         assert_eq!(r(&h).format, ImageFormat::Avif);
         assert!(r(&h).negotiated());
+    }
+
+    /// imgproxy's AUTO_AVIF skips animations: WebP where listed, else GIF for an animated
+    /// WebP (the source's format for the others); a fixed format and still sources untouched.
+    #[test]
+    fn negotiated_avif_of_an_animation() {
+        let h = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, HeaderValue::from_static(v));
+            h
+        };
+        let both = h("image/avif,image/webp");
+        let avif = h("image/avif");
+        let auto = |h: &HeaderMap| Target::choose(FormatChoice::Auto, h);
+        let webp = Target::Auto(Some(ImageFormat::Webp));
+        assert_eq!(
+            auto(&both).for_animation(&both, ImageFormat::Gif, true),
+            webp
+        );
+        assert_eq!(
+            auto(&both).for_animation(&both, ImageFormat::Webp, true),
+            webp
+        );
+        let gif = |t: Target, s| t.output(s) == ImageFormat::Gif;
+        assert!(gif(
+            auto(&avif).for_animation(&avif, ImageFormat::Gif, true),
+            ImageFormat::Gif
+        ));
+        assert!(gif(
+            auto(&avif).for_animation(&avif, ImageFormat::Webp, true),
+            ImageFormat::Webp
+        ));
+        let none = h("*/*");
+        assert!(gif(
+            auto(&none).for_animation(&none, ImageFormat::Webp, true),
+            ImageFormat::Webp
+        ));
+        let png = auto(&avif).for_animation(&avif, ImageFormat::Png, true);
+        assert_eq!(png.output(ImageFormat::Png), ImageFormat::Png);
+        assert!(png.key() != auto(&avif).key() && png.key() != webp.key());
+        // Still sources, and formats asked for, are untouched.
+        assert_eq!(
+            auto(&both).for_animation(&both, ImageFormat::Gif, false),
+            auto(&both)
+        );
+        let fixed = Target::Fixed(ImageFormat::Avif);
+        assert_eq!(fixed.for_animation(&both, ImageFormat::Gif, true), fixed);
+        // The Accept the index keys by tells the two apart.
+        assert_ne!(negotiated(&both, false), negotiated(&avif, false));
+        assert_eq!(negotiated(&both, false).first(), Some(ImageFormat::Avif));
+        assert_eq!(negotiated(&h("image/jxl"), false).first(), None);
+        assert_eq!(
+            negotiated(&h("image/jxl"), true).first(),
+            Some(ImageFormat::Jxl)
+        );
     }
 
     /// imgproxy's AUTO_JXL: JPEG XL before AVIF and WebP, only where the route allows it and
