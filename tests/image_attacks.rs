@@ -506,7 +506,10 @@ async fn a_known_request_is_not_answered_in_a_format_its_accept_does_not_list() 
     let files = [("anim.webp", animated_webp())];
     let l = common::image_route(&files, "default_format = \"auto\"\nauto_jxl = true", None).await;
     let zimg = format!("/{}?w=40", upload_photo(l.addr).await);
-    for path in ["/insecure/rs:fit:16:16/plain/anim.webp", zimg.as_str()] {
+    // Without WebP listed, the animation is GIF (imgproxy's preferred format for one) and the
+    // zimg result JPEG: neither is the WebP made for the request listing it.
+    let anim = "/insecure/rs:fit:16:16/plain/anim.webp";
+    for (path, alone) in [(anim, "image/gif"), (zimg.as_str(), "image/jpeg")] {
         let r = get_accepting(l.addr, path, "image/jxl,image/webp").await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         assert_eq!(r.header("content-type"), Some("image/webp"), "{path}");
@@ -514,7 +517,7 @@ async fn a_known_request_is_not_answered_in_a_format_its_accept_does_not_list() 
         assert_eq!(r.cache(), "HIT", "{path}");
         let r = get_accepting(l.addr, path, "image/jxl").await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
-        assert_eq!(r.header("content-type"), Some("image/jpeg"), "{path}");
+        assert_eq!(r.header("content-type"), Some(alone), "{path}");
     }
     l.larder.shutdown().await;
 }
