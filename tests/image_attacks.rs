@@ -804,3 +804,37 @@ async fn each_url_is_offered_its_own_file_name() {
     }
     l.shutdown().await;
 }
+
+/// Two image routes of one origin keep its originals under one cache key: a route's
+/// `max_source_size` held only for its own fetches, so an original another route (with a
+/// larger limit) had fetched was served to it whatever its size. Refused (422) now.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_routes_max_source_size_holds_for_an_original_another_route_fetched() {
+    let origin =
+        Origin::start(|_, _| Reply::ok(common::photo()).header("cache-control", "max-age=600"))
+            .await;
+    let toml = format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/big/"
+  [listener.route.images]
+  origin = "{0}"
+  [[listener.route]]
+  path = "/small/"
+  [listener.route.images]
+  origin = "{0}"
+  max_source_size = "1KiB"
+"#,
+        origin.url()
+    );
+    let l = Larder::start(&toml).await;
+    let r = get(l.addr, "/small/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let r = get(l.addr, "/big/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, "/small/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
