@@ -276,8 +276,8 @@ fn main() -> ExitCode {
         if let Some(every) = service::watchdog_interval() {
             tokio::spawn(service::watchdog(every));
         }
-        for ((addr, router), scheme) in handle.addrs.iter().zip(&handle.routers).zip(&schemes) {
-            for (host, prefix, what) in router.describe() {
+        for ((addr, routes), scheme) in handle.addrs.iter().zip(&handle.routes).zip(&schemes) {
+            for (host, prefix, what) in routes {
                 tracing::info!("{scheme}://{addr}  host {host}  {prefix}  → {what}");
             }
         }

@@ -807,3 +807,74 @@ async fn each_url_is_offered_its_own_file_name() {
     }
     l.shutdown().await;
 }
+
+/// Two image routes of one origin keep its originals under one cache key: a route's
+/// `max_source_size` held only for its own fetches, so an original another route (with a
+/// larger limit) had fetched was served to it whatever its size. Refused (422) now.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_routes_max_source_size_holds_for_an_original_another_route_fetched() {
+    let origin =
+        Origin::start(|_, _| Reply::ok(common::photo()).header("cache-control", "max-age=600"))
+            .await;
+    let toml = format!(
+        r#"
+[[listener]]
+addr = "127.0.0.1:0"
+  [[listener.route]]
+  path = "/big/"
+  [listener.route.images]
+  origin = "{0}"
+  [[listener.route]]
+  path = "/small/"
+  [listener.route.images]
+  origin = "{0}"
+  max_source_size = "1KiB"
+"#,
+        origin.url()
+    );
+    let l = Larder::start(&toml).await;
+    let r = get(l.addr, "/small/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let r = get(l.addr, "/big/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, "/small/insecure/w:20/plain/photo.jpg").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    l.shutdown().await;
+}
+
+/// `larder_image_decoded_cache_bytes` adds up what every route's kept decoded originals hold:
+/// a route a reload replaced (its kept originals freed with it) left its bytes in the gauge,
+/// which grew with every reload. A route gone takes its bytes out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replaced_route_takes_its_kept_originals_out_of_the_gauge() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("photo.jpg"), common::photo()).unwrap();
+    let toml = |quality: u32| {
+        let tables = "[admin]\ntoken = \"t\"\nlisten = \"127.0.0.1:0\"\n";
+        let keys = format!(
+            "root = {:?}\ndefault_quality = {quality}",
+            root.path().display().to_string()
+        );
+        one_route(tables, "images", &keys)
+    };
+    let l = Larder::start(&toml(80)).await;
+    let held = |l: &Larder| {
+        let text = l.metrics_text().expect("metrics are counted");
+        text.lines()
+            .find_map(|l| l.strip_prefix("larder_image_decoded_cache_bytes "))
+            .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+    };
+    let r = get(l.addr, "/insecure/rs:fill:100:100/plain/photo.jpg@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(held(&l) > 100 * 100 * 3, "{}", held(&l));
+    l.reload(&toml(81)).unwrap();
+    // The old route goes once its last connection has: polled, not timed.
+    for _ in 0..500 {
+        if held(&l) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held(&l), 0);
+    l.shutdown().await;
+}

@@ -242,8 +242,17 @@ impl Sources {
         }
     }
 
-    /// Loads `r`'s bytes.
+    /// Loads `r`'s bytes: at most `max_source_size` of them, whoever stored the copy (routes
+    /// of one origin or `root` share its originals' cache keys, not their limits).
     pub async fn load(&self, r: &SourceRef) -> Result<Original, SourceError> {
+        let got = self.load_any(r).await?;
+        if got.data.len() as u64 > self.max_size {
+            return Err(SourceError::TooLarge(self.max_size));
+        }
+        Ok(got)
+    }
+
+    async fn load_any(&self, r: &SourceRef) -> Result<Original, SourceError> {
         match r {
             SourceRef::Relative(p) => match &self.origin {
                 Some(origin) => self.fetch(origin, relative_target(p)?).await,

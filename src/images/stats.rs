@@ -54,6 +54,14 @@ impl Drop for Queued {
     }
 }
 
+/// A route gone (a reload replaced it) takes its kept decoded originals, freed with it, out of
+/// the gauge that adds up every route's.
+impl Drop for Stats {
+    fn drop(&mut self) {
+        self.decoded_held(0);
+    }
+}
+
 impl Stats {
     /// Counts into `m` from now on (the first server's metrics that observe the route).
     pub fn count_into(&self, m: &Arc<Metrics>) {

@@ -56,8 +56,10 @@ pub struct Handle {
     /// Bound address of the admin API listener, when configured.
     pub admin_addr: Option<SocketAddr>,
     pub cache: Arc<Cache>,
-    /// Routers of each listener (for the startup banner).
-    pub routers: Vec<Arc<Router>>,
+    /// What each listener's routes serve (host, prefix, handler), for the startup banner: their
+    /// descriptions, not the routers, which a reload must be able to drop (with every route's
+    /// memory: kept decoded originals, the hits index, the transform pool).
+    pub routes: Vec<Vec<(String, String, String)>>,
     shutdown: watch::Sender<bool>,
     conns: Arc<Semaphore>,
     max_conns: usize,
@@ -231,7 +233,7 @@ pub async fn start_with(config: Config, clock: Clock) -> Result<Handle, Error> {
         addrs,
         admin_addr,
         cache: shared.cache,
-        routers,
+        routes: routers.iter().map(|r| r.describe()).collect(),
         shutdown,
         conns: Arc::clone(&serving.conns),
         max_conns,
