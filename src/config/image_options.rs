@@ -743,7 +743,12 @@ impl Options {
                 })?)
             }
             "max_animation_frames" | "maf" => {
-                self.security.max_animation_frames = Some(one(name, args, int)?).filter(|n| *n > 0)
+                // As imgproxy: 0 frames is refused, not read as "no limit".
+                let frames = one(name, args, int)?;
+                if frames == 0 {
+                    return Err(bad(name, "0 is not a number of frames (1 or more)"));
+                }
+                self.security.max_animation_frames = Some(frames)
             }
             "max_animation_frame_resolution" | "mafr" => {
                 self.security.max_animation_frame_resolution = Some(one(name, args, megapixels)?)
@@ -1219,5 +1224,17 @@ mod tests {
         assert_ne!(a.key(), opts("rs:fill:100:100/q:81").unwrap().key());
         assert_ne!(a.key(), opts("rs:fill:100:100/q:80/cb:2").unwrap().key());
         assert_eq!(Options::default().key(), "fit:0:0");
+    }
+
+    #[test]
+    fn security_options_refuse_what_imgproxy_refuses() {
+        let o = opts("maf:3/mrd:0/msfs:100").unwrap();
+        assert_eq!(o.security.max_animation_frames, Some(3));
+        assert_eq!(o.security.max_src_file_size, Some(100));
+        // `mrd:0` keeps the route's limit.
+        assert_eq!(o.security.max_result_dimension, None);
+        assert_eq!(err("maf:0"), "maf");
+        assert_eq!(err("max_animation_frames:0"), "max_animation_frames");
+        assert_eq!(err("msfs:0"), "msfs");
     }
 }
