@@ -2,7 +2,8 @@
 //! bench/data/photo-1000x872.jpg decoded (shrink-on-load) and resized to 500×436, then encoded
 //! `N` times at quality `Q` (80) and speed `SPEED` (the route's default) through `ENCODER` (`aom`, `rav1e`;
 //! unset: libaom when it loads, as `avif_encoder = "auto"`); prints the thread's CPU time per
-//! encode (getrusage) and the bytes, and writes the last output (and, with `PNG=path`, the
+//! encode (getrusage) and the bytes, with the ratio to a JPEG encode of the same picture (the
+//! unit of the pool's cost estimate), and writes the last output (and, with `PNG=path`, the
 //! resized pixels losslessly, for other encoders) so bench/lib/quality.py can judge it.
 //!
 //!   cargo build --release --example avif_encode [--features asm]
@@ -77,9 +78,17 @@ fn main() {
     }
     let ms = (thread_cpu_ms() - start) / f64::from(n);
     std::fs::write(&out_path, &avif).expect("write the AVIF");
+    // JPEG's encode of the same picture: the unit of the pool's cost estimates
+    // (`transform::estimate`), 10 times as many encodes to be measurable.
+    let start = thread_cpu_ms();
+    for _ in 0..10 * n {
+        codec::encode(&img, ImageFormat::Jpeg, quality).expect("JPEG");
+    }
+    let jpeg = (thread_cpu_ms() - start) / f64::from(10 * n);
     println!(
-        "{}, q{quality} speed {speed}: {ms:.1} ms CPU per encode, {} bytes",
+        "{}, q{quality} speed {speed}: {ms:.1} ms CPU per encode, {} bytes; JPEG {jpeg:.2} ms: {:.0}x",
         avif_encode::describe(encoder),
-        avif.len()
+        avif.len(),
+        ms / jpeg
     );
 }

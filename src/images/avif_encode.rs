@@ -104,6 +104,32 @@ pub fn default_speed(encoder: AvifEncoder) -> u8 {
     }
 }
 
+/// The CPU of an AVIF encode per pixel through `choice` (resolved as [`encode`] does) at
+/// `speed`, in JPEG encodes of the same picture: the pool orders transforms by such costs
+/// ([`super::transform::estimate`]). Measured on the bench's 500×436 picture at q80
+/// (`examples/avif_encode.rs`, which prints the ratio; docs/design.md "AVIF encoding"):
+/// [`AOM_COST`] and [`RAV1E_COST`] by speed, rav1e's for its assembly (the `asm` feature),
+/// without which it is about 3.4 times slower.
+pub fn cost_per_pixel(choice: AvifEncoder, speed: u8) -> u64 {
+    let i = usize::from(speed.clamp(1, 10)) - 1;
+    if through_aom(choice) {
+        AOM_COST[i]
+    } else if cfg!(feature = "asm") {
+        RAV1E_COST[i]
+    } else {
+        RAV1E_COST[i] * 34 / 10
+    }
+}
+
+/// libaom's cost (JPEG encodes a pixel) at speed 1 to 10 (cpu-used 0 to 9): 7.7 s, 2.5 s,
+/// 2.0 s, 1.26 s, 647 ms, 521 ms, 106 ms, 57 ms, 41 ms and 15 ms for the 500×436 picture,
+/// whose JPEG encode is ~1.1 ms.
+const AOM_COST: [u64; 10] = [7000, 2300, 1900, 1100, 590, 470, 96, 52, 37, 13];
+
+/// rav1e's (with its assembly) at speed 1 to 10 (its presets, with [`speed_settings`]):
+/// 9.6 s, 5.5 s, 3.4-3.5 s from 3 to 5, 633 ms, 359 ms at 7 and 8, 236 ms and 128 ms.
+const RAV1E_COST: [u64; 10] = [8700, 5000, 3200, 3200, 3100, 580, 330, 330, 210, 120];
+
 /// Which encoder `choice` uses in this process: "libaom 3.6.0", or "rav1e" with why libaom
 /// is not used.
 pub fn describe(choice: AvifEncoder) -> String {

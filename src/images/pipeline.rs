@@ -428,7 +428,7 @@ pub fn prepare(
         extra: canvases,
         encodes: if o.max_bytes > 0 { 3 } else { 1 },
     };
-    let (mut memory, mut cost) = transform::estimate(probe, &shape, limits.avif_speed);
+    let (mut memory, mut cost) = transform::estimate(probe, &shape, limits);
     if animation::animates(probe, format) {
         // Every frame is decoded and transformed, and all results are held for the encoder.
         memory += animation::memory(probe, geometry.out);

@@ -238,12 +238,12 @@ pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared,
         memory: 0,
         cost: 0,
     };
-    (p.memory, p.cost) = p.estimate(probe, r, limits.avif_speed);
+    (p.memory, p.cost) = p.estimate(probe, r, limits);
     Ok(p)
 }
 
 impl Prepared {
-    fn estimate(&self, probe: &Probe, r: &Resolved, avif_speed: u8) -> (u64, u64) {
+    fn estimate(&self, probe: &Probe, r: &Resolved, limits: &Limits) -> (u64, u64) {
         let shape = Shape {
             need: self.need,
             out: self.plan.out,
@@ -254,7 +254,7 @@ impl Prepared {
             extra: 0,
             encodes: 1,
         };
-        let (mut memory, mut cost) = estimate(probe, &shape, avif_speed);
+        let (mut memory, mut cost) = estimate(probe, &shape, limits);
         if super::animation::animates(probe, self.format) {
             // Every frame is decoded and transformed, and all results are held for the encoder.
             memory += super::animation::memory(probe, shape.encoded);
@@ -291,8 +291,9 @@ pub(super) struct Shape {
 /// image, the result) and encoding (the result, a rotated or gray copy, the encoder's
 /// buffers). Bytes per pixel are upper bounds per format, checked against a counting
 /// allocator by `tests/image_memory.rs`. The cost weights are coarse ratios of per-pixel
-/// time between codecs (AVIF encoding dwarfs everything else), enough to order transforms.
-pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
+/// time between codecs (AVIF encoding dwarfs everything else; its weight is measured for the
+/// encoder and speed in `limits`), enough to order transforms.
+pub(super) fn estimate(probe: &Probe, s: &Shape, limits: &Limits) -> (u64, u64) {
     let (dw, dh) = match probe.format {
         ImageFormat::Jpeg => super::jpeg::scaled_size(probe.width, probe.height, s.need),
         _ => (probe.width, probe.height),
@@ -330,14 +331,18 @@ pub(super) fn estimate(probe: &Probe, s: &Shape, avif_speed: u8) -> (u64, u64) {
     let (ow, oh) = (u64::from(s.out.0), u64::from(s.out.1));
     let encoded = u64::from(s.encoded.0) * u64::from(s.encoded.1);
     // Encoding: the same for the encoder (its own copy of the pixels included). rav1e's
-    // are measured at ~53 bytes a pixel above ~3 MB; its work is ~200 times JPEG's at its
-    // fastest speed, and grows as the speed setting falls.
+    // are measured at ~53 bytes a pixel above ~3 MB; its work is measured per encoder and
+    // speed (`avif_encode::cost_per_pixel`).
     let (encode_bytes, encode_fixed, encode_work) = match s.format {
         ImageFormat::Jpeg => (4, 0, 1),
         ImageFormat::Png => (8, 0, 3),
         ImageFormat::Gif => (12, 0, 6),
         ImageFormat::Webp => (8, 0, 6),
-        ImageFormat::Avif => (56, 3 * MIB, 200 * (11 - u64::from(avif_speed.clamp(1, 10)))),
+        ImageFormat::Avif => (
+            56,
+            3 * MIB,
+            super::avif_encode::cost_per_pixel(limits.avif_encoder, limits.avif_speed),
+        ),
         // libjxl at effort 4 (its own buffers are float planes); HEIC is never encoded.
         ImageFormat::Jxl | ImageFormat::Heic => (48, 4 * MIB, 30),
     };
@@ -799,13 +804,57 @@ mod tests {
             extra: 0,
             encodes: 1,
         };
-        let (thin, _) = estimate(&probe(8000, 1), &shape(8000, 1), 10);
+        let (thin, _) = estimate(&probe(8000, 1), &shape(8000, 1), &Limits::DEFAULT);
         assert!(
             thin >= 8001 * 8001 * super::super::heif::DECODE_BYTES_PER_PIXEL,
             "{thin}"
         );
-        let (square, _) = estimate(&probe(300, 300), &shape(300, 300), 10);
+        let (square, _) = estimate(&probe(300, 300), &shape(300, 300), &Limits::DEFAULT);
         assert!(square < 301 * 301 * 20 + (16 << 20), "{square}");
+    }
+
+    /// The pool orders AVIF transforms by the encoder in use: libaom at its default speed (9)
+    /// is cheaper than rav1e at its fastest (10), as measured (docs/design.md "AVIF
+    /// encoding"; the estimate used to rank them the other way round); a slower speed never
+    /// costs less, and libaom's default is over ten JPEG transforms of the same picture.
+    #[test]
+    fn avif_cost_follows_the_encoder_and_its_speed() {
+        use crate::config::AvifEncoder::{Aom, Rav1e};
+        let probe = Probe {
+            format: ImageFormat::Jpeg,
+            width: 1000,
+            height: 872,
+            frames: 1,
+            orientation: 1,
+            cmyk: false,
+        };
+        let shape = |format| Shape {
+            need: (500, 436),
+            out: (500, 436),
+            encoded: (500, 436),
+            gray: false,
+            format,
+            reoriented: false,
+            extra: 0,
+            encodes: 1,
+        };
+        let cost = |avif_encoder, avif_speed| {
+            let limits = Limits {
+                avif_encoder,
+                avif_speed,
+                ..Limits::DEFAULT
+            };
+            estimate(&probe, &shape(ImageFormat::Avif), &limits).1
+        };
+        assert!(cost(Aom, 9) < cost(Rav1e, 10));
+        for encoder in [Aom, Rav1e] {
+            for speed in 1..10 {
+                assert!(cost(encoder, speed) >= cost(encoder, speed + 1), "{speed}");
+            }
+            assert!(cost(encoder, 1) > 50 * cost(encoder, 10));
+        }
+        let jpeg = estimate(&probe, &shape(ImageFormat::Jpeg), &Limits::DEFAULT).1;
+        assert!(cost(Aom, 9) > 10 * jpeg, "{} vs {jpeg}", cost(Aom, 9));
     }
 
     #[test]
