@@ -122,9 +122,9 @@ pub fn cost_per_pixel(choice: AvifEncoder, speed: u8) -> u64 {
 }
 
 /// libaom's cost (JPEG encodes a pixel) at speed 1 to 10 (cpu-used 0 to 9): 7.7 s, 2.5 s,
-/// 2.0 s, 1.26 s, 647 ms, 521 ms, 106 ms, 57 ms, 41 ms and 15 ms for the 500×436 picture,
-/// whose JPEG encode is ~1.1 ms.
-const AOM_COST: [u64; 10] = [7000, 2300, 1900, 1100, 590, 470, 96, 52, 37, 13];
+/// 2.0 s, 1.26 s, 647 ms, 521 ms, 106 ms, 57 ms, 31 ms (lean, [`aom::LEAN`]; 41 ms without)
+/// and 15 ms for the 500×436 picture, whose JPEG encode is ~1.1 ms.
+const AOM_COST: [u64; 10] = [7000, 2300, 1900, 1100, 590, 470, 96, 52, 28, 13];
 
 /// rav1e's (with its assembly) at speed 1 to 10 (its presets, with [`speed_settings`]):
 /// 9.6 s, 5.5 s, 3.4-3.5 s from 3 to 5, 633 ms, 359 ms at 7 and 8, 236 ms and 128 ms.
