@@ -1,6 +1,7 @@
 //! AV1 still pictures through libaom, loaded at run time ([`super::dynlib`]): one 8-bit YUV
 //! 4:2:0 or monochrome picture in, one AV1 keyframe (OBUs, reduced still-picture header) out, at
-//! the all-intra usage, one thread. `avif_encode` converts the pixels and writes the container;
+//! the all-intra usage, one thread, at the fast speeds with its least rewarding searches cut
+//! ([`LEAN`]). `avif_encode` converts the pixels and writes the container;
 //! this file is only the C calls, in one unsafe block whose invariants are commented.
 //!
 //! Why libaom beside rav1e: on the bench's 500×436 photo at q80 it is several times faster at
@@ -50,6 +51,34 @@ pub struct Settings {
     pub cq_level: u8,
     /// cpu-used, 0 (slowest) to 9 ([`cpu_used`]).
     pub cpu_used: u8,
+    /// Whether the searches in [`LEAN`] are cut ([`lean`]: at cpu-used 8 and 9).
+    pub lean: bool,
+}
+
+/// The controls (aomcx.h id, value) that cut what libaom's all-intra cpu-used 8 spends least
+/// well on one still picture. Measured on the bench photo's 500×436 resize and three others
+/// (docs/design.md "AVIF encoding"): ~0.8× the encode's CPU for 0.8-2.1% more bytes, SSIM and
+/// each plane's PSNR unchanged or higher. At cpu-used 9 (no rate-distortion search) they change
+/// nothing.
+pub const LEAN: &[(c_int, c_int)] = &[
+    // Trellis quantization (av1_optimize_txb, a fifth of the CPU) in the final coding only,
+    // not for each candidate of the rate-distortion search.
+    (DISABLE_TRELLIS_QUANT, 2),
+    // Coefficient and mode costs from the frame's starting probabilities, not re-derived after
+    // each superblock: one frame has little to learn from.
+    (COEFF_COST_UPD_FREQ, 3),
+    (MODE_COST_UPD_FREQ, 3),
+    // Two intra predictors the search tries on small blocks, rarely chosen in photos. (Not
+    // CfL: it keeps chroma's PSNR, which luma's SSIM does not see; not smooth or angle deltas:
+    // +2-6% bytes on smooth pictures.)
+    (ENABLE_FILTER_INTRA, 0),
+    (ENABLE_PAETH_INTRA, 0),
+];
+
+/// Whether cpu-used `cpu_used` runs [`LEAN`]: at 8 (the default `avif_speed`, 9) and 9 (where
+/// it is a no-op); slower speeds are asked for smaller files, and keep libaom's searches.
+pub fn lean(cpu_used: u8) -> bool {
+    cpu_used >= 8
 }
 
 /// cq-level for a 1-100 quality: libheif's mapping (`((100 - q) * 63 + 50) / 100`), so a `q`
@@ -201,6 +230,11 @@ const SET_COLOR_PRIMARIES: c_int = 45;
 const SET_TRANSFER_CHARACTERISTICS: c_int = 46;
 const SET_MATRIX_COEFFICIENTS: c_int = 47;
 const SET_COLOR_RANGE: c_int = 52;
+const DISABLE_TRELLIS_QUANT: c_int = 62;
+const ENABLE_FILTER_INTRA: c_int = 98;
+const ENABLE_PAETH_INTRA: c_int = 100;
+const COEFF_COST_UPD_FREQ: c_int = 126;
+const MODE_COST_UPD_FREQ: c_int = 127;
 const TUNE_SSIM: c_int = 1;
 
 type Iface = *const c_void;
@@ -258,11 +292,13 @@ fn load(cell: &'static dynlib::Once<Api>, sonames: &[&str]) -> Result<&'static A
                 _lib: lib,
             }
         };
-        // An encoder of another ABI (or one without the all-intra usage, before 3.2) is refused
-        // here, so `auto` falls back to rav1e rather than failing every request.
+        // An encoder of another ABI (or one without the all-intra usage, before 3.2, or one
+        // refusing a control of LEAN) is refused here, so `auto` falls back to rav1e rather
+        // than failing every request.
         let probe = Settings {
             cq_level: 63,
-            cpu_used: 9,
+            cpu_used: 8,
+            lean: true,
         };
         Encoder::new(&api, 16, 16, false, probe)
             .map(drop)
@@ -353,13 +389,18 @@ impl<'a> Encoder<'a> {
             enc.control(SET_CQ_LEVEL, c_int::from(s.cq_level))?;
             enc.control(SET_TUNING, TUNE_SSIM)?;
             enc.control(SET_COLOR_RANGE, CR_FULL_RANGE)?;
+            if s.lean {
+                for &(id, value) in LEAN {
+                    enc.control(id, value)?;
+                }
+            }
             Ok(enc)
         }
     }
 
     fn control(&self, id: c_int, value: c_int) -> Result<(), String> {
-        // SAFETY: an initialised encoder; every control used takes one `int`, as aomcx.h
-        // types them.
+        // SAFETY: an initialised encoder; every control used takes one `int` or `unsigned
+        // int`, as aomcx.h types them (passed alike).
         match unsafe { (self.api.control)(self.ctx.0, id, value) } {
             0 => Ok(()),
             _ => Err(describe(self.api, self.ctx.0)),
@@ -502,6 +543,12 @@ mod tests {
     }
 
     #[test]
+    fn lean_searches_at_the_two_fastest_speeds_only() {
+        let lean_at: Vec<u8> = (1..=10).filter(|&s| lean(cpu_used(s))).collect();
+        assert_eq!(lean_at, [9, 10]);
+    }
+
+    #[test]
     fn a_missing_library_is_named() {
         static NONE: dynlib::Once<Api> = dynlib::Once::new();
         let e = load(&NONE, &["libaom-not-here.so.3"]).err().unwrap();
@@ -533,6 +580,7 @@ mod tests {
         let s = Settings {
             cq_level: 13,
             cpu_used: 9,
+            lean: true,
         };
         let e = encode(&pic, s).unwrap_err();
         assert!(e.to_string().contains("smaller"), "{e}");

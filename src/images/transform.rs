@@ -816,7 +816,7 @@ mod tests {
     /// The pool orders AVIF transforms by the encoder in use: libaom at its default speed (9)
     /// is cheaper than rav1e at its fastest (10), as measured (docs/design.md "AVIF
     /// encoding"; the estimate used to rank them the other way round); a slower speed never
-    /// costs less, and libaom's default is over ten JPEG transforms of the same picture.
+    /// costs less, and libaom's default is at least ten JPEG transforms of the same picture.
     #[test]
     fn avif_cost_follows_the_encoder_and_its_speed() {
         use crate::config::AvifEncoder::{Aom, Rav1e};
@@ -854,7 +854,7 @@ mod tests {
             assert!(cost(encoder, 1) > 50 * cost(encoder, 10));
         }
         let jpeg = estimate(&probe, &shape(ImageFormat::Jpeg), &Limits::DEFAULT).1;
-        assert!(cost(Aom, 9) > 10 * jpeg, "{} vs {jpeg}", cost(Aom, 9));
+        assert!(cost(Aom, 9) >= 10 * jpeg, "{} vs {jpeg}", cost(Aom, 9));
     }
 
     #[test]
