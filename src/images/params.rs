@@ -214,6 +214,10 @@ pub fn negotiate(req: &HeaderMap) -> Option<ImageFormat> {
 /// and Accept lists it, else [`negotiate`]'s (the route's index of cached results keys
 /// requests by it, [`super::hits`]).
 pub fn negotiated(req: &HeaderMap, jxl: bool) -> Option<ImageFormat> {
+    // Without Accept, one lookup rather than one a format (every cached hit asks this).
+    if !req.contains_key(header::ACCEPT) {
+        return None;
+    }
     if jxl && accepts(req, "image/jxl") {
         Some(ImageFormat::Jxl)
     } else {
