@@ -538,8 +538,13 @@ impl Router {
                 Some(m) => m.route(label.clone()),
                 None => i as u32,
             };
-            if let (Handler::Images(images), Some(m)) = (&r.handler, metrics) {
-                images.count_into(m);
+            if let Handler::Images(images) = &r.handler {
+                if let Some(m) = metrics {
+                    images.count_into(m);
+                }
+                if log.is_some() {
+                    images.log_into();
+                }
             }
             r.label = label;
         }

@@ -240,6 +240,10 @@ struct Inner {
     auto_jxl: bool,
     /// The requests answered with a cached result (None: `cache_results = false`).
     hits: Option<hits::Hits>,
+    /// The server writes an access log ([`Images::log_into`]): a cached hit notes what the log
+    /// says of it in its response; without a log the note (an extensions map, three
+    /// allocations a hit) is not made.
+    logged: std::sync::atomic::AtomicBool,
     /// Decoded originals kept for the proxy's next variants (`decoded_cache`).
     decoded: decoded::DecodedCache,
     /// The route's settings that shape results, in their keys ([`settings_key`]).
@@ -297,6 +301,7 @@ impl Images {
                 auto_jxl,
                 stats: stats::Stats::default(),
                 hits: cfg.cache_results.then(hits::Hits::default),
+                logged: std::sync::atomic::AtomicBool::new(false),
                 // The kept decoded originals' bytes are taken out of the transforms' budget.
                 pool: Pool::new(
                     cfg.workers.as_usize(),
@@ -329,6 +334,12 @@ impl Images {
     /// counts requests).
     pub fn count_into(&self, m: &Arc<crate::metrics::Metrics>) {
         self.inner.stats.count_into(m);
+    }
+
+    /// The server logs requests: cached hits note what the log says of them, as other
+    /// responses do.
+    pub fn log_into(&self) {
+        (self.inner.logged).store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Where the originals are, for logs.
@@ -381,7 +392,10 @@ impl Images {
             &inner.status_header,
             now,
         );
-        Ok(noted(r, known.served.clone()))
+        if inner.logged.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(noted(r, known.served.clone()));
+        }
+        Ok(r)
     }
 
     /// Serves one request.
