@@ -735,12 +735,12 @@ impl Options {
                 self.security.max_src_resolution = Some(one(name, args, megapixels)?)
             }
             "max_src_file_size" | "msfs" => {
-                self.security.max_src_file_size = Some(one(name, args, |n, v| {
+                // 0 is imgproxy's "no limit of its own": the route's `max_source_size` holds.
+                let bytes = one(name, args, |n, v| {
                     v.parse::<u64>()
-                        .ok()
-                        .filter(|b| *b > 0)
-                        .ok_or_else(|| bad(n, format!("`{v}` is not a size in bytes above 0")))
-                })?)
+                        .map_err(|_| bad(n, format!("`{v}` is not a size in bytes")))
+                })?;
+                self.security.max_src_file_size = Some(bytes).filter(|b| *b > 0)
             }
             "max_animation_frames" | "maf" => {
                 // As imgproxy: 0 frames is refused, not read as "no limit".
@@ -1235,6 +1235,7 @@ mod tests {
         assert_eq!(o.security.max_result_dimension, None);
         assert_eq!(err("maf:0"), "maf");
         assert_eq!(err("max_animation_frames:0"), "max_animation_frames");
-        assert_eq!(err("msfs:0"), "msfs");
+        assert_eq!(opts("msfs:0").unwrap().security.max_src_file_size, None);
+        assert_eq!(err("msfs:-1"), "msfs");
     }
 }
