@@ -878,3 +878,34 @@ async fn a_replaced_route_takes_its_kept_originals_out_of_the_gauge() {
     assert_eq!(held(&l), 0);
     l.shutdown().await;
 }
+
+/// `imgproxy.only_presets` leaves a URL no way to choose its own options: thumbor's grammar on
+/// the same route (options by design, `unsafe/500x500/...`) is refused (403), and an empty
+/// preset name (`//`, `:`, `thumb:`) is 400 as imgproxy answers it. Before, thumbor's URLs
+/// were served any size and filter, and `/insecure//plain/SOURCE` served the original at its
+/// full size though the route names only thumbnails.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_presets_takes_no_options_through_thumbor_or_an_empty_name() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    let keys = "[listener.route.images.imgproxy]\nonly_presets = true\n\
+                [listener.route.images.imgproxy.presets]\nthumb = \"rs:fill:50:50\"";
+    let l = start(root.path(), keys).await;
+    let r = get(l.addr, "/insecure/thumb/plain/a.jpg@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for path in [
+        "/insecure//plain/a.jpg@png",
+        "/insecure/:/plain/a.jpg@png",
+        "/insecure/thumb:/plain/a.jpg@png",
+        "/insecure/:thumb/plain/a.jpg@png",
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    for path in ["/unsafe/500x500/a.jpg", "/unsafe/a.jpg"] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        assert!(r.text().contains("only_presets"), "{path}: {}", r.text());
+    }
+    l.shutdown().await;
+}
