@@ -909,3 +909,34 @@ async fn only_presets_takes_no_options_through_thumbor_or_an_empty_name() {
     }
     l.shutdown().await;
 }
+
+/// imgproxy's security options at 0 keep the route's limits where the route lets URLs redefine
+/// them: `msfs:0` ("no limit of its own") still meets `max_source_size` (422), `mrd:0`
+/// `max_output_dimension` (400), and `maf:0` is refused (400), not read as no limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn security_options_at_zero_keep_the_routes_limits() {
+    let root = tempfile::tempdir().unwrap();
+    let photo = common::photo();
+    std::fs::write(root.path().join("a.jpg"), &photo).unwrap();
+    let keys = format!(
+        "max_source_size = {}\nmax_output_dimension = 100\n\
+         imgproxy = {{ allow_security_options = true }}",
+        photo.len() - 1
+    );
+    let l = start(root.path(), &keys).await;
+    for (path, status) in [
+        ("/insecure/msfs:0/rs:fit:50:50/plain/a.jpg", 422),
+        ("/insecure/maf:0/rs:fit:50:50/plain/a.jpg", 400),
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+    }
+    l.shutdown().await;
+    let keys = "max_output_dimension = 100\nimgproxy = { allow_security_options = true }";
+    let l = start(root.path(), keys).await;
+    let r = get(l.addr, "/insecure/mrd:0/rs:fit:50:50/plain/a.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, "/insecure/mrd:0/rs:fit:500:500/plain/a.jpg").await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    l.shutdown().await;
+}
