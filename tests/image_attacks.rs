@@ -940,3 +940,30 @@ async fn security_options_at_zero_keep_the_routes_limits() {
     assert_eq!(r.status, 400, "{}", r.text());
     l.shutdown().await;
 }
+
+/// A watermark file replaced on disk is seen at the next reload: the results carrying the old
+/// mark are not served for the new one (the mark's pixels are part of the results' keys).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watermark_replaced_on_disk_makes_new_results_at_a_reload() {
+    let files = [("photo.jpg", common::photo())];
+    let l = common::image_route(&files, "", None).await;
+    let mark = l.root.path().join("mark.png");
+    std::fs::write(&mark, flat_png(32, 32, [255, 0, 0])).unwrap();
+    let toml = format!(
+        "root = \"{}\"\nwatermark = \"{}\"",
+        l.root.path().display(),
+        mark.display()
+    );
+    let toml = one_route("", "images", &toml);
+    l.larder.reload(&toml).unwrap();
+    let path = "/insecure/rs:fit:64:64/wm:1:ce/plain/photo.jpg@png";
+    let red = get(l.addr, path).await;
+    assert_eq!(red.status, 200, "{}", red.text());
+    std::fs::write(&mark, flat_png(32, 32, [0, 0, 255])).unwrap();
+    l.larder.reload(&toml).unwrap();
+    let blue = get(l.addr, path).await;
+    assert_eq!(blue.status, 200, "{}", blue.text());
+    assert_eq!(blue.cache(), "MISS");
+    assert_ne!(blue.body, red.body);
+    l.larder.shutdown().await;
+}
