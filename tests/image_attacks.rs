@@ -878,3 +878,92 @@ async fn a_replaced_route_takes_its_kept_originals_out_of_the_gauge() {
     assert_eq!(held(&l), 0);
     l.shutdown().await;
 }
+
+/// `imgproxy.only_presets` leaves a URL no way to choose its own options: thumbor's grammar on
+/// the same route (options by design, `unsafe/500x500/...`) is refused (403), and an empty
+/// preset name (`//`, `:`, `thumb:`) is 400 as imgproxy answers it. Before, thumbor's URLs
+/// were served any size and filter, and `/insecure//plain/SOURCE` served the original at its
+/// full size though the route names only thumbnails.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_presets_takes_no_options_through_thumbor_or_an_empty_name() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.jpg"), common::photo()).unwrap();
+    let keys = "[listener.route.images.imgproxy]\nonly_presets = true\n\
+                [listener.route.images.imgproxy.presets]\nthumb = \"rs:fill:50:50\"";
+    let l = start(root.path(), keys).await;
+    let r = get(l.addr, "/insecure/thumb/plain/a.jpg@png").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for path in [
+        "/insecure//plain/a.jpg@png",
+        "/insecure/:/plain/a.jpg@png",
+        "/insecure/thumb:/plain/a.jpg@png",
+        "/insecure/:thumb/plain/a.jpg@png",
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    for path in ["/unsafe/500x500/a.jpg", "/unsafe/a.jpg"] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        assert!(r.text().contains("only_presets"), "{path}: {}", r.text());
+    }
+    l.shutdown().await;
+}
+
+/// imgproxy's security options at 0 keep the route's limits where the route lets URLs redefine
+/// them: `msfs:0` ("no limit of its own") still meets `max_source_size` (422), `mrd:0`
+/// `max_output_dimension` (400), and `maf:0` is refused (400), not read as no limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn security_options_at_zero_keep_the_routes_limits() {
+    let root = tempfile::tempdir().unwrap();
+    let photo = common::photo();
+    std::fs::write(root.path().join("a.jpg"), &photo).unwrap();
+    let keys = format!(
+        "max_source_size = {}\nmax_output_dimension = 100\n\
+         imgproxy = {{ allow_security_options = true }}",
+        photo.len() - 1
+    );
+    let l = start(root.path(), &keys).await;
+    for (path, status) in [
+        ("/insecure/msfs:0/rs:fit:50:50/plain/a.jpg", 422),
+        ("/insecure/maf:0/rs:fit:50:50/plain/a.jpg", 400),
+    ] {
+        let r = get(l.addr, path).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+    }
+    l.shutdown().await;
+    let keys = "max_output_dimension = 100\nimgproxy = { allow_security_options = true }";
+    let l = start(root.path(), keys).await;
+    let r = get(l.addr, "/insecure/mrd:0/rs:fit:50:50/plain/a.jpg").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(l.addr, "/insecure/mrd:0/rs:fit:500:500/plain/a.jpg").await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    l.shutdown().await;
+}
+
+/// A watermark file replaced on disk is seen at the next reload: the results carrying the old
+/// mark are not served for the new one (the mark's pixels are part of the results' keys).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watermark_replaced_on_disk_makes_new_results_at_a_reload() {
+    let files = [("photo.jpg", common::photo())];
+    let l = common::image_route(&files, "", None).await;
+    let mark = l.root.path().join("mark.png");
+    std::fs::write(&mark, flat_png(32, 32, [255, 0, 0])).unwrap();
+    let toml = format!(
+        "root = \"{}\"\nwatermark = \"{}\"",
+        l.root.path().display(),
+        mark.display()
+    );
+    let toml = one_route("", "images", &toml);
+    l.larder.reload(&toml).unwrap();
+    let path = "/insecure/rs:fit:64:64/wm:1:ce/plain/photo.jpg@png";
+    let red = get(l.addr, path).await;
+    assert_eq!(red.status, 200, "{}", red.text());
+    std::fs::write(&mark, flat_png(32, 32, [0, 0, 255])).unwrap();
+    l.larder.reload(&toml).unwrap();
+    let blue = get(l.addr, path).await;
+    assert_eq!(blue.status, 200, "{}", blue.text());
+    assert_eq!(blue.cache(), "MISS");
+    assert_ne!(blue.body, red.body);
+    l.larder.shutdown().await;
+}

@@ -548,6 +548,30 @@ mod tests {
         assert_eq!(lean_at, [9, 10]);
     }
 
+    /// What the load's probe relies on for an older libaom lacking one of [`LEAN`]'s controls
+    /// (or a value of one): libaom answers an error, so the probe's encoder fails, the library
+    /// is refused and `avif_encoder = "auto"` comes to rav1e. A libaom 3.x taking an unknown
+    /// control id silently would keep an encoder that ignores it (the lean searches lost,
+    /// nothing broken).
+    #[test]
+    fn a_control_the_library_lacks_fails_the_probe() {
+        let Ok(api) = api() else { return };
+        let s = Settings {
+            cq_level: 63,
+            cpu_used: 8,
+            lean: true,
+        };
+        let enc = Encoder::new(api, 16, 16, false, s).unwrap();
+        assert!(enc.control(99_999, 0).is_err(), "an unknown control id");
+        assert!(
+            enc.control(DISABLE_TRELLIS_QUANT, 99).is_err(),
+            "a value out of the control's range"
+        );
+        for &(id, value) in LEAN {
+            assert!(enc.control(id, value).is_ok(), "{id} = {value}");
+        }
+    }
+
     #[test]
     fn a_missing_library_is_named() {
         static NONE: dynlib::Once<Api> = dynlib::Once::new();

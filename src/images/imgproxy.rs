@@ -102,8 +102,14 @@ pub fn parse(path: &str, cfg: &ImgproxyConfig, now: SystemTime) -> Result<Parsed
     let segments: Vec<&str> = rest.split('/').collect();
     let start = if cfg.only_presets {
         // IMGPROXY_ONLY_PRESETS: the first segment is preset names and nothing else
-        // (`thumb:sharp`); `pr:thumb` names a preset `pr`.
+        // (`thumb:sharp`); `pr:thumb` names a preset `pr`. An empty name (`//`, `thumb:`) is
+        // refused as imgproxy refuses it: skipped, it served the source at its own size.
         let names: Vec<&str> = segments[0].split(':').collect();
+        if names.iter().any(|n| n.is_empty()) {
+            return Err(bad(
+                "an empty preset name (this route takes only preset names)",
+            ));
+        }
         options
             .apply_with("pr", &names, &cfg.presets)
             .map_err(|e| bad(format!("{} (this route takes only preset names)", e.reason)))?;
@@ -332,6 +338,9 @@ mod tests {
             "x/plain/a.jpg",
             "x/thumb",
             "x/",
+            "x//plain/a.jpg",
+            "x/:/plain/a.jpg",
+            "x/thumb:/plain/a.jpg",
         ] {
             assert!(
                 matches!(parse(bad, &c, at(0)), Err(GrammarError::Bad(_))),

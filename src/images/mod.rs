@@ -604,6 +604,14 @@ impl Images {
         } = match shape {
             Grammar::Thumbor => {
                 unsigned_refused(&inner.cfg, Grammar::Thumbor)?;
+                // thumbor's grammar is options by design: a route taking only imgproxy's
+                // presets takes none of its URLs (they chose any size and filter).
+                if inner.cfg.imgproxy.only_presets {
+                    return Err(GrammarError::Signature(
+                        "this route takes only preset names (`imgproxy.only_presets`): thumbor's URLs are refused",
+                    )
+                    .into());
+                }
                 thumbor::parse(path, &inner.cfg.thumbor)?
             }
             _ => {

@@ -267,10 +267,14 @@ impl Accepted {
             } else {
                 continue;
             };
+            // `q` in either case (RFC 9110's ABNF strings are case-insensitive: `Q=0` refuses
+            // too); a weight that is no number (`q=NaN`, `q=x`) is no refusal.
             let refused = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
+                let p = p.trim();
+                p.get(..2)
+                    .is_some_and(|n| n.eq_ignore_ascii_case("q="))
+                    .then(|| p[2..].trim().parse::<f32>().ok())
+                    .flatten()
                     .is_some_and(|q| q <= 0.0)
             });
             if !refused {
@@ -317,6 +321,28 @@ mod tests {
         let ra = Resolved::new(&a, FormatChoice::Keep, 75, &h);
         let rb = Resolved::new(&b, FormatChoice::Keep, 75, &h);
         assert_eq!(ra.key(), rb.key());
+    }
+
+    /// A weight of 0 refuses a format however it is written (`Q=0`, `q=0.000`, spaces); a
+    /// weight that is no number refuses nothing. Before, `Q=0` was read as listing it.
+    #[test]
+    fn a_zero_weight_refuses_in_either_case() {
+        let of = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, HeaderValue::from_static(v));
+            negotiated(&h, true)
+        };
+        for v in [
+            "image/webp;Q=0",
+            "image/webp; q=0.000",
+            "image/webp ;Q=0.;level=1",
+            "image/avif;q=-1",
+        ] {
+            assert_eq!(of(v).first(), None, "{v}");
+        }
+        for v in ["image/webp;q=0.001", "image/webp;Q=1", "image/webp;q=NaN"] {
+            assert_eq!(of(v).first(), Some(ImageFormat::Webp), "{v}");
+        }
     }
 
     #[test]
