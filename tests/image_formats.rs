@@ -9,7 +9,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{encode_png, one_route, Got, Larder};
+use common::{encode_png, image_route, Got, ImageRoute};
 use larder::images::sniff::{self, ImageFormat};
 
 const RED: [u8; 4] = [255, 0, 0, 255];
@@ -20,13 +20,6 @@ const COLOURS: [[u8; 4]; 3] = [RED, GREEN, BLUE];
 /// `webp` crate's encoder, which makes the WebP source, gives the last frame that (it ends
 /// its stream with a timestamp libwebp refuses); larder's own keeps any delay.
 const DELAYS: [u32; 3] = [100, 300, 200];
-
-struct Route {
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-    _root: tempfile::TempDir,
-    _larder: Larder,
-}
 
 /// A 100×80 animated GIF: red, green, blue frames (each drawn whole), playing forever.
 fn anim_gif() -> Vec<u8> {
@@ -99,9 +92,7 @@ fn progressive_jpeg() -> Vec<u8> {
 
 const SVG: &str = "<?xml version=\"1.0\"?>\n<!-- icon -->\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"><script>alert(1)</script></svg>\n";
 
-async fn start(extra: &str) -> Route {
-    let dir = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
+async fn start(extra: &str) -> ImageRoute {
     let files: [(&str, Vec<u8>); 6] = [
         ("anim.gif", anim_gif()),
         ("anim.webp", anim_webp()),
@@ -119,21 +110,7 @@ async fn start(extra: &str) -> Route {
             ),
         ),
     ];
-    for (name, bytes) in files {
-        std::fs::write(root.path().join(name), bytes).unwrap();
-    }
-    let keys = format!(
-        "dir = \"{}\"\nroot = \"{}\"\n{extra}",
-        dir.path().display(),
-        root.path().display()
-    );
-    let larder = Larder::start(&one_route("", "images", &keys)).await;
-    Route {
-        addr: larder.addr,
-        _dir: dir,
-        _root: root,
-        _larder: larder,
-    }
+    image_route(&files, extra, None).await
 }
 
 async fn send(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Got {
