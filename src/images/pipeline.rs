@@ -394,7 +394,7 @@ pub fn prepare(
         // Content is looked at beyond the rows kept.
         rows = (0.0, 1.0);
     }
-    let format = transform::avif_capped(
+    let format = transform::encodable_format(
         target.output(probe.format),
         matches!(target, Target::Auto(_)),
         geometry.out,

@@ -222,7 +222,7 @@ pub fn prepare(probe: &Probe, r: &Resolved, limits: &Limits) -> Result<Prepared,
     }
 
     let (ew, eh) = rotated_size(plan.out.0, plan.out.1, r.r);
-    let format = avif_capped(
+    let format = encodable_format(
         r.format,
         r.negotiated(),
         (ew, eh),
@@ -421,7 +421,7 @@ fn max_side(format: ImageFormat) -> u32 {
 /// `encoded`-sized result: a negotiated format falls back to what a client without AVIF or
 /// WebP gets, an asked-for one is refused (400 naming `param`), before any work (the encoder
 /// refused it after the decode and resize, a 500).
-pub(super) fn avif_capped(
+pub(super) fn encodable_format(
     format: ImageFormat,
     negotiated: bool,
     encoded: (u32, u32),
